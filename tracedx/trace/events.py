@@ -1,0 +1,123 @@
+"""The typed shape of one chrome-trace event, as ``torch.profiler`` (Kineto) writes it.
+
+Only the fields the analysis reads are declared; unknown keys and unknown ``args`` from
+newer PyTorch versions are skipped by the decoder, so they never break a load.
+Numeric fields accept numbers or numeric strings (``msgspec`` non-strict mode), ids
+accept ints or strings (``tid: "stream 7"``), and both spellings of ``External id``.
+
+Sources: the Chrome Trace Event Format (Google, "Trace Event Format" document), Kineto's
+``output_json.cpp`` field names, and ``shared/GUIDE.md`` section 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+Num = float | None
+Id = int | str | None
+
+
+class Args(msgspec.Struct, omit_defaults=True):
+    """The ``args`` object of an event (only the keys tracedx uses)."""
+
+    # GPU activity
+    device: Id = None
+    stream: Id = None
+    correlation: Id = None
+    external_id: Id = msgspec.field(default=None, name="External id")
+    external_id_lc: Id = msgspec.field(default=None, name="external id")
+    grid: Any = None
+    block: Any = None
+    registers_per_thread: Any = msgspec.field(default=None, name="registers per thread")
+    shared_memory: Any = msgspec.field(default=None, name="shared memory")
+    blocks_per_sm: Any = msgspec.field(default=None, name="blocks per SM")
+    warps_per_sm: Any = msgspec.field(default=None, name="warps per SM")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    bytes: Any = None
+    graph_node_id: Any = msgspec.field(default=None, name="graph node id")
+    # host sync events (enable_cuda_sync_events)
+    cuda_sync_kind: Any = None
+    # cpu_op shapes (record_shapes=True)
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
+    sequence_number: Any = msgspec.field(default=None, name="Sequence number")
+    fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
+    # python_function (with_stack=True)
+    python_id: Any = msgspec.field(default=None, name="Python id")
+    python_parent_id: Any = msgspec.field(default=None, name="Python parent id")
+    # metadata events ("M"): process_name / thread_name / process_labels
+    name: Any = None
+    labels: Any = None
+
+
+class Event(msgspec.Struct, omit_defaults=True):
+    """One entry of ``traceEvents``. ``ts`` and ``dur`` are microseconds."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: Id = None
+    tid: Id = None
+    ts: Num = None
+    dur: Num = None
+    id: Any = None
+    args: Args | None = None
+
+
+class TraceFile(msgspec.Struct):
+    """The top-level object of a Kineto trace. Unknown keys are ignored."""
+
+    traceEvents: list[Event] | None = None
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    cupti_version: Any = None
+    displayTimeUnit: Any = None
+    baseTimeNanoseconds: Any = None
+    traceName: Any = None
+    record_shapes: Any = None
+    with_flops: Any = None
+    with_stack: Any = None
+    trace_id: Any = None
+    # written by `tracedx capture` (tracedx version, torch version, schedule, unprofiled timing)
+    tracedx: Any = None
+
+
+# A trace is a top-level object, or (legacy autograd profiler, Chrome format allows it) an array.
+TraceDocument = TraceFile | list[Event]
+
+# --- category normalisation: one table for every spelling seen across Kineto eras ---------
+# Keys are lower-cased `cat` values; values are tracedx's canonical kinds.
+CATEGORY_ALIASES: dict[str, str] = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "cuda_driver": "runtime",
+    "driver": "runtime",
+    "hip_runtime": "runtime",
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+    "cuda_sync": "cuda_sync",
+    "trace": "ignore",
+    "overhead": "ignore",
+    "ac2g": "flow",
+    "fwdbwd": "flow",
+    "async": "flow",
+    "launch": "flow",
+    "cpu_instant_event": "ignore",
+}
+
+# Legacy autograd-profiler array format: no `cat`, lanes named by pid.
+LEGACY_PID_KINDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
