@@ -1,0 +1,194 @@
+"""Link GPU work to the host: kernel -> launch (correlation) -> op -> step.
+
+The rules (shared/GUIDE.md section 2): link by ``correlation`` id, never by flows; a
+``cudaGraphLaunch`` correlates with every kernel of its graph; the op that issued a launch is
+the cpu_op with the launch's ``External id``, else the innermost cpu_op on the launching thread
+whose interval holds the launch; the step is the ``ProfilerStep#N`` whose host window holds the
+launch, whatever the thread (backward kernels are launched from the autograd thread).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import polars as pl
+
+from tracedx.trace.tables import DataWarning
+
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+# Host API names -> kind. Matched case-sensitively on substrings, CUDA and HIP spellings.
+_API_KINDS = [
+    ("graph", ("GraphLaunch",)),
+    ("kernel", ("LaunchKernel", "cuLaunch", "LaunchCooperativeKernel", "hipExtLaunch", "hipModuleLaunch", "LaunchHostFunc")),
+    ("sync", ("Synchronize",)),
+    ("memcpy", ("Memcpy",)),
+    ("memset", ("Memset",)),
+]
+
+
+def api_kind_expr(col: str = "name") -> pl.Expr:
+    """Polars expression: the kind of a runtime/driver call (kernel, graph, memcpy, memset, sync, other)."""
+    expr = pl.lit("other")
+    for kind, needles in reversed(_API_KINDS):
+        cond = pl.any_horizontal([pl.col(col).str.contains(n, literal=True) for n in needles])
+        expr = pl.when(cond).then(pl.lit(kind)).otherwise(expr)
+    return expr
+
+
+def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Add ``op_id``, ``parent_id``, ``top_op_id`` and ``depth`` to the cpu_op table.
+
+    Parents are found per (pid, tid) with a stack over ops sorted by start (longer first on
+    ties). An op that starts inside another but ends after it (non-nesting ranges, CASES.md C10)
+    keeps that parent and is counted. Returns (ops, number of non-nesting ops).
+    """
+    ops = ops.with_row_index("op_id").with_columns(pl.col("op_id").cast(pl.Int64))
+    if ops.height == 0:
+        return ops.with_columns(
+            parent_id=pl.lit(None, pl.Int64), top_op_id=pl.lit(None, pl.Int64), depth=pl.lit(0, pl.Int32)
+        ), 0
+    srt = ops.select("op_id", "pid", "tid", "start_us", "end_us").sort(
+        ["pid", "tid", "start_us", "end_us"], descending=[False, False, False, True], nulls_last=True
+    )
+    ids = srt["op_id"].to_numpy()
+    pid = srt["pid"].fill_null(-1).to_numpy()
+    tid = srt["tid"].fill_null(-1).to_numpy()
+    start = srt["start_us"].to_numpy()
+    end = srt["end_us"].to_numpy()
+    n = len(ids)
+    parent = np.full(n, -1, dtype=np.int64)
+    top = np.empty(n, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int32)
+    stack: list[int] = []  # positions in sorted order
+    bad = 0
+    prev_key = None
+    for i in range(n):
+        key = (pid[i], tid[i])
+        if key != prev_key:
+            stack.clear()
+            prev_key = key
+        s = start[i]
+        while stack and end[stack[-1]] <= s:
+            stack.pop()
+        if stack:
+            p = stack[-1]
+            parent[i] = ids[p]
+            top[i] = top[p]
+            depth[i] = depth[p] + 1
+            if end[i] > end[p] + 1e-6:
+                bad += 1
+        else:
+            top[i] = ids[i]
+        stack.append(i)
+    tree = pl.DataFrame(
+        {"op_id": ids, "parent_id": parent, "top_op_id": top, "depth": depth},
+        schema={"op_id": pl.Int64, "parent_id": pl.Int64, "top_op_id": pl.Int64, "depth": pl.Int32},
+    ).with_columns(pl.when(pl.col("parent_id") >= 0).then(pl.col("parent_id")).alias("parent_id"))
+    return ops.join(tree, on="op_id", how="left"), bad
+
+
+def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.DataFrame:
+    """One row per ``ProfilerStep#N`` host annotation: step, start_us, end_us, duration_us.
+
+    Repeated step numbers keep the first; steps nested inside another step are dropped; both
+    are reported as data-quality warnings.
+    """
+    host = annotations.filter(pl.col("category") == "user_annotation")
+    st = (
+        host.with_columns(step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)$", 1).cast(pl.Int64))
+        .filter(pl.col("step").is_not_null())
+        .select("step", "name", "pid", "tid", "start_us", "end_us", "duration_us")
+        .sort("start_us")
+    )
+    if st.height == 0:
+        return st
+    n0 = st.height
+    st = st.unique(subset="step", keep="first", maintain_order=True)
+    if st.height < n0:
+        warnings.append(DataWarning("repeated_step", n0 - st.height,
+                                    f"{n0 - st.height} ProfilerStep annotations repeat a step number; the first of each is kept"))
+    # Nested: a step that starts before the previous step's end and ends inside it.
+    prev_end = st["end_us"].cum_max().shift(1)
+    nested = (st["start_us"] < prev_end) & (st["end_us"] <= prev_end)
+    nested = nested.fill_null(False)
+    if nested.any():
+        k = int(nested.sum())
+        warnings.append(DataWarning("nested_step", k, f"{k} ProfilerStep annotations lie inside another step and were ignored"))
+        st = st.filter(~nested)
+    return st.sort("start_us")
+
+
+def assign_step(df: pl.DataFrame, steps: pl.DataFrame, time_col: str, out: str = "step") -> pl.DataFrame:
+    """Add column ``out``: the step whose [start_us, end_us) window holds ``time_col`` (null if none)."""
+    if steps.height == 0 or df.height == 0:
+        return df.with_columns(pl.lit(None, pl.Int64).alias(out))
+    key = "__t"
+    left = df.with_row_index("__row").with_columns(pl.col(time_col).alias(key))
+    srt = left.filter(pl.col(key).is_not_null()).sort(key)
+    win = steps.select(pl.col("start_us").alias(key), pl.col("end_us").alias("__wend"), pl.col("step").alias("__step")).sort(key)
+    j = srt.join_asof(win, on=key, strategy="backward").select(
+        "__row", pl.when(pl.col(key) < pl.col("__wend")).then(pl.col("__step")).alias(out)
+    )
+    return left.join(j, on="__row", how="left").drop("__row", key)
+
+
+def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Add ``op_id`` to launches: by External id, else innermost op on the thread holding the launch.
+
+    Returns (launches, number linked by time containment).
+    """
+    if launches.height == 0:
+        return launches.with_columns(op_id=pl.lit(None, pl.Int64)), 0
+    by_ext = ops.filter(pl.col("external_id").is_not_null()).unique("external_id", keep="first").select(
+        "external_id", pl.col("op_id").alias("__ext_op")
+    )
+    launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
+    missing = launches.filter(pl.col("__ext_op").is_null())
+    by_time = 0
+    if missing.height and ops.height:
+        # innermost op on the same thread whose interval holds the launch start
+        cand = missing.select("__lrow", "pid", "tid", pl.col("start_us").alias("__t")).sort("__t")
+        o = ops.select("op_id", "pid", "tid", pl.col("start_us").alias("__t"), "end_us", "parent_id").sort("__t")
+        j = cand.join_asof(o, on="__t", by=["pid", "tid"], strategy="backward", check_sortedness=False)
+        parent_of = dict(zip(ops["op_id"].to_list(), ops["parent_id"].to_list(), strict=True))
+        end_of = dict(zip(ops["op_id"].to_list(), ops["end_us"].to_list(), strict=True))
+        rows, found = [], []
+        for lrow, t, oid in zip(j["__lrow"].to_list(), j["__t"].to_list(), j["op_id"].to_list(), strict=True):
+            while oid is not None and end_of[oid] < t:
+                oid = parent_of[oid]
+            rows.append(lrow)
+            found.append(oid)
+        fix = pl.DataFrame({"__lrow": rows, "__time_op": found}, schema={"__lrow": pl.UInt32, "__time_op": pl.Int64})
+        launches = launches.join(fix, on="__lrow", how="left")
+        by_time = sum(x is not None for x in found)
+    else:
+        launches = launches.with_columns(__time_op=pl.lit(None, pl.Int64))
+    launches = launches.with_columns(op_id=pl.coalesce("__ext_op", "__time_op")).drop(
+        "__ext_op", "__time_op", "__lrow"
+    )
+    return launches, by_time
+
+
+def link_gpu(gpu: pl.DataFrame, launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Add launch and op columns to a GPU table (kernels, memcpys, memsets, syncs) by correlation id.
+
+    Adds ``launch_name``, ``launch_pid``, ``launch_tid``, ``launch_start_us``, ``launch_duration_us``,
+    ``op_id``, ``op_name``, ``top_op_id``, ``top_op_name``, ``step`` (the launch's step).
+    """
+    la = launches.filter(pl.col("correlation").is_not_null()).select(
+        "correlation",
+        pl.col("name").alias("launch_name"),
+        pl.col("pid").alias("launch_pid"),
+        pl.col("tid").alias("launch_tid"),
+        pl.col("start_us").alias("launch_start_us"),
+        pl.col("duration_us").alias("launch_duration_us"),
+        "op_id",
+        pl.col("step").alias("step"),
+    )
+    out = gpu.join(la, on="correlation", how="left")
+    names = ops.select("op_id", pl.col("name").alias("op_name"), "top_op_id")
+    out = out.join(names, on="op_id", how="left")
+    tops = ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op_name"))
+    return out.join(tops, on="top_op_id", how="left")
