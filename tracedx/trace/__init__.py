@@ -81,10 +81,29 @@ class Trace:
 
     def gpu_activity(self) -> pl.DataFrame:
         """Kernels, memcpys and memsets in one frame with a ``kind`` column (busy-time intervals)."""
-        cols = ["device", "stream", "start_us", "end_us", "duration_us", "name", "correlation",
-                "launch_start_us", "launch_tid", "launch_name", "op_id", "top_op_id", "step"]
-        parts = [t.select(cols).with_columns(kind=pl.lit(k))
-                 for k, t in (("kernel", self.kernels), ("memcpy", self.memcpys), ("memset", self.memsets))]
+        cols = [
+            "device",
+            "stream",
+            "start_us",
+            "end_us",
+            "duration_us",
+            "name",
+            "correlation",
+            "launch_start_us",
+            "launch_tid",
+            "launch_name",
+            "op_id",
+            "top_op_id",
+            "step",
+        ]
+        parts = [
+            t.select(cols).with_columns(kind=pl.lit(k))
+            for k, t in (
+                ("kernel", self.kernels),
+                ("memcpy", self.memcpys),
+                ("memset", self.memsets),
+            )
+        ]
         return pl.concat(parts, how="vertical_relaxed")
 
     @property
@@ -143,44 +162,92 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
 
     ops, not_nested = build_op_tree(raw.ops)
     if not_nested:
-        warnings.append(DataWarning("not_nested", not_nested,
-                                    f"{not_nested} cpu ops end after their enclosing op (ranges that overlap without nesting); kept under the enclosing op"))
+        warnings.append(
+            DataWarning(
+                "not_nested",
+                not_nested,
+                f"{not_nested} cpu ops end after their enclosing op (ranges that overlap without nesting); kept under the enclosing op",
+            )
+        )
 
     # Old traces wrote ProfilerStep as a cpu_op: treat those as step annotations.
     step_ops = ops.filter(pl.col("name").str.contains(r"^ProfilerStep#\d+$"))
     annotations = raw.annotations
     if step_ops.height:
         annotations = pl.concat(
-            [annotations, step_ops.select(annotations.columns[:6]).with_columns(
-                category=pl.lit("user_annotation"), device=pl.lit(None, pl.Int64), stream=pl.lit(None, pl.Int64),
-                end_us=pl.col("start_us") + pl.col("duration_us"))],
+            [
+                annotations,
+                step_ops.select(annotations.columns[:6]).with_columns(
+                    category=pl.lit("user_annotation"),
+                    device=pl.lit(None, pl.Int64),
+                    stream=pl.lit(None, pl.Int64),
+                    end_us=pl.col("start_us") + pl.col("duration_us"),
+                ),
+            ],
             how="vertical_relaxed",
         )
     steps = extract_steps(annotations, warnings)
     synthetic = steps.height == 0
     if synthetic:
         starts, ends = [], []
-        for t in (raw.kernels, raw.memcpys, raw.memsets, raw.launches, ops, raw.annotations, raw.syncs):
+        for t in (
+            raw.kernels,
+            raw.memcpys,
+            raw.memsets,
+            raw.launches,
+            ops,
+            raw.annotations,
+            raw.syncs,
+        ):
             if t.height:
                 starts.append(t["start_us"].min())
                 ends.append(t["end_us"].max())
         if starts:
             s0, e0 = min(starts), max(ends)
-            steps = pl.DataFrame({"step": [0], "name": ["whole trace"], "pid": [None], "tid": [None],
-                                  "start_us": [s0], "end_us": [e0], "duration_us": [e0 - s0]},
-                                 schema={"step": pl.Int64, "name": pl.Utf8, "pid": pl.Int64, "tid": pl.Int64,
-                                         "start_us": pl.Float64, "end_us": pl.Float64, "duration_us": pl.Float64})
+            steps = pl.DataFrame(
+                {
+                    "step": [0],
+                    "name": ["whole trace"],
+                    "pid": [None],
+                    "tid": [None],
+                    "start_us": [s0],
+                    "end_us": [e0],
+                    "duration_us": [e0 - s0],
+                },
+                schema={
+                    "step": pl.Int64,
+                    "name": pl.Utf8,
+                    "pid": pl.Int64,
+                    "tid": pl.Int64,
+                    "start_us": pl.Float64,
+                    "end_us": pl.Float64,
+                    "duration_us": pl.Float64,
+                },
+            )
 
     ops = assign_step(ops, steps, "start_us")
     launches = raw.launches.with_columns(api_kind=api_kind_expr("name"))
-    n_dup = launches.filter(pl.col("correlation").is_not_null()).select(pl.col("correlation").is_duplicated().sum()).item()
+    n_dup = (
+        launches.filter(pl.col("correlation").is_not_null())
+        .select(pl.col("correlation").is_duplicated().sum())
+        .item()
+    )
     if n_dup:
-        warnings.append(DataWarning("duplicate_correlation", n_dup,
-                                    f"{n_dup} host calls share a correlation id with another; the first is used for linking"))
-        launches = pl.concat([
-            launches.filter(pl.col("correlation").is_null()),
-            launches.filter(pl.col("correlation").is_not_null()).unique("correlation", keep="first", maintain_order=True),
-        ]).sort("start_us")
+        warnings.append(
+            DataWarning(
+                "duplicate_correlation",
+                n_dup,
+                f"{n_dup} host calls share a correlation id with another; the first is used for linking",
+            )
+        )
+        launches = pl.concat(
+            [
+                launches.filter(pl.col("correlation").is_null()),
+                launches.filter(pl.col("correlation").is_not_null()).unique(
+                    "correlation", keep="first", maintain_order=True
+                ),
+            ]
+        ).sort("start_us")
     launches, _ = link_launches_to_ops(launches, ops)
     launches = assign_step(launches, steps, "start_us")
 
@@ -190,54 +257,122 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             t = t.with_columns(step=pl.lit(0, pl.Int64)) if steps.height else t
         return t
 
-    kernels, memcpys, memsets, syncs = (gpu(t) for t in (raw.kernels, raw.memcpys, raw.memsets, raw.syncs))
+    kernels, memcpys, memsets, syncs = (
+        gpu(t) for t in (raw.kernels, raw.memcpys, raw.memsets, raw.syncs)
+    )
     warnings += _quality(kernels, memcpys, memsets, launches)
     meta = _metadata(doc, str(p), repairs)
     meta["process_names"] = {str(k): v for k, v in raw.process_names.items()}
     meta["unknown_categories"] = raw.unknown_categories
-    return Trace(path=str(p), kernels=kernels, memcpys=memcpys, memsets=memsets, syncs=syncs,
-                 launches=launches, ops=ops, annotations=annotations, steps=steps,
-                 python_frames=raw.python_frames, steps_synthetic=synthetic, metadata=meta,
-                 warnings=warnings)
+    return Trace(
+        path=str(p),
+        kernels=kernels,
+        memcpys=memcpys,
+        memsets=memsets,
+        syncs=syncs,
+        launches=launches,
+        ops=ops,
+        annotations=annotations,
+        steps=steps,
+        python_frames=raw.python_frames,
+        steps_synthetic=synthetic,
+        metadata=meta,
+        warnings=warnings,
+    )
 
 
-def _quality(kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame,
-             launches: pl.DataFrame) -> list[DataWarning]:
+def _quality(
+    kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame, launches: pl.DataFrame
+) -> list[DataWarning]:
     """Data-quality counts that do not change the metrics but must be reported."""
     out: list[DataWarning] = []
-    gpu = pl.concat([t.select("device", "stream", "start_us", "end_us", "duration_us", "name",
-                              "correlation", "launch_name", "launch_start_us")
-                     for t in (kernels, memcpys, memsets)], how="vertical_relaxed")
+    gpu = pl.concat(
+        [
+            t.select(
+                "device",
+                "stream",
+                "start_us",
+                "end_us",
+                "duration_us",
+                "name",
+                "correlation",
+                "launch_name",
+                "launch_start_us",
+            )
+            for t in (kernels, memcpys, memsets)
+        ],
+        how="vertical_relaxed",
+    )
     if gpu.height == 0:
         n_launch = launches.filter(pl.col("api_kind").is_in(["kernel", "graph"])).height
         if n_launch:
-            out.append(DataWarning("no_gpu_activity", n_launch,
-                                   f"{n_launch} kernel launches but 0 kernels recorded: device activity is missing from the trace"))
+            out.append(
+                DataWarning(
+                    "no_gpu_activity",
+                    n_launch,
+                    f"{n_launch} kernel launches but 0 kernels recorded: device activity is missing from the trace",
+                )
+            )
         return out
     unlinked = gpu.filter(pl.col("launch_name").is_null()).height
     if unlinked:
-        out.append(DataWarning("unattributed_gpu", unlinked,
-                               f"{unlinked} of {gpu.height} GPU events have no launch record (launched before the trace "
-                               "window, or correlation missing): counted in busy time, unattributed to ops"))
+        out.append(
+            DataWarning(
+                "unattributed_gpu",
+                unlinked,
+                f"{unlinked} of {gpu.height} GPU events have no launch record (launched before the trace "
+                "window, or correlation missing): counted in busy time, unattributed to ops",
+            )
+        )
     corr = set(gpu["correlation"].drop_nulls().to_list())
-    lk = launches.filter(pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null())
+    lk = launches.filter(
+        pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null()
+    )
     orphan = lk.filter(~pl.col("correlation").is_in(list(corr))).height if lk.height else 0
     if orphan:
-        out.append(DataWarning("launch_without_gpu", orphan,
-                               f"{orphan} kernel launches have no GPU event in the trace (the trace ended before they ran, or CUPTI dropped them)"))
-    dup = gpu.height - gpu.unique(subset=["device", "stream", "start_us", "duration_us", "name", "correlation"]).height
+        out.append(
+            DataWarning(
+                "launch_without_gpu",
+                orphan,
+                f"{orphan} kernel launches have no GPU event in the trace (the trace ended before they ran, or CUPTI dropped them)",
+            )
+        )
+    dup = (
+        gpu.height
+        - gpu.unique(
+            subset=["device", "stream", "start_us", "duration_us", "name", "correlation"]
+        ).height
+    )
     if dup:
-        out.append(DataWarning("duplicate_gpu_event", dup, f"{dup} GPU events are exact duplicates (busy time is a union, so they count once)"))
+        out.append(
+            DataWarning(
+                "duplicate_gpu_event",
+                dup,
+                f"{dup} GPU events are exact duplicates (busy time is a union, so they count once)",
+            )
+        )
     zero = gpu.filter(pl.col("duration_us") == 0).height
     if zero:
         out.append(DataWarning("zero_duration", zero, f"{zero} GPU events have zero duration"))
     early = gpu.filter(pl.col("start_us") < pl.col("launch_start_us")).height
     if early:
-        out.append(DataWarning("gpu_before_launch", early,
-                               f"{early} GPU events start before their launch call (host and GPU clocks disagree)"))
-    ov = (gpu.sort("device", "stream", "start_us")
-          .with_columns(prev_end=pl.col("end_us").cum_max().shift(1).over("device", "stream"))
-          .filter(pl.col("start_us") < pl.col("prev_end") - 1e-3).height)
+        out.append(
+            DataWarning(
+                "gpu_before_launch",
+                early,
+                f"{early} GPU events start before their launch call (host and GPU clocks disagree)",
+            )
+        )
+    ov = (
+        gpu.sort("device", "stream", "start_us")
+        .with_columns(prev_end=pl.col("end_us").cum_max().shift(1).over("device", "stream"))
+        .filter(pl.col("start_us") < pl.col("prev_end") - 1e-3)
+        .height
+    )
     if ov:
-        out.append(DataWarning("stream_overlap", ov, f"{ov} GPU events overlap an earlier event on the same stream"))
+        out.append(
+            DataWarning(
+                "stream_overlap", ov, f"{ov} GPU events overlap an earlier event on the same stream"
+            )
+        )
     return out

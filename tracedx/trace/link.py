@@ -21,7 +21,17 @@ STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # Host API names -> kind. Matched case-sensitively on substrings, CUDA and HIP spellings.
 _API_KINDS = [
     ("graph", ("GraphLaunch",)),
-    ("kernel", ("LaunchKernel", "cuLaunch", "LaunchCooperativeKernel", "hipExtLaunch", "hipModuleLaunch", "LaunchHostFunc")),
+    (
+        "kernel",
+        (
+            "LaunchKernel",
+            "cuLaunch",
+            "LaunchCooperativeKernel",
+            "hipExtLaunch",
+            "hipModuleLaunch",
+            "LaunchHostFunc",
+        ),
+    ),
     ("sync", ("Synchronize",)),
     ("memcpy", ("Memcpy",)),
     ("memset", ("Memset",)),
@@ -47,10 +57,14 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     ops = ops.with_row_index("op_id").with_columns(pl.col("op_id").cast(pl.Int64))
     if ops.height == 0:
         return ops.with_columns(
-            parent_id=pl.lit(None, pl.Int64), top_op_id=pl.lit(None, pl.Int64), depth=pl.lit(0, pl.Int32)
+            parent_id=pl.lit(None, pl.Int64),
+            top_op_id=pl.lit(None, pl.Int64),
+            depth=pl.lit(0, pl.Int32),
         ), 0
     srt = ops.select("op_id", "pid", "tid", "start_us", "end_us").sort(
-        ["pid", "tid", "start_us", "end_us"], descending=[False, False, False, True], nulls_last=True
+        ["pid", "tid", "start_us", "end_us"],
+        descending=[False, False, False, True],
+        nulls_last=True,
     )
     ids = srt["op_id"].to_numpy()
     pid = srt["pid"].fill_null(-1).to_numpy()
@@ -97,7 +111,9 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     """
     host = annotations.filter(pl.col("category") == "user_annotation")
     st = (
-        host.with_columns(step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)$", 1).cast(pl.Int64))
+        host.with_columns(
+            step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)$", 1).cast(pl.Int64)
+        )
         .filter(pl.col("step").is_not_null())
         .select("step", "name", "pid", "tid", "start_us", "end_us", "duration_us")
         .sort("start_us")
@@ -107,27 +123,44 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     n0 = st.height
     st = st.unique(subset="step", keep="first", maintain_order=True)
     if st.height < n0:
-        warnings.append(DataWarning("repeated_step", n0 - st.height,
-                                    f"{n0 - st.height} ProfilerStep annotations repeat a step number; the first of each is kept"))
+        warnings.append(
+            DataWarning(
+                "repeated_step",
+                n0 - st.height,
+                f"{n0 - st.height} ProfilerStep annotations repeat a step number; the first of each is kept",
+            )
+        )
     # Nested: a step that starts before the previous step's end and ends inside it.
     prev_end = st["end_us"].cum_max().shift(1)
     nested = (st["start_us"] < prev_end) & (st["end_us"] <= prev_end)
     nested = nested.fill_null(False)
     if nested.any():
         k = int(nested.sum())
-        warnings.append(DataWarning("nested_step", k, f"{k} ProfilerStep annotations lie inside another step and were ignored"))
+        warnings.append(
+            DataWarning(
+                "nested_step",
+                k,
+                f"{k} ProfilerStep annotations lie inside another step and were ignored",
+            )
+        )
         st = st.filter(~nested)
     return st.sort("start_us")
 
 
-def assign_step(df: pl.DataFrame, steps: pl.DataFrame, time_col: str, out: str = "step") -> pl.DataFrame:
+def assign_step(
+    df: pl.DataFrame, steps: pl.DataFrame, time_col: str, out: str = "step"
+) -> pl.DataFrame:
     """Add column ``out``: the step whose [start_us, end_us) window holds ``time_col`` (null if none)."""
     if steps.height == 0 or df.height == 0:
         return df.with_columns(pl.lit(None, pl.Int64).alias(out))
     key = "__t"
     left = df.with_row_index("__row").with_columns(pl.col(time_col).alias(key))
     srt = left.filter(pl.col(key).is_not_null()).sort(key)
-    win = steps.select(pl.col("start_us").alias(key), pl.col("end_us").alias("__wend"), pl.col("step").alias("__step")).sort(key)
+    win = steps.select(
+        pl.col("start_us").alias(key),
+        pl.col("end_us").alias("__wend"),
+        pl.col("step").alias("__step"),
+    ).sort(key)
     j = srt.join_asof(win, on=key, strategy="backward").select(
         "__row", pl.when(pl.col(key) < pl.col("__wend")).then(pl.col("__step")).alias(out)
     )
@@ -141,8 +174,10 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
     """
     if launches.height == 0:
         return launches.with_columns(op_id=pl.lit(None, pl.Int64)), 0
-    by_ext = ops.filter(pl.col("external_id").is_not_null()).unique("external_id", keep="first").select(
-        "external_id", pl.col("op_id").alias("__ext_op")
+    by_ext = (
+        ops.filter(pl.col("external_id").is_not_null())
+        .unique("external_id", keep="first")
+        .select("external_id", pl.col("op_id").alias("__ext_op"))
     )
     launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
     missing = launches.filter(pl.col("__ext_op").is_null())
@@ -150,17 +185,26 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
     if missing.height and ops.height:
         # innermost op on the same thread whose interval holds the launch start
         cand = missing.select("__lrow", "pid", "tid", pl.col("start_us").alias("__t")).sort("__t")
-        o = ops.select("op_id", "pid", "tid", pl.col("start_us").alias("__t"), "end_us", "parent_id").sort("__t")
-        j = cand.join_asof(o, on="__t", by=["pid", "tid"], strategy="backward", check_sortedness=False)
+        o = ops.select(
+            "op_id", "pid", "tid", pl.col("start_us").alias("__t"), "end_us", "parent_id"
+        ).sort("__t")
+        j = cand.join_asof(
+            o, on="__t", by=["pid", "tid"], strategy="backward", check_sortedness=False
+        )
         parent_of = dict(zip(ops["op_id"].to_list(), ops["parent_id"].to_list(), strict=True))
         end_of = dict(zip(ops["op_id"].to_list(), ops["end_us"].to_list(), strict=True))
         rows, found = [], []
-        for lrow, t, oid in zip(j["__lrow"].to_list(), j["__t"].to_list(), j["op_id"].to_list(), strict=True):
+        for lrow, t, oid in zip(
+            j["__lrow"].to_list(), j["__t"].to_list(), j["op_id"].to_list(), strict=True
+        ):
             while oid is not None and end_of[oid] < t:
                 oid = parent_of[oid]
             rows.append(lrow)
             found.append(oid)
-        fix = pl.DataFrame({"__lrow": rows, "__time_op": found}, schema={"__lrow": pl.UInt32, "__time_op": pl.Int64})
+        fix = pl.DataFrame(
+            {"__lrow": rows, "__time_op": found},
+            schema={"__lrow": pl.UInt32, "__time_op": pl.Int64},
+        )
         launches = launches.join(fix, on="__lrow", how="left")
         by_time = sum(x is not None for x in found)
     else:

@@ -137,9 +137,7 @@ def _as_tracefile(p: Path, doc: TraceFile | list) -> TraceFile:
     if isinstance(doc, list):  # legacy autograd-profiler array format
         return TraceFile(traceEvents=doc, schemaVersion="legacy-array")
     if doc.traceEvents is None:
-        raise TraceFormatError(
-            f"{p}: JSON is not a chrome trace: it has no `traceEvents` array"
-        )
+        raise TraceFormatError(f"{p}: JSON is not a chrome trace: it has no `traceEvents` array")
     return doc
 
 
@@ -163,6 +161,9 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
         notes.append(f"doubled {n} stray backslash(es) (unescaped Windows paths)")
     b3, n_inf = _BARE_INF.subn(rb"\1null", b2)
     text = b3.decode("utf-8")
+    n_ctrl = len(re.findall(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", text))
+    if n_ctrl:
+        notes.append(f"accepted {n_ctrl} raw control character(s) inside strings")
     n_nonfinite = 0
 
     def _const(_tok: str):
@@ -174,9 +175,13 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
         obj = json.loads(text, strict=False, parse_constant=_const)
     except json.JSONDecodeError:
         obj, kept = _salvage_events(text, _const)
-        notes.append(f"the JSON is truncated or broken: kept the {kept} complete event(s) before the break")
+        notes.append(
+            f"the JSON is truncated or broken: kept the {kept} complete event(s) before the break"
+        )
     if n_inf or n_nonfinite:
-        notes.append(f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null")
+        notes.append(
+            f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null"
+        )
     if isinstance(obj, dict):
         # Drop non-dict events; keep the rest.
         evs = obj.get("traceEvents")

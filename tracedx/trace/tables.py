@@ -139,8 +139,9 @@ def _gpu_cols(evs: list[Event]) -> dict[str, list]:
             d = _to_int(e.pid)
         if s is None:
             s = _to_int(e.tid)
-        dev.append(d)
-        stream.append(s)
+        # Legacy autograd-profiler lanes ("CUDA functions") and other unnumbered devices: 0.
+        dev.append(0 if d is None else d)
+        stream.append(0 if s is None else s)
     return {
         "device": dev,
         "stream": stream,
@@ -395,7 +396,9 @@ def build_tables(events: list[Event]) -> RawTables:
         n = sum(unknown.values())
         detail = ", ".join(f"{v} {k}" for k, v in sorted(unknown.items()))
         warnings.append(
-            DataWarning("unknown_category", n, f"{n} events of unknown categories kept aside ({detail})")
+            DataWarning(
+                "unknown_category", n, f"{n} events of unknown categories kept aside ({detail})"
+            )
         )
 
     b = buckets.get

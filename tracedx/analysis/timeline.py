@@ -1,0 +1,311 @@
+"""Per-step timeline metrics: windows, busy time, idle gaps and their causes.
+
+Definitions (shared/GUIDE.md section 2.3 and 2.4):
+
+- CPU window: the ``ProfilerStep#N`` host annotation.
+- GPU window (per device): from the first GPU event launched in step N to the first GPU event
+  launched in step N+1 (for the last step, to the end of its last GPU event).
+- step time = max(CPU window, GPU window): in steady state it reproduces the unprofiled step
+  time within a few percent for GPU-bound steps.
+- GPU busy = union of kernel, memcpy and memset intervals on the device, clipped to the GPU
+  window (``cuda_sync`` events and annotations are never busy time).
+- idle = step time - busy; idle fraction = idle / step time.
+
+Idle gaps are the uncovered stretches of the GPU window. Each gets one cause:
+``kernel wait`` (the next GPU event was already launched before the gap began: a GPU-side
+gap between queued work, HolisticTraceAnalysis's "kernel wait"), else the host was late
+("host wait" in HTA) and we say why: ``host sync`` (a synchronizing call returned inside the
+gap: the queue had drained), ``dataloader`` (inside ``enumerate(DataLoader)#...__next__``),
+``kernel launch`` (inside ops that launch GPU work: dispatch + launch overhead),
+``host work`` (inside ops that launch nothing), ``python`` (outside any op).
+The step's interval is the longer of its two windows; gaps are taken over that interval,
+so the idle time by cause adds up to the step's idle time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from tracedx.analysis.intervals import gaps as _gaps
+from tracedx.analysis.intervals import overlap, union
+from tracedx.trace import Trace
+
+CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work", "python")
+DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
+
+
+def sync_calls(trace: Trace) -> pl.DataFrame:
+    """Host calls that block the CPU until the GPU catches up (host syncs).
+
+    Synchronize calls (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+    ``cudaEventSynchronize`` and driver/HIP spellings), plus memcpy calls that block: the
+    synchronous ``cudaMemcpy`` and ``cudaMemcpyAsync`` to or from pageable memory
+    (GUIDE.md 2.6: a pageable async copy blocks the host for the whole copy).
+    Columns: the launches table's, plus ``blocking_reason``.
+    """
+    la = trace.launches
+    pageable = (
+        trace.memcpys.filter(
+            (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
+        )
+        .select("correlation")
+        .drop_nulls()
+        .unique()
+    )
+    is_sync = pl.col("api_kind") == "sync"
+    sync_memcpy = (pl.col("api_kind") == "memcpy") & ~pl.col("name").str.contains("Async")
+    pageable_async = (pl.col("api_kind") == "memcpy") & pl.col("correlation").is_in(
+        pageable["correlation"].implode()
+    )
+    return la.filter(is_sync | sync_memcpy | pageable_async).with_columns(
+        blocking_reason=pl.when(is_sync)
+        .then(pl.lit("synchronize"))
+        .when(sync_memcpy)
+        .then(pl.lit("synchronous memcpy"))
+        .otherwise(pl.lit("pageable memcpy"))
+    )
+
+
+def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
+    return df[c].to_numpy().astype(float) if df.height else np.empty(0)
+
+
+def step_windows(trace: Trace) -> pl.DataFrame:
+    """Per (step, device): CPU and GPU windows, step time, busy, idle, counts.
+
+    Columns: step, device, cpu_start_us, cpu_end_us, cpu_time_us, gpu_start_us, gpu_end_us,
+    gpu_window_us, step_time_us, gpu_busy_us, idle_us, idle_fraction, kernels, memcpys,
+    memsets, memcpy_us, memcpy_bytes, sync_us. A trace without GPU activity gets device null
+    and null GPU columns (never "100 % idle").
+    """
+    steps = trace.steps.sort("start_us")
+    gpu = trace.gpu_activity()
+    syncs = (
+        sync_calls(trace)
+        .filter(pl.col("step").is_not_null())
+        .group_by("step")
+        .agg(sync_us=pl.col("duration_us").sum())
+    )
+    rows = []
+    devices = trace.devices or [None]
+    for dev in devices:
+        g = gpu.filter(pl.col("device") == dev) if dev is not None else gpu.clear()
+        m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
+        first = (
+            g.filter(pl.col("step").is_not_null())
+            .group_by("step")
+            .agg(
+                gpu_start_us=pl.col("start_us").min(),
+                last_end_us=pl.col("end_us").max(),
+                kernels=(pl.col("kind") == "kernel").sum(),
+                memcpys=(pl.col("kind") == "memcpy").sum(),
+                memsets=(pl.col("kind") == "memset").sum(),
+                memcpy_us=pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us")).sum(),
+            )
+        )
+        s = (
+            steps.select(
+                "step",
+                pl.col("start_us").alias("cpu_start_us"),
+                pl.col("end_us").alias("cpu_end_us"),
+            )
+            .join(first, on="step", how="left")
+            .sort("cpu_start_us")
+        )
+        nxt = s["gpu_start_us"].to_list()
+        ends = []
+        last_end = s["last_end_us"].to_list()
+        for i in range(s.height):
+            if nxt[i] is None:
+                ends.append(None)
+                continue
+            later = next((x for x in nxt[i + 1 :] if x is not None), None)
+            ends.append(later if later is not None and later > nxt[i] else last_end[i])
+        s = s.with_columns(
+            gpu_end_us=pl.Series(ends, dtype=pl.Float64), device=pl.lit(dev, pl.Int64)
+        )
+        s = (
+            s.with_columns(
+                cpu_time_us=pl.col("cpu_end_us") - pl.col("cpu_start_us"),
+                gpu_window_us=pl.col("gpu_end_us") - pl.col("gpu_start_us"),
+            )
+            .with_columns(
+                # The step's interval: the longer of its CPU and GPU windows (GUIDE.md 2.3).
+                gpu_longer=pl.col("gpu_window_us").fill_null(-1.0) > pl.col("cpu_time_us"),
+            )
+            .with_columns(
+                window_start_us=pl.when("gpu_longer")
+                .then("gpu_start_us")
+                .otherwise("cpu_start_us"),
+                window_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
+            )
+        )
+        busy = overlap(
+            m_start, m_end, s["window_start_us"].to_numpy(), s["window_end_us"].to_numpy()
+        )
+        s = s.with_columns(gpu_busy_us=pl.Series(busy).cast(pl.Float64)).drop("gpu_longer")
+        rows.append(s)
+    out = pl.concat(rows, how="vertical_relaxed")
+    has_gpu = trace.has_gpu_activity
+    out = (
+        out.with_columns(
+            step_time_us=pl.col("window_end_us") - pl.col("window_start_us"),
+        )
+        .with_columns(
+            gpu_busy_us=pl.col("gpu_busy_us") if has_gpu else pl.lit(None, pl.Float64),
+            kernels=pl.col("kernels").fill_null(0),
+            memcpys=pl.col("memcpys").fill_null(0),
+            memsets=pl.col("memsets").fill_null(0),
+            memcpy_us=pl.col("memcpy_us").fill_null(0.0),
+        )
+        .with_columns(
+            idle_us=pl.col("step_time_us") - pl.col("gpu_busy_us"),
+        )
+        .with_columns(
+            idle_fraction=pl.when(pl.col("step_time_us") > 0).then(
+                pl.col("idle_us") / pl.col("step_time_us")
+            ),
+        )
+    )
+    mem_bytes = (
+        trace.memcpys.filter(pl.col("step").is_not_null())
+        .group_by("step", "device")
+        .agg(memcpy_bytes=pl.col("bytes").sum())
+    )
+    out = (
+        out.join(mem_bytes, on=["step", "device"], how="left")
+        .join(syncs, on="step", how="left")
+        .with_columns(
+            memcpy_bytes=pl.col("memcpy_bytes").fill_null(0),
+            sync_us=pl.col("sync_us").fill_null(0.0),
+        )
+    )
+    return out.select(
+        "step",
+        "device",
+        "cpu_start_us",
+        "cpu_end_us",
+        "cpu_time_us",
+        "gpu_start_us",
+        "gpu_end_us",
+        "gpu_window_us",
+        "window_start_us",
+        "window_end_us",
+        "step_time_us",
+        "gpu_busy_us",
+        "idle_us",
+        "idle_fraction",
+        "kernels",
+        "memcpys",
+        "memsets",
+        "memcpy_us",
+        "memcpy_bytes",
+        "sync_us",
+    ).sort("device", "step", nulls_last=True)
+
+
+def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
+    """Every idle gap inside each step's GPU window, with its cause.
+
+    Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
+    """
+    gpu = trace.gpu_activity()
+    schema = {
+        "step": pl.Int64,
+        "device": pl.Int64,
+        "start_us": pl.Float64,
+        "end_us": pl.Float64,
+        "duration_us": pl.Float64,
+        "cause": pl.Utf8,
+        "next_launch_start_us": pl.Float64,
+    }
+    if gpu.height == 0:
+        return pl.DataFrame(schema=schema)
+    # host activity classes, as disjoint unions
+    syncs = sync_calls(trace)
+    dl = trace.annotations.filter(
+        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+    )
+    launching_ops = set(trace.launches["op_id"].drop_nulls().to_list())
+    ops = trace.ops
+    if ops.height:
+        ops = ops.with_columns(launches=pl.col("op_id").is_in(list(launching_ops)))
+        # an op "launches" when it or a descendant issued a launch: mark by top op
+        tops = set(ops.filter(pl.col("launches"))["top_op_id"].to_list())
+        top_ops = ops.filter(pl.col("parent_id").is_null())
+        gpu_ops = top_ops.filter(pl.col("op_id").is_in(list(tops)))
+        cpu_ops = top_ops.filter(~pl.col("op_id").is_in(list(tops)))
+    else:
+        gpu_ops = cpu_ops = ops
+    u_sync_end = np.sort(_arr(syncs, "end_us"))
+    u_dl = union(_arr(dl, "start_us"), _arr(dl, "end_us"))
+    u_gop = union(_arr(gpu_ops, "start_us"), _arr(gpu_ops, "end_us"))
+    u_cop = union(_arr(cpu_ops, "start_us"), _arr(cpu_ops, "end_us"))
+    out = []
+    for dev in trace.devices:
+        g = gpu.filter(pl.col("device") == dev).sort("start_us")
+        m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
+        starts = g["start_us"].to_numpy()
+        launch = g["launch_start_us"].fill_null(float("nan")).to_numpy()
+        w = windows.filter(pl.col("device") == dev)
+        for step, a, b in zip(
+            w["step"].to_list(),
+            w["window_start_us"].to_list(),
+            w["window_end_us"].to_list(),
+            strict=True,
+        ):
+            gs, ge = _gaps(m_start, m_end, a, b)
+            if len(gs) == 0:
+                continue
+            # the GPU event that ends each gap, and when it was launched
+            k = np.searchsorted(starts, ge, side="left")
+            nl = np.where(k < len(starts), launch[np.minimum(k, len(starts) - 1)], np.nan)
+            out.append(
+                pl.DataFrame(
+                    {
+                        "step": np.full(len(gs), step),
+                        "device": np.full(len(gs), dev),
+                        "start_us": gs,
+                        "end_us": ge,
+                        "next_launch_start_us": nl,
+                    }
+                )
+            )
+    if not out:
+        return pl.DataFrame(schema=schema)
+    gp = pl.concat(out)
+    a = gp["start_us"].to_numpy()
+    b = gp["end_us"].to_numpy()
+    dur = b - a
+    nl = gp["next_launch_start_us"].to_numpy()
+    # a sync returned inside the gap (or just before it: the queue drained as it returned)
+    i0 = np.searchsorted(u_sync_end, a - 5.0, side="left")
+    i1 = np.searchsorted(u_sync_end, b, side="right")
+    had_sync = i1 > i0
+    ov_dl = overlap(*u_dl, a, b)
+    ov_gop = overlap(*u_gop, a, b)
+    ov_cop = overlap(*u_cop, a, b)
+    ov_py = np.maximum(dur - ov_gop - ov_cop - ov_dl, 0.0)
+    shares = np.stack([ov_dl, ov_gop, ov_cop, ov_py])
+    names = np.array(["dataloader", "kernel launch", "host work", "python"])
+    cause = names[np.argmax(shares, axis=0)]
+    cause = np.where(had_sync, "host sync", cause)
+    queued = ~np.isnan(nl) & (nl <= a)
+    cause = np.where(queued, "kernel wait", cause)
+    return gp.with_columns(
+        duration_us=pl.Series(dur),
+        cause=pl.Series(cause.astype(str)),
+        next_launch_start_us=pl.when(pl.col("next_launch_start_us").is_finite()).then(
+            pl.col("next_launch_start_us")
+        ),
+    ).select(list(schema))
+
+
+def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
+    """Idle time per (step, device, cause): ``idle_us`` and the number of ``gaps``."""
+    return (
+        gaps.group_by("step", "device", "cause")
+        .agg(idle_us=pl.col("duration_us").sum(), gaps=pl.len())
+        .sort("step", "device", "cause")
+    )
