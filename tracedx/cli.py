@@ -98,5 +98,88 @@ def diagnose(
         click.echo(f"wrote {html_path}", err=True)
 
 
+@main.command(
+    context_settings={"ignore_unknown_options": False, "allow_interspersed_args": True},
+)
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS]")
+@click.option(
+    "--out",
+    "out_dir",
+    default="traces",
+    show_default=True,
+    metavar="DIR",
+    help="Folder for the trace (<script>-<time>.json.gz).",
+)
+@click.option("--steps", type=int, default=5, show_default=True, help="Active steps to record.")
+@click.option(
+    "--warmup",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Steps with the profiler warming up before recording.",
+)
+@click.option(
+    "--wait",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Steps to skip first (the first step, setup included, is never recorded).",
+)
+@click.option("--with-stack", is_flag=True, help="Record Python stacks (file and line of ops).")
+@click.option(
+    "--time-unprofiled",
+    type=int,
+    default=0,
+    metavar="K",
+    help="Also time K steps without the profiler (a first run of the script).",
+)
+@click.option("--diagnose", "then_diagnose", is_flag=True, help="Diagnose the trace once written.")
+def capture(
+    script, script_args, out_dir, steps, warmup, wait, with_stack, time_unprofiled, then_diagnose
+):
+    """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
+
+    Put the script's own arguments after `--`. Steps are counted at each optimizer.step()
+    or tracedx.step(). Exits with the script's exit status.
+    """
+    from tracedx.capture import Schedule, capture_script
+
+    result = capture_script(
+        script,
+        list(script_args),
+        out_dir=out_dir,
+        schedule=Schedule(wait=wait, warmup=warmup, active=steps),
+        with_stack=with_stack,
+        time_unprofiled=time_unprofiled,
+    )
+    if then_diagnose and result.path is not None:
+        try:
+            main(["diagnose", str(result.path)], standalone_mode=False)
+        except TraceError as e:
+            click.echo(f"tracedx: error: {e}", err=True)
+        except Exception as e:  # diagnosis problems never hide the capture's own status
+            click.echo(f"tracedx: diagnose failed: {e}", err=True)
+    click.get_current_context().exit(result.exit_code)
+
+
+@main.command()
+@click.option(
+    "--out",
+    "out_file",
+    default="calibration.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="File for the measured ceilings (JSON).",
+)
+@click.option("--quick", is_flag=True, help="Fewer repeats (a rough figure in seconds).")
+def calibrate(out_file, quick):
+    """Measure this GPU's real ceilings: copy bandwidth, matmul TFLOP/s, launch cost."""
+    from tracedx.calibrate import run_calibration
+
+    run_calibration(out_file, quick=quick)
+    click.echo(out_file)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

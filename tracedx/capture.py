@@ -1,0 +1,921 @@
+"""Capture: run a script under torch.profiler and write a trace that is never lost.
+
+``tracedx capture script.py -- args`` calls :func:`capture_script`; scripts and notebooks use
+:func:`step` (a step marker, a no-op when nothing is capturing) and :func:`profile` (a context
+manager that profiles a block with the same schedule and writing).
+
+How a capture goes (PyTorch docs, ``torch.profiler``; GUIDE.md sections 1-2; CASES C20, C21):
+
+- Steps come from the script's own loop: an optimizer ``step()`` post hook
+  (``torch.optim.optimizer.register_optimizer_step_post_hook``) marks the end of each
+  training step; an explicit :func:`step` call marks it in decode and other loops. Once an
+  explicit call is seen, optimizer steps stop counting, so no step is counted twice. Only the
+  first optimizer seen counts (a GAN's two optimizers make one step, not two).
+- tracedx drives the profiler itself rather than handing torch a ``schedule`` that the script
+  would have to ``step()`` (C20): from the start until the warm-up the profiler records
+  (a fallback trace of the setup and the first steps, kept only if the script never reaches
+  the active window); ``warmup`` steps with the profiler prepared but not recording; then
+  ``active`` steps recorded, each inside a ``ProfilerStep#N`` range, and written at once.
+- The trace is written whatever happens: when the script raises, calls ``sys.exit``, gets
+  Ctrl-C or SIGTERM, the profiler is stopped in ``finally``, what was collected is exported
+  to a temporary file, gzipped and renamed into place (atomic), and the script's exit status
+  is passed on. SIGKILL and out-of-memory kills leave no trace (nothing can run then).
+- Beside the events the trace gets a top-level ``"tracedx"`` key: versions, GPU, schedule,
+  step marker, script and argv, and with ``time_unprofiled=K`` the median/min/max of K steps
+  timed without the profiler (synchronized wall clock, :class:`tracedx.measure.StepTimer`) in a
+  first, unprofiled run of the same script in a subprocess.
+
+torch is imported only inside functions that need it: ``import tracedx.capture`` works without
+torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gzip
+import json
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracedx.errors import TraceError
+
+__all__ = [
+    "CaptureError",
+    "CaptureResult",
+    "Schedule",
+    "capture_script",
+    "profile",
+    "step",
+]
+
+_TIMING_ENV = "TRACEDX_TIMING_CHILD"
+
+
+class CaptureError(TraceError):
+    """Bad capture usage (no such script, bad schedule, torch missing): one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Steps skipped (``wait``), warmed up (``warmup``) and recorded (``active``)."""
+
+    wait: int = 1
+    warmup: int = 1
+    active: int = 5
+
+    def __post_init__(self):
+        if self.wait < 0 or self.warmup < 0:
+            raise CaptureError("--wait and --warmup must be 0 or more")
+        if self.active < 1:
+            raise CaptureError("--steps must be 1 or more")
+
+    @property
+    def start_active(self) -> int:
+        """The step boundary at which recording starts.
+
+        The first step (setup included) is never recorded in the active window, so with
+        ``wait = warmup = 0`` recording starts at the first boundary.
+        """
+        return max(self.wait + self.warmup, 1)
+
+    @property
+    def needed(self) -> int:
+        """Steps the script must run for the active window to be complete."""
+        return self.start_active + self.active
+
+    def as_dict(self) -> dict:
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active}
+
+
+@dataclass
+class CaptureResult:
+    """What a capture produced.
+
+    ``path`` is the trace written (``None`` when nothing could be written); ``exit_code`` is the
+    script's own exit status; ``steps`` counts the step markers seen; ``active_steps`` the
+    steps recorded in the active window; ``messages`` the notes printed on stderr.
+    """
+
+    path: Path | None
+    exit_code: int
+    steps: int
+    active_steps: int
+    step_marker: str
+    unprofiled: dict | None = None
+    messages: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# Step markers
+# --------------------------------------------------------------------------------------------
+
+
+class _Markers:
+    """Turns optimizer steps and explicit :func:`step` calls into one stream of boundaries.
+
+    ``on_boundary()`` is called once per step boundary. Explicit calls win once seen: from the
+    first explicit call on, optimizer steps are ignored, and if the boundary just before came
+    from the optimizer in the same iteration the explicit call is taken as that same boundary.
+    """
+
+    def __init__(self, on_boundary: Callable[[], None]):
+        self._on_boundary = on_boundary
+        self.source = "none"  # "optimizer" | "tracedx.step" | "none"
+        self.count = 0
+        self._explicit_seen = False
+        self._last_was_optimizer = False
+        self._optimizer_ref: weakref.ref | None = None
+        self._hook_handle = None
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        """Register the optimizer post hook (when torch is importable)."""
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except Exception:  # torch missing or too old: explicit markers still work
+            return
+        self._hook_handle = register_optimizer_step_post_hook(self._optimizer_hook)
+
+    def remove(self) -> None:
+        if self._hook_handle is not None:
+            self._hook_handle.remove()
+            self._hook_handle = None
+
+    def _optimizer_hook(self, optimizer, args, kwargs) -> None:
+        with self._lock:
+            if self._explicit_seen:
+                return
+            first = self._optimizer_ref() if self._optimizer_ref is not None else None
+            if first is None:
+                self._optimizer_ref = weakref.ref(optimizer)
+            elif first is not optimizer:
+                return
+            self.source = "optimizer"
+            self._last_was_optimizer = True
+            self.count += 1
+        self._on_boundary()
+
+    def explicit(self) -> None:
+        with self._lock:
+            if not self._explicit_seen:
+                self._explicit_seen = True
+                self.source = "tracedx.step"
+                if self._last_was_optimizer:
+                    # The optimizer already marked this iteration's end: same boundary.
+                    self._last_was_optimizer = False
+                    return
+            self._last_was_optimizer = False
+            self.count += 1
+        self._on_boundary()
+
+
+_active_markers: _Markers | None = None
+
+
+def step() -> None:
+    """Mark the end of one step (one decode token, one loop iteration).
+
+    Under ``tracedx capture`` or :func:`profile` this advances the capture's schedule; once
+    called, it is the only step source (optimizer steps stop counting). Anywhere else it does
+    nothing and costs a function call, so scripts can call it unconditionally.
+    """
+    markers = _active_markers
+    if markers is not None:
+        markers.explicit()
+
+
+@contextlib.contextmanager
+def _markers_installed(markers: _Markers) -> Iterator[_Markers]:
+    global _active_markers
+    previous = _active_markers
+    _active_markers = markers
+    markers.install()
+    try:
+        yield markers
+    finally:
+        markers.remove()
+        _active_markers = previous
+
+
+# --------------------------------------------------------------------------------------------
+# The profiling session
+# --------------------------------------------------------------------------------------------
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without torch
+        raise CaptureError(
+            f"capture needs PyTorch ({e}); install it (pip install torch) and try again"
+        ) from None
+    return torch
+
+
+def _experimental_config(torch):
+    """``_ExperimentalConfig(enable_cuda_sync_events=True)`` where this torch has it, else None.
+
+    With it each host sync appears as a ``cuda_sync`` event (GUIDE.md section 1).
+    """
+    try:
+        return torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+    except Exception:
+        return None
+
+
+class _Session:
+    """Drives torch.profiler through pre/wait, warm-up and active phases on step boundaries.
+
+    Phases by the number ``m`` of boundaries seen (step 0 is the setup and the first
+    iteration, ended by boundary 1): until the warm-up a fallback profiler ``A`` records (setup
+    and the ``wait`` steps); at ``m == start_active - warmup`` it stops (kept in memory) and
+    profiler ``B`` is prepared; at ``m == start_active`` (``max(wait + warmup, 1)``) ``B``
+    starts recording, each step inside a ``ProfilerStep#m`` range; after ``active`` more
+    boundaries ``B`` stops and the trace is written at once. ``A`` is dropped when ``B``
+    starts; it is written only when the script ends before that.
+    """
+
+    def __init__(self, schedule: Schedule, with_stack: bool, write: Callable[[object, int], None]):
+        self.torch = _import_torch()
+        self.schedule = schedule
+        self.with_stack = with_stack
+        self._write = write
+        self.cuda = bool(self.torch.cuda.is_available())
+        act = self.torch.profiler.ProfilerActivity
+        self.activities = [act.CPU, act.CUDA] if self.cuda else [act.CPU]
+        self.m = 0
+        self.fallback = None  # profiler A
+        self.fallback_recording = False
+        self.main = None  # profiler B
+        self.main_recording = False
+        self.active_done = 0
+        self.written = False
+        self._step_range = None
+        self.errors: list[str] = []
+
+    def _new_profiler(self):
+        kwargs = dict(
+            activities=self.activities,
+            record_shapes=True,
+            with_stack=self.with_stack,
+        )
+        cfg = _experimental_config(self.torch)
+        if cfg is not None:
+            kwargs["experimental_config"] = cfg
+        try:
+            return self.torch.profiler.profile(**kwargs)
+        except TypeError:  # older torch without experimental_config
+            kwargs.pop("experimental_config", None)
+            return self.torch.profiler.profile(**kwargs)
+
+    # -- phases --------------------------------------------------------------------------
+    def start(self) -> None:
+        self.fallback = self._new_profiler()
+        self.fallback.start()
+        self.fallback_recording = True
+
+    def boundary(self) -> None:
+        """One step boundary: advance the phases."""
+        self.m += 1
+        m, s = self.m, self.schedule
+        start_active = s.start_active
+        start_warmup = start_active - s.warmup
+        try:
+            if self.main_recording:
+                self._exit_step_range()
+                self.active_done += 1
+                if self.active_done >= s.active:
+                    self._stop_main_and_write()
+                    return
+                self._enter_step_range()
+                return
+            if self.written:
+                return
+            if m == start_warmup:
+                self._stop_fallback()
+                self._prepare_main()
+            if m == start_active:
+                self._stop_fallback()
+                if self.main is None:
+                    self._prepare_main()
+                self._drop_fallback()
+                self.main.start_trace()
+                self.main_recording = True
+                self._enter_step_range()
+        except Exception as e:  # never break the user's script because of the profiler
+            self.errors.append(f"profiler error at step {m}: {e}")
+            self._abandon()
+
+    def _stop_fallback(self) -> None:
+        if self.fallback is not None and self.fallback_recording:
+            self.fallback.stop()
+            self.fallback_recording = False
+
+    def _drop_fallback(self) -> None:
+        self.fallback = None
+
+    def _prepare_main(self) -> None:
+        self.main = self._new_profiler()
+        self.main.prepare_trace()
+
+    def _enter_step_range(self) -> None:
+        # The same annotation torch's own schedule writes (GUIDE.md section 1).
+        self._step_range = self.torch.profiler.record_function(f"ProfilerStep#{self.m}")
+        self._step_range.__enter__()
+
+    def _exit_step_range(self) -> None:
+        if self._step_range is not None:
+            rng, self._step_range = self._step_range, None
+            rng.__exit__(None, None, None)
+
+    def _stop_main_and_write(self) -> None:
+        self._exit_step_range()
+        self.main.stop_trace()
+        self.main_recording = False
+        self._write(self.main, self.active_done)
+        self.written = True
+        self.main = None
+
+    def _abandon(self) -> None:
+        for prof, recording in (
+            (self.fallback, self.fallback_recording),
+            (self.main, self.main_recording),
+        ):
+            if prof is not None and recording:
+                with contextlib.suppress(Exception):
+                    prof.stop_trace()
+        self.fallback_recording = self.main_recording = False
+        self.fallback = self.main = None
+        self.written = True  # nothing more will be recorded
+
+    def finish(self) -> str:
+        """Stop whatever runs and write what was collected. Returns which window was written.
+
+        One of ``"active"`` (complete, already written), ``"partial"`` (the active window was
+        cut short), ``"fallback"`` (setup and first steps only), ``"none"``.
+        """
+        if self.written:
+            return "active" if self.active_done >= self.schedule.active else "none"
+        if self.main is not None and self.main_recording:
+            self._exit_step_range()
+            self.main.stop_trace()
+            self.main_recording = False
+            self._write(self.main, self.active_done)
+            self.written = True
+            return "partial"
+        if self.main is not None:
+            # Prepared (warm-up) but never recording: torch needs start/stop to release it.
+            with contextlib.suppress(Exception):
+                self.main.start_trace()
+                self.main.stop_trace()
+            self.main = None
+        if self.fallback is not None:
+            self._stop_fallback()
+            self._write(self.fallback, 0)
+            self.written = True
+            return "fallback"
+        return "none"
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def _torch_metadata(torch) -> dict:
+    gpu = None
+    if torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            gpu = torch.cuda.get_device_name(torch.cuda.current_device())
+    return {
+        "torch_version": str(torch.__version__),
+        "cuda_version": getattr(torch.version, "cuda", None),
+        "gpu_name": gpu,
+    }
+
+
+def _insert_metadata(src: Path, dst_gz: Path, metadata: dict) -> None:
+    """Copy the chrome trace ``src`` into gzip ``dst_gz`` with ``"tracedx"`` as its first key.
+
+    The events are copied byte for byte (torch's JSON is not re-serialised, so whatever it
+    wrote, even tokens a strict parser refuses, reaches the reader unchanged).
+    """
+    meta = json.dumps(metadata, sort_keys=False)
+    with open(src, "rb") as f, gzip.open(dst_gz, "wb", compresslevel=6) as out:
+        head = f.read(1 << 16)
+        i = head.find(b"{")
+        if i < 0:
+            raise OSError("the profiler's export is not a JSON object")
+        rest = head[i + 1 :]
+        empty = rest.lstrip().startswith(b"}")
+        out.write(head[: i + 1])
+        out.write(b'\n  "tracedx": ' + meta.encode() + (b"" if empty else b","))
+        out.write(rest)
+        shutil.copyfileobj(f, out, 1 << 20)
+
+
+def _count_events(path: Path) -> dict | None:
+    """Count events in a written trace (for the summary line); None when it cannot be parsed."""
+    try:
+        with gzip.open(path, "rb") as f:
+            data = json.loads(f.read())
+    except Exception:
+        return None
+    events = data.get("traceEvents") or []
+    counts = {"events": 0, "kernels": 0, "steps": 0}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        counts["events"] += 1
+        cat = e.get("cat")
+        if cat == "kernel":
+            counts["kernels"] += 1
+        elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            counts["steps"] += 1
+    return counts
+
+
+def _unique_path(out_dir: Path, stem: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = out_dir / f"{stem}-{stamp}.json.gz"
+    k = 1
+    while path.exists():
+        path = out_dir / f"{stem}-{stamp}-{k}.json.gz"
+        k += 1
+    return path
+
+
+def _export(prof, final: Path, metadata: dict) -> Path:
+    """Export ``prof`` to ``final`` atomically: chrome JSON to a temp file, gzip, rename."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_json = tempfile.mkstemp(prefix=".tracedx-", suffix=".json", dir=final.parent)
+    os.close(fd)
+    tmp_gz = Path(tmp_json + ".gz")
+    try:
+        prof.export_chrome_trace(tmp_json)
+        _insert_metadata(Path(tmp_json), tmp_gz, metadata)
+        os.replace(tmp_gz, final)
+    finally:
+        for p in (Path(tmp_json), tmp_gz):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    return final
+
+
+# --------------------------------------------------------------------------------------------
+# Running a script
+# --------------------------------------------------------------------------------------------
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so that ``finally`` blocks run."""
+
+
+@contextlib.contextmanager
+def _as_script(script: Path, args: Sequence[str]) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path[0]`` as ``python script.py args`` would set them."""
+    old_argv, old_path0 = sys.argv, (sys.path[0] if sys.path else None)
+    sys.argv = [str(script), *args]
+    script_dir = str(script.resolve().parent)
+    if sys.path:
+        sys.path[0] = script_dir
+    else:  # pragma: no cover
+        sys.path.insert(0, script_dir)
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+
+        def _on_term(signum, frame):
+            raise _Terminated()
+
+        with contextlib.suppress(ValueError, OSError):
+            old_term = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        yield
+    finally:
+        sys.argv = old_argv
+        if sys.path and old_path0 is not None:
+            sys.path[0] = old_path0
+        if old_term is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, old_term)
+
+
+def _exit_code(exc: BaseException | None) -> int:
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        return 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, _Terminated):
+        return 128 + signal.SIGTERM
+    return 1
+
+
+def _show_script_error(exc: BaseException, script: Path) -> None:
+    """Print the script's own error as Python would (tracedx and runpy frames left out)."""
+    if isinstance(exc, SystemExit):
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        return
+    if isinstance(exc, _Terminated):
+        print("tracedx: the script was terminated (SIGTERM)", file=sys.stderr)
+        return
+    tb = exc.__traceback__
+    target = str(script.resolve())
+    t = tb
+    while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != target:
+        t = t.tb_next
+    traceback.print_exception(type(exc), exc, t if t is not None else tb)
+
+
+def _run_script(script: Path, args: Sequence[str]) -> BaseException | None:
+    """Run ``script`` as ``__main__``; return the exception that ended it (None if it ended)."""
+    with _as_script(script, args):
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except BaseException as e:  # noqa: BLE001 - every ending is passed on
+            return e
+    return None
+
+
+def _check_script(script: str | os.PathLike) -> Path:
+    path = Path(script)
+    if not path.is_file():
+        raise CaptureError(f"no such script: {script}")
+    return path
+
+
+def _note(messages: list[str], text: str, quiet: bool = False) -> None:
+    messages.append(text)
+    if not quiet:
+        print(f"tracedx: {text}", file=sys.stderr, flush=True)
+
+
+def capture_script(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    out_dir: str | os.PathLike = "traces",
+    schedule: Schedule | None = None,
+    with_stack: bool = False,
+    time_unprofiled: int = 0,
+    quiet: bool = False,
+) -> CaptureResult:
+    """Run ``script`` like ``python script args`` under torch.profiler and write its trace.
+
+    The trace goes to ``out_dir/<script stem>-<YYYYmmdd-HHMMSS>.json.gz`` (CPU and CUDA
+    activity, CPU only without a GPU; ``record_shapes=True``; CUDA sync events where torch has
+    them; Python stacks with ``with_stack``). ``schedule`` gives the wait/warm-up/active steps
+    (default 1/1/5). With ``time_unprofiled=K`` the script first runs once without the profiler
+    in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
+    after ``wait + warmup`` warm-up steps; seeds, chapter 10); the median/min/max go into the
+    trace's ``"tracedx"`` metadata as ``unprofiled_step_ms``.
+
+    The script's errors never escape: they are printed and their exit status returned in
+    :class:`CaptureResult` (1 for an exception, the code of ``sys.exit``, 130 for Ctrl-C).
+
+    Raises :class:`CaptureError` (exit status 2 in the CLI) when the script does not exist,
+    the schedule is invalid or torch is not importable.
+    """
+    from tracedx import __version__
+
+    path = _check_script(script)
+    schedule = schedule or Schedule()
+    if time_unprofiled < 0:
+        raise CaptureError("--time-unprofiled must be 0 or more")
+    torch = _import_torch()
+    messages: list[str] = []
+
+    unprofiled = None
+    if time_unprofiled:
+        unprofiled = _time_unprofiled(path, args, time_unprofiled, schedule, messages, quiet)
+
+    out = Path(out_dir)
+    final = _unique_path(out, path.stem)
+    if not torch.cuda.is_available():
+        _note(
+            messages,
+            "no CUDA GPU visible: profiling CPU activity only (the trace has no kernels)",
+            quiet,
+        )
+
+    written: dict = {}
+    markers_box: list[_Markers] = []
+
+    def write(prof, active_steps: int) -> None:
+        markers = markers_box[0]
+        meta = {
+            "version": __version__,
+            **_torch_metadata(torch),
+            "schedule": schedule.as_dict(),
+            "step_marker": markers.source,
+            "script": str(path),
+            "argv": [str(path), *args],
+        }
+        if unprofiled is not None:
+            meta["unprofiled_step_ms"] = unprofiled
+        meta["active_steps_recorded"] = active_steps
+        _export(prof, final, meta)
+        written["path"] = final
+
+    session = _Session(schedule, with_stack, write)
+    markers = _Markers(session.boundary)
+    markers_box.append(markers)
+    if not quiet:
+        kind = "CPU + CUDA" if session.cuda else "CPU"
+        print(
+            f"tracedx: profiling {path} ({kind}); steps: wait {schedule.wait}, warm-up "
+            f"{schedule.warmup}, active {schedule.active}; step markers: optimizer.step() or "
+            "tracedx.step()",
+            file=sys.stderr,
+            flush=True,
+        )
+    exc: BaseException | None = None
+    window = "none"
+    with _markers_installed(markers):
+        session.start()
+        try:
+            exc = _run_script(path, args)
+        finally:
+            try:
+                window = session.finish()
+            except BaseException as e:  # noqa: BLE001 - report, keep the script's status
+                session.errors.append(f"could not write the trace: {e}")
+    code = _exit_code(exc)
+    if exc is not None:
+        _show_script_error(exc, path)
+    for err in session.errors:
+        _note(messages, err, quiet)
+
+    n = markers.count
+    marker = {"optimizer": "optimizer.step()", "tracedx.step": "tracedx.step()"}.get(
+        markers.source, "none"
+    )
+    ended = "ended" if exc is None else "stopped"
+    if window == "partial":
+        _note(
+            messages,
+            f"the script {ended} after {n} steps, inside the active window: the "
+            f"trace holds {session.active_done} of {schedule.active} active steps",
+            quiet,
+        )
+    elif window == "fallback":
+        if n == 0:
+            _note(
+                messages,
+                "no step marker was seen (no optimizer.step(), no tracedx.step()):"
+                " the trace covers the whole run with no ProfilerStep ranges; call "
+                "tracedx.step() once per iteration to get steps",
+                quiet,
+            )
+        else:
+            _note(
+                messages,
+                f"the script {ended} after {n} steps (marker: {marker}), before the "
+                f"active window (it needs {schedule.needed} steps: wait {schedule.wait} + "
+                f"warm-up {schedule.warmup} + active {schedule.active}): the trace holds only "
+                "the setup and the steps before warm-up, with no ProfilerStep ranges; lower "
+                "--wait/--warmup/--steps or run more steps",
+                quiet,
+            )
+    elif window == "none" and "path" not in written:
+        _note(
+            messages,
+            f"the script {ended} after {n} steps (marker: {marker}); no trace "
+            f"was written: the active window needs {schedule.needed} steps",
+            quiet,
+        )
+
+    trace_path = written.get("path")
+    if trace_path is not None and not quiet:
+        counts = _count_events(trace_path)
+        size = trace_path.stat().st_size / 1e6
+        if counts is not None:
+            detail = (
+                f"{counts['events']} events, {counts['kernels']} kernels, "
+                f"{counts['steps']} ProfilerStep ranges, {size:.2f} MB"
+            )
+            if counts["events"] == 0:
+                _note(messages, "the trace holds no events", quiet)
+        else:
+            detail = f"{size:.2f} MB"
+        print(f"tracedx: wrote {trace_path} ({detail})", file=sys.stderr, flush=True)
+    if trace_path is not None:
+        print(trace_path, flush=True)
+    return CaptureResult(
+        path=trace_path,
+        exit_code=code,
+        steps=n,
+        active_steps=session.active_done,
+        step_marker=markers.source,
+        unprofiled=unprofiled,
+        messages=messages,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Unprofiled timing (a first run of the script in a subprocess, no profiler)
+# --------------------------------------------------------------------------------------------
+
+
+class _TimingDone(BaseException):
+    """Stops the timing run once enough steps are timed (not an error)."""
+
+
+def _time_unprofiled(
+    script: Path,
+    args: Sequence[str],
+    count: int,
+    schedule: Schedule,
+    messages: list[str],
+    quiet: bool,
+) -> dict | None:
+    skip = schedule.start_active - 1  # the steps before the profiled window
+    _note(
+        messages,
+        f"timing {count} steps without the profiler (a first run of the script, "
+        f"{skip} warm-up steps skipped)",
+        quiet,
+    )
+    fd, out = tempfile.mkstemp(prefix="tracedx-timing-", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ)
+    env[_TIMING_ENV] = json.dumps({"count": count, "skip": skip, "out": out})
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from tracedx.capture import _timing_child_main as m; sys.exit(m())",
+        str(script),
+        *args,
+    ]
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            with open(out) as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            result = {}
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out)
+    timing = result.get("timing")
+    if proc.returncode != 0 and not result.get("done"):
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-5:]
+        _note(
+            messages,
+            f"the unprofiled run exited with status {proc.returncode}"
+            + (": " + " | ".join(tail) if tail else ""),
+            quiet,
+        )
+    if not timing:
+        _note(
+            messages,
+            f"no unprofiled step time: the script ran {result.get('marks', 0)} "
+            f"step markers; timing needs {skip + 2} or more",
+            quiet,
+        )
+        return None
+    if timing["n"] < count:
+        _note(
+            messages,
+            f"only {timing['n']} of {count} steps could be timed (the script ran "
+            f"{result.get('marks', 0)} steps)",
+            quiet,
+        )
+    _note(
+        messages,
+        f"unprofiled step time: median {timing['median']:.3f} ms (min "
+        f"{timing['min']:.3f}, max {timing['max']:.3f}, n={timing['n']}; "
+        f"marker: {result.get('source', 'none')})",
+        quiet,
+    )
+    return timing
+
+
+def _timing_child_main() -> int:
+    """Entry point of the unprofiled timing run (``sys.argv[1:]`` = script and its args)."""
+    from tracedx.measure import StepTimer
+
+    cfg = json.loads(os.environ.pop(_TIMING_ENV))
+    script = Path(sys.argv[1])
+    args = sys.argv[2:]
+    timer = StepTimer(count=int(cfg["count"]), skip=int(cfg["skip"]))
+    state = {"done": False}
+
+    def save() -> None:
+        s = timer.summary()
+        with open(cfg["out"], "w") as f:
+            json.dump(
+                {
+                    "timing": s.as_dict() if s else None,
+                    "marks": timer.marks,
+                    "source": markers.source,
+                    "done": state["done"],
+                },
+                f,
+            )
+
+    def on_boundary() -> None:
+        timer.mark()
+        if timer.done:
+            state["done"] = True
+            save()
+            raise _TimingDone()
+
+    markers = _Markers(on_boundary)
+    with _markers_installed(markers):
+        exc = _run_script(script, args)
+    if isinstance(exc, _TimingDone):
+        return 0
+    save()
+    if exc is not None:
+        _show_script_error(exc, script)
+    return _exit_code(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# tracedx.profile(): the same capture around a block of code
+# --------------------------------------------------------------------------------------------
+
+
+class _Profiled:
+    """Handle yielded by :func:`profile`; ``path`` is set once the trace is written."""
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.steps = 0
+        self.active_steps = 0
+
+
+@contextlib.contextmanager
+def profile(
+    out: str | os.PathLike = "traces",
+    name: str = "profile",
+    steps: int = 5,
+    warmup: int = 1,
+    wait: int = 1,
+    with_stack: bool = False,
+) -> Iterator[_Profiled]:
+    """Profile the block with tracedx's schedule; call :func:`step` once per iteration inside.
+
+    Writes ``out/<name>-<YYYYmmdd-HHMMSS>.json.gz`` (same content and metadata as
+    ``tracedx capture``, without unprofiled timing) when the active window completes or the
+    block ends, whichever comes first, also when the block raises. Optimizer steps count as
+    step boundaries as under ``tracedx capture``. Inside ``tracedx capture`` the block is not
+    profiled a second time: the handle's ``path`` stays ``None``.
+
+    Raises :class:`CaptureError` when torch is not importable or the counts are invalid.
+    """
+    from tracedx import __version__
+
+    handle = _Profiled()
+    if _active_markers is not None:
+        yield handle
+        return
+    schedule = Schedule(wait=wait, warmup=warmup, active=steps)
+    torch = _import_torch()
+    final = _unique_path(Path(out), name)
+    box: list[_Markers] = []
+
+    def write(prof, active_steps: int) -> None:
+        meta = {
+            "version": __version__,
+            **_torch_metadata(torch),
+            "schedule": schedule.as_dict(),
+            "step_marker": box[0].source,
+            "script": None,
+            "argv": list(sys.argv),
+            "active_steps_recorded": active_steps,
+        }
+        handle.path = _export(prof, final, meta)
+
+    session = _Session(schedule, with_stack, write)
+    markers = _Markers(session.boundary)
+    box.append(markers)
+    with _markers_installed(markers):
+        session.start()
+        try:
+            yield handle
+        finally:
+            session.finish()
+            handle.steps = markers.count
+            handle.active_steps = session.active_done
