@@ -36,33 +36,35 @@ DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
 
 
 def sync_calls(trace: Trace) -> pl.DataFrame:
-    """Host calls that block the CPU until the GPU catches up (host syncs).
+    """Host calls that block the CPU until the GPU catches up (host syncs), with a reason.
 
-    Synchronize calls (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
-    ``cudaEventSynchronize`` and driver/HIP spellings), plus memcpy calls that block: the
-    synchronous ``cudaMemcpy`` and ``cudaMemcpyAsync`` to or from pageable memory
-    (GUIDE.md 2.6: a pageable async copy blocks the host for the whole copy).
+    ``blocking_reason`` is ``synchronize`` (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+    ``cudaEventSynchronize`` and driver/HIP spellings), ``synchronous copy`` (``cudaMemcpy``, or a
+    device-to-host copy into pageable memory under 1 MiB: ``.item()``, ``.cpu()``, ``print(t)``
+    wait for the GPU to produce the value) or ``pageable memcpy`` (a larger copy from or to
+    pageable memory, which blocks the host for the whole copy: GUIDE.md 2.6).
     Columns: the launches table's, plus ``blocking_reason``.
     """
     la = trace.launches
-    pageable = (
-        trace.memcpys.filter(
-            (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
-        )
-        .select("correlation")
-        .drop_nulls()
-        .unique()
+    page = trace.memcpys.filter(
+        (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
+    ).filter(pl.col("correlation").is_not_null())
+    small_dtoh = page.filter(
+        (pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)
     )
+    big = page.filter(~pl.col("correlation").is_in(small_dtoh["correlation"].implode()))
     is_sync = pl.col("api_kind") == "sync"
-    sync_memcpy = (pl.col("api_kind") == "memcpy") & ~pl.col("name").str.contains("Async")
-    pageable_async = (pl.col("api_kind") == "memcpy") & pl.col("correlation").is_in(
-        pageable["correlation"].implode()
+    is_copy = pl.col("api_kind") == "memcpy"
+    sync_copy = is_copy & (
+        ~pl.col("name").str.contains("Async")
+        | pl.col("correlation").is_in(small_dtoh["correlation"].implode())
     )
-    return la.filter(is_sync | sync_memcpy | pageable_async).with_columns(
+    pageable = is_copy & pl.col("correlation").is_in(big["correlation"].implode())
+    return la.filter(is_sync | sync_copy | pageable).with_columns(
         blocking_reason=pl.when(is_sync)
         .then(pl.lit("synchronize"))
-        .when(sync_memcpy)
-        .then(pl.lit("synchronous memcpy"))
+        .when(sync_copy)
+        .then(pl.lit("synchronous copy"))
         .otherwise(pl.lit("pageable memcpy"))
     )
 

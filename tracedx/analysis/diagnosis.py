@@ -1,0 +1,775 @@
+"""``diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what each fix is worth.
+
+Pipeline (one direction): trace tables -> step windows and idle gaps (:mod:`.timeline`) ->
+kernel kinds (:mod:`.kernels`) and op groups on the roofline (:mod:`.ops`, ``roofline``) ->
+a step model and the regime -> findings (:mod:`.findings`). Reports only render this object.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from tracedx.analysis import findings as fx
+from tracedx.analysis.kernels import gpu_breakdown, kind_expr
+from tracedx.analysis.ops import op_groups, top_level_ops
+from tracedx.analysis.timeline import (
+    DATALOADER_RE,
+    idle_by_cause,
+    idle_gaps,
+    step_windows,
+    sync_calls,
+)
+from tracedx.errors import TraceError
+from tracedx.trace import Trace
+
+SCHEMA = "tracedx.diagnosis/1"
+FUSABLE_KINDS = ("elementwise", "reduction", "normalization")
+NO_GPU_CAUSES = (
+    "the profiler ran without ProfilerActivity.CUDA; CUPTI is missing or not permitted "
+    "(containers need CAP_SYS_ADMIN or NVreg_RestrictProfilingToAdminUsers=0); or the trace was "
+    "read before the profiler flushed it"
+)
+
+
+@dataclass
+class Diagnosis:
+    """The result of :func:`diagnose`. Tables are polars DataFrames; times are us unless named _ms.
+
+    Attributes:
+        trace: the analysed Trace.
+        steps: analysed step numbers.
+        device: the DeviceSpec used for peaks (None when unknown), ``device_notes`` how it was chosen.
+        primary_device: the GPU index the verdict is about (the busiest one).
+        windows: per (step, device) windows and metrics (see ``timeline.step_windows``).
+        gaps: every idle gap with its cause; ``idle_causes``: idle per (step, device, cause).
+        summary: per device, medians/min/max of the step metrics (dict).
+        kernel_kinds: device time by kernel kind; ``memcpy``: copies by direction and memory.
+        op_table: op groups with FLOPs, bytes, intensity and roofline placement.
+        top_ops: CPU against device time per top-level op.
+        regime, bottleneck, evidence: the verdict and the numbers that decided it.
+        findings: fixes sorted by estimated speedup.
+        notes: things the user must know (no steps, profiler overhead, unknown device, ...).
+    """
+
+    trace: Trace
+    steps: list[int]
+    device: Any
+    device_notes: list[str]
+    primary_device: int | None
+    windows: pl.DataFrame
+    gaps: pl.DataFrame
+    idle_causes: pl.DataFrame
+    summary: dict[str, Any]
+    kernel_kinds: pl.DataFrame
+    memcpy: pl.DataFrame
+    op_table: pl.DataFrame
+    top_ops: pl.DataFrame
+    largest_gaps: pl.DataFrame
+    sync_sites: pl.DataFrame
+    regime: str | None
+    bottleneck: str | None
+    evidence: list[str]
+    findings: list[fx.Finding]
+    model: fx.StepModel | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract ``tracedx.diagnosis/1`` (see README). Non-finite numbers become null."""
+        from tracedx.report.json import diagnosis_dict
+
+        return diagnosis_dict(self)
+
+    def figures(self) -> dict[str, Any]:
+        """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks."""
+        from tracedx.report import figures
+
+        return figures.all_figures(self)
+
+
+def parse_steps(spec: str | None, available: list[int]) -> list[int]:
+    """``"N..M"`` (inclusive), ``"N"`` or ``"N.."`` -> the listed steps present in the trace.
+
+    Raises TraceError on a malformed spec or when no step matches.
+    """
+    if spec is None:
+        return available
+    m = re.fullmatch(r"\s*(\d+)?\s*(\.\.)?\s*(\d+)?\s*", spec)
+    if not m or (m.group(1) is None and m.group(3) is None):
+        raise TraceError(f"--steps {spec!r}: expected N..M, N.. , ..M or N")
+    lo = int(m.group(1)) if m.group(1) else -math.inf
+    hi = int(m.group(3)) if m.group(3) else (math.inf if m.group(2) else lo)
+    chosen = [s for s in available if lo <= s <= hi]
+    if not chosen:
+        raise TraceError(
+            f"--steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
+        )
+    return chosen
+
+
+def _stats(s: pl.Series) -> dict[str, float | None]:
+    s = s.drop_nulls()
+    if s.len() == 0:
+        return {"median": None, "min": None, "max": None}
+    return {"median": float(s.median()), "min": float(s.min()), "max": float(s.max())}
+
+
+def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
+    m = trace.memcpys.filter(pl.col("step").is_in(steps))
+    if m.height == 0:
+        return pl.DataFrame(
+            schema={
+                "device": pl.Int64,
+                "direction": pl.Utf8,
+                "host_memory": pl.Utf8,
+                "count": pl.UInt32,
+                "bytes": pl.Int64,
+                "device_time_us": pl.Float64,
+                "achieved_gbs": pl.Float64,
+            }
+        )
+    host_mem = (
+        pl.when(pl.col("direction") == "HtoD")
+        .then(pl.col("src_memory"))
+        .when(pl.col("direction") == "DtoH")
+        .then(pl.col("dst_memory"))
+        .otherwise(pl.lit("Device"))
+    )
+    return (
+        m.with_columns(host_memory=host_mem)
+        .group_by("device", "direction", "host_memory")
+        .agg(
+            count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=pl.col("duration_us").sum()
+        )
+        .with_columns(
+            achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
+                pl.col("bytes") / pl.col("device_time_us") / 1e3
+            )
+        )
+        .sort("device_time_us", descending=True)
+    )
+
+
+def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
+    """Blocking host calls grouped by the op that issued them and, with Python stacks, file:line."""
+    sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
+    schema = {
+        "site": pl.Utf8,
+        "op": pl.Utf8,
+        "call": pl.Utf8,
+        "count": pl.UInt32,
+        "blocked_us": pl.Float64,
+    }
+    if sc.height == 0:
+        return pl.DataFrame(schema=schema)
+    ops = trace.ops.select("op_id", "top_op_id", pl.col("name").alias("op"))
+    tops = trace.ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op"))
+    sc = sc.join(ops, on="op_id", how="left").join(tops, on="top_op_id", how="left")
+    sites = [None] * sc.height
+    pf = trace.python_frames
+    if pf.height:
+        user = pf.filter(
+            ~pl.col("name").str.starts_with("<")
+            & ~pl.col("name").str.contains(
+                r"site-packages|dist-packages|/torch/|\\torch\\|/lib/python|<frozen"
+            )
+        )
+        for i, (tid, t) in enumerate(
+            zip(sc["tid"].to_list(), sc["start_us"].to_list(), strict=True)
+        ):
+            hit = user.filter(
+                (pl.col("tid") == tid) & (pl.col("start_us") <= t) & (pl.col("end_us") >= t)
+            )
+            if hit.height:
+                sites[i] = hit.sort("start_us")["name"][-1]
+    sc = sc.with_columns(
+        site=pl.Series(sites, dtype=pl.Utf8),
+        op=pl.coalesce(pl.col("top_op"), pl.col("op"), pl.lit("(no op)")),
+    )
+    return (
+        sc.group_by("site", "op", pl.col("name").alias("call"))
+        .agg(count=pl.len(), blocked_us=pl.col("duration_us").sum())
+        .sort("blocked_us", descending=True)
+        .select(list(schema))
+    )
+
+
+def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float, float, float, int]:
+    """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels removed, chains).
+
+    Totals over the analysed steps. Saved = sum - max per chain. Triton kernels are already fused.
+    """
+    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
+    if k.height == 0:
+        return 0.0, 0.0, 0.0, 0
+    k = (
+        k.sort("stream", "start_us")
+        .with_columns(
+            fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
+        )
+        .with_columns(
+            run=(pl.col("fus") != pl.col("fus").shift(1)).fill_null(True).cum_sum().over("stream")
+        )
+    )
+    runs = (
+        k.filter("fus")
+        .group_by("stream", "run")
+        .agg(n=pl.len(), total=pl.col("duration_us").sum(), longest=pl.col("duration_us").max())
+        .filter(pl.col("n") >= 2)
+    )
+    if runs.height == 0:
+        return 0.0, 0.0, 0.0, 0
+    return (
+        float(runs["total"].sum()),
+        float((runs["total"] - runs["longest"]).sum()),
+        float((runs["n"] - 1).sum()),
+        runs.height,
+    )
+
+
+def diagnose(
+    trace: Trace,
+    *,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+    bandwidth_gbs: float | None = None,
+    calibration: str | None = None,
+    steps: str | None = None,
+) -> Diagnosis:
+    """Diagnose a loaded trace.
+
+    Args:
+        trace: from :func:`tracedx.load`.
+        device: GPU name whose datasheet peaks to use instead of the trace's (``--device``).
+        peak_tflops, bandwidth_gbs: explicit ceilings (TFLOP/s, GB/s) overriding everything.
+        calibration: a ``tracedx calibrate`` JSON file (measured ceilings beat datasheets).
+        steps: ``"N..M"`` to analyse only those ProfilerStep numbers.
+
+    Returns:
+        Diagnosis. Raises TraceError (exit 2 in the CLI) for a bad ``steps`` spec or device.
+    """
+    from tracedx.devices import resolve_device
+
+    spec, dev_notes = resolve_device(
+        trace.device_name,
+        device=device,
+        peak_tflops=peak_tflops,
+        bandwidth_gbs=bandwidth_gbs,
+        calibration=calibration,
+    )
+    notes: list[str] = []
+    if trace.steps.height == 0:
+        raise TraceError(f"{trace.path}: the trace holds no events to analyse")
+    chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
+    if trace.steps_synthetic:
+        notes.append(
+            "no ProfilerStep markers: the whole trace is analysed as one step "
+            "(capture with a profiler schedule, or `tracedx capture`, for per-step numbers)"
+        )
+    elif len(chosen) == 1:
+        notes.append("a single ProfilerStep: no median over steps")
+    w_all = step_windows(trace)
+    w = w_all.filter(pl.col("step").is_in(chosen))
+    gaps = idle_gaps(trace, w)
+    causes = idle_by_cause(gaps)
+    n = len(chosen)
+
+    summary: dict[str, Any] = {"steps": n, "devices": {}}
+    for dev in w["device"].unique(maintain_order=True).to_list():
+        d = (
+            w.filter(pl.col("device") == dev)
+            if dev is not None
+            else w.filter(pl.col("device").is_null())
+        )
+        summary["devices"][str(dev)] = {
+            c: _stats(d[c])
+            for c in (
+                "step_time_us",
+                "cpu_time_us",
+                "gpu_busy_us",
+                "idle_fraction",
+                "kernels",
+                "memcpys",
+                "memsets",
+                "memcpy_us",
+                "memcpy_bytes",
+                "sync_us",
+            )
+        }
+    primary = None
+    if trace.has_gpu_activity:
+        busy = (
+            w.group_by("device")
+            .agg(pl.col("gpu_busy_us").sum())
+            .sort("gpu_busy_us", descending=True)
+        )
+        primary = busy["device"][0]
+        if len(trace.devices) > 1:
+            notes.append(
+                f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
+                f"GPU {primary}, the busiest"
+            )
+    else:
+        notes.append(
+            "no GPU activity in this trace (no kernel, memcpy or memset events): GPU metrics are n/a. "
+            f"Usual causes: {NO_GPU_CAUSES}"
+        )
+
+    gpu = trace.gpu_activity().filter(pl.col("step").is_in(chosen))
+    if primary is not None:
+        gpu = gpu.filter(pl.col("device") == primary)
+    kinds = gpu_breakdown(gpu, n)
+    memcpy = _memcpy_table(trace, chosen)
+    ops_tbl = op_groups(trace, chosen)
+    ops_tbl = _place_on_roofline(ops_tbl, spec)
+    top = top_level_ops(trace, chosen)
+    sites = _sync_sites(trace, chosen)
+    wp = w.filter(pl.col("device") == primary) if primary is not None else w
+    largest = (
+        gaps.filter(pl.col("device") == primary).sort("duration_us", descending=True).head(5)
+        if primary is not None
+        else gaps.head(0)
+    )
+
+    model = (
+        _step_model(
+            trace,
+            chosen,
+            wp,
+            causes.filter(pl.col("device") == primary) if primary is not None else causes.head(0),
+            n,
+        )
+        if primary is not None
+        else None
+    )
+    regime, bottleneck, evidence = _verdict(
+        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary
+    )
+    found = (
+        _findings(trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n)
+        if model
+        else []
+    )
+    notes.append(
+        "the profiler slows the host (7-35% on CPU-bound steps, GUIDE.md 2.7): estimates are against the "
+        "traced step time, not the unprofiled one"
+    )
+    cap = trace.metadata.get("tracedx") or {}
+    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    if isinstance(unprof, dict) and unprof.get("median"):
+        summary["unprofiled_step_ms"] = unprof
+    return Diagnosis(
+        trace=trace,
+        steps=chosen,
+        device=spec,
+        device_notes=dev_notes,
+        primary_device=primary,
+        windows=w,
+        gaps=gaps,
+        idle_causes=causes,
+        summary=summary,
+        kernel_kinds=kinds,
+        memcpy=memcpy,
+        op_table=ops_tbl,
+        top_ops=top,
+        largest_gaps=largest,
+        sync_sites=sites,
+        regime=regime,
+        bottleneck=bottleneck,
+        evidence=evidence,
+        findings=found,
+        model=model,
+        notes=notes,
+    )
+
+
+def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
+    if "flops" not in ops_tbl.columns:
+        return ops_tbl
+    try:
+        from tracedx.analysis.roofline import place_on_roofline
+    except ImportError:  # pragma: no cover
+        return ops_tbl
+    return place_on_roofline(ops_tbl, spec)
+
+
+def _step_model(
+    trace: Trace, steps: list[int], w: pl.DataFrame, causes: pl.DataFrame, n: int
+) -> fx.StepModel:
+    idle = {
+        c: float(v) / n for c, v in causes.group_by("cause").agg(pl.col("idle_us").sum()).rows()
+    }
+    sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
+    sync_us = (
+        float(sc.filter(pl.col("blocking_reason") != "pageable memcpy")["duration_us"].sum()) / n
+    )
+    page_us = (
+        float(sc.filter(pl.col("blocking_reason") == "pageable memcpy")["duration_us"].sum()) / n
+    )
+    dl = trace.annotations.filter(
+        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+    )
+    dl = (
+        dl.join_asof(trace.steps.select("step", "start_us").sort("start_us"), on="start_us")
+        if dl.height
+        else dl.with_columns(step=pl.lit(None, pl.Int64))
+    )
+    dl_us = (
+        float(dl.filter(pl.col("step").is_in(steps))["duration_us"].sum()) / n if dl.height else 0.0
+    )
+    ops = trace.ops.filter(pl.col("step").is_in(steps))
+    launching = set(trace.launches["op_id"].drop_nulls().to_list())
+    tops_with_gpu = set(
+        trace.ops.filter(pl.col("op_id").is_in(list(launching)))["top_op_id"].to_list()
+    )
+    host_no_gpu = (
+        float(
+            ops.filter(pl.col("parent_id").is_null() & ~pl.col("op_id").is_in(list(tops_with_gpu)))[
+                "duration_us"
+            ].sum()
+        )
+        / n
+    )
+    graphs = (
+        trace.launches.filter(pl.col("step").is_in(steps) & (pl.col("api_kind") == "graph")).height
+        / n
+    )
+    kernels = float(w["kernels"].mean() or 0.0)
+    cpu = float(w["cpu_time_us"].mean() or 0.0)
+    gpu_top_host = (
+        float(
+            ops.filter(pl.col("parent_id").is_null() & pl.col("op_id").is_in(list(tops_with_gpu)))[
+                "duration_us"
+            ].sum()
+        )
+        / n
+    )
+    per_k = gpu_top_host / kernels if kernels else None
+    return fx.StepModel(
+        step_us=float(w["step_time_us"].median()),
+        mean_step_us=float(w["step_time_us"].mean()),
+        busy_us=float(w["gpu_busy_us"].mean() or 0.0),
+        cpu_us=cpu,
+        sync_us=sync_us,
+        pageable_block_us=page_us,
+        idle_us=idle,
+        kernels=kernels,
+        host_no_gpu_us=host_no_gpu + dl_us,
+        dataloader_us=dl_us,
+        graph_replays=graphs,
+        per_kernel_host_us=per_k,
+    )
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3f} ms"
+
+
+def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
+    ev: list[str] = []
+    if model is None:
+        return None, None, ["no GPU activity: no regime can be named from this trace"]
+    idle = float(w["idle_fraction"].median())
+    T = model.step_us
+    ev.append(
+        f"median step {_ms(T)}: GPU busy {_ms(float(w['gpu_busy_us'].median()))} "
+        f"({1 - idle:.0%}), idle {idle:.0%}"
+    )
+    if model.graph_replays and trace.kernels.height == 0:
+        return (
+            None,
+            None,
+            ["CUDA graph launches but no kernels recorded: the GPU timeline is incomplete"],
+        )
+    if idle >= 0.5:
+        c = {
+            k: model.idle_us.get(k, 0.0)
+            for k in (
+                "host sync",
+                "kernel launch",
+                "python",
+                "kernel wait",
+                "dataloader",
+                "host work",
+            )
+        }
+        cand = {
+            "host synchronization": c["host sync"] + model.sync_us,
+            "host-device transfer": model.pageable_block_us,
+            "kernel launch": c["kernel launch"] + c["python"] + c["kernel wait"],
+            "host work": c["dataloader"] + c["host work"] + model.dataloader_us,
+        }
+        bott = max(cand, key=cand.get)
+        ev.append(
+            "idle by cause per step: "
+            + ", ".join(
+                f"{k} {_ms(v)}"
+                for k, v in sorted(model.idle_us.items(), key=lambda x: -x[1])
+                if v > 0
+            )
+        )
+        ev.append(
+            f"{model.kernels:.0f} kernels per step, host busy {_ms(model.host_us)}, "
+            f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
+        )
+        if bott == "kernel launch" and model.per_kernel_host_us:
+            ev.append(
+                f"{model.per_kernel_host_us:.1f} us of host time per kernel against "
+                f"{model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
+            )
+        return "overhead-bound", bott, ev
+    # GPU-bound: what the device time is spent on
+    busy = kinds["device_time_us"].sum() or 1.0
+    share = dict(
+        zip(kinds["kind"].to_list(), (kinds["device_time_us"] / busy).to_list(), strict=True)
+    )
+    ev.append(
+        "device time by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items() if v >= 0.01)
+    )
+    if share.get("communication", 0) >= 0.5:
+        return "bandwidth-bound", "communication", ev
+    hd = (
+        memcpy.filter(pl.col("direction").is_in(["HtoD", "DtoH"]))["device_time_us"].sum()
+        if memcpy.height
+        else 0
+    )
+    if hd / busy >= 0.5:
+        ev.append(f"host-device copies take {hd / busy:.0%} of device time")
+        return "bandwidth-bound", "host-device transfer", ev
+    if "regime" in ops_tbl.columns and ops_tbl.height:
+        mod = ops_tbl.filter(pl.col("regime").is_not_null())
+        total_dev = float(ops_tbl["device_time_us"].sum()) or 1.0
+        cov = float(mod["device_time_us"].sum()) / total_dev
+        if cov >= 0.5:
+            by = dict(mod.group_by("regime").agg(pl.col("device_time_us").sum()).rows())
+            comp = by.get("compute", 0.0)
+            bw = by.get("bandwidth", 0.0) + by.get("under-filled", 0.0)
+            ev.append(
+                f"FLOP/byte models cover {cov:.0%} of op device time: compute-side ops {_ms(comp)}, "
+                f"memory-side ops {_ms(bw)} in all analysed steps"
+            )
+            if comp >= bw:
+                c = mod.filter(pl.col("regime") == "compute").sort(
+                    "device_time_us", descending=True
+                )
+                tc = c.filter(
+                    pl.col("tensor_core")
+                    & ((pl.col("compute_dtype") != "fp32") | (pl.col("math_mode") == "tf32"))
+                )
+                tc_share = float(tc["device_time_us"].sum()) / (comp or 1.0)
+                top = c.row(0, named=True)
+                ev.append(
+                    f"top compute op {top['name']} at {_frac(top.get('bound_fraction'))} of its roof "
+                    f"({_num(top.get('achieved_tflops'))} TFLOP/s)"
+                )
+                return "compute-bound", ("tensor-core math" if tc_share >= 0.5 else "fp32 math"), ev
+            top = (
+                mod.filter(pl.col("regime") != "compute")
+                .sort("device_time_us", descending=True)
+                .row(0, named=True)
+            )
+            ev.append(
+                f"top memory-side op {top['name']} at {_num(top.get('achieved_gbps'))} GB/s "
+                f"({_frac(top.get('bound_fraction'))} of its roof)"
+            )
+            return "bandwidth-bound", "device memory", ev
+        ev.append(
+            f"FLOP/byte models cover only {cov:.0%} of device time: classified from kernel kinds"
+        )
+    else:
+        ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
+    comp = sum(share.get(k, 0) for k in ("gemm", "convolution", "attention"))
+    if comp >= 0.5:
+        return "compute-bound", "tensor-core math", ev
+    return "bandwidth-bound", "device memory", ev
+
+
+def _frac(x) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, primary, w, sites, n):
+    out: list[fx.Finding | None] = []
+    idle_fraction = float(w["idle_fraction"].median())
+    out.append(fx.cuda_graphs(m))
+    out.append(
+        fx.remove_host_sync(
+            m,
+            [
+                f"{r['op']} ({r['count']} calls in {n} steps"
+                + (f", {r['site']}" if r["site"] else "")
+                + ")"
+                for r in sites.iter_rows(named=True)
+                if r["call"]
+            ],
+        )
+    )
+    out.append(fx.dataloader_workers(m))
+    # pinned memory
+    page = memcpy.filter(pl.col("host_memory") == "Pageable") if memcpy.height else memcpy
+    if page.height:
+        pinned = memcpy.filter(pl.col("host_memory") == "Pinned")
+        if pinned.height and pinned["bytes"].sum() > 2**20:
+            gbs = float(pinned["bytes"].sum() / pinned["device_time_us"].sum() / 1e3)
+            src = "pinned copies measured in this trace"
+        else:
+            props = trace.metadata.get("device_properties") or [{}]
+            major = props[0].get("computeMajor", 0) if isinstance(props[0], dict) else 0
+            gbs, src = (
+                (50.0, "assumed: PCIe Gen5 x16, Hopper and later")
+                if (major or 0) >= 9
+                else (25.0, "assumed: PCIe Gen4 x16")
+            )
+        out.append(
+            fx.pinned_memory(
+                m, float(page["device_time_us"].sum()) / n, float(page["bytes"].sum()) / n, gbs, src
+            )
+        )
+    # torch.compile fusion
+    chain_us, saved, removed, chains = _fusable_chains(trace, steps, primary)
+    out.append(fx.torch_compile(m, chain_us / n, saved / n, removed / n, round(chains / n)))
+    # math-mode fixes need peaks and FLOP models
+    if spec is not None and "family" in ops_tbl.columns:
+        out += _math_findings(m, ops_tbl, spec, n)
+    comm = kinds.filter(pl.col("kind") == "communication")
+    if comm.height:
+        exposed = _exposed_comm(trace, steps, primary)
+        out.append(
+            fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
+        )
+    out.append(fx.larger_batch(m, idle_fraction))
+    res = [f for f in out if f is not None]
+    return sorted(res, key=lambda f: -f.estimated_speedup)
+
+
+def _exposed_comm(trace: Trace, steps: list[int], device: int) -> float:
+    from tracedx.analysis.intervals import overlap, union
+
+    k = trace.kernels.filter(
+        pl.col("step").is_in(steps) & (pl.col("device") == device)
+    ).with_columns(kk=kind_expr("name"))
+    comm = k.filter(pl.col("kk") == "communication")
+    comp = k.filter(pl.col("kk") != "communication")
+    cs, ce = union(comp["start_us"].to_numpy(), comp["end_us"].to_numpy())
+    ms, me = union(comm["start_us"].to_numpy(), comm["end_us"].to_numpy())
+    covered = overlap(cs, ce, ms, me).sum()
+    return float((me - ms).sum() - covered)
+
+
+def _math_findings(m: fx.StepModel, ops_tbl: pl.DataFrame, spec, n: int) -> list[fx.Finding | None]:
+    out: list[fx.Finding | None] = []
+    peaks = spec.peak_tflops
+    bw = spec.bandwidth_gbs * 1e3  # bytes/us
+    mod = ops_tbl.filter(pl.col("family").is_not_null())
+    # TF32: fp32 GEMMs that did not run on TF32 tensor cores
+    if peaks.get("tf32") and peaks.get("fp32"):
+        g = mod.filter(
+            (pl.col("family") == "gemm")
+            & (pl.col("compute_dtype") == "fp32")
+            & pl.col("math_mode").is_null()
+        )
+        if g.height:
+            ratio = peaks["tf32"] / peaks["fp32"]
+            t = g["device_time_us"].to_numpy() / n
+            by = g["bytes"].to_numpy() / n
+            new = [max(ti / ratio, bi / bw) for ti, bi in zip(t, by, strict=True)]
+            ev = [
+                f"{g['count'].sum() / n:.0f} fp32 GEMMs per step ran on fp32 cores ({_ms(t.sum())} per step)",
+                f"ceilings: fp32 {peaks['fp32']:.0f}, tf32 {peaks['tf32']:.0f} TFLOP/s ({spec.source})",
+            ]
+            out.append(
+                fx.faster_math(
+                    m,
+                    "tf32",
+                    "Allow TF32 for fp32 matmuls (torch.set_float32_matmul_precision('high'))",
+                    float(t.sum()),
+                    float(sum(new)),
+                    f"roofline ceiling ratio tf32/fp32 = {ratio:.1f}x, capped by memory bandwidth",
+                    ev,
+                )
+            )
+    # bf16 autocast: fp32 / tf32 GEMM, conv and attention
+    if peaks.get("bf16"):
+        g = mod.filter(
+            pl.col("family").is_in(["gemm", "conv", "attention"])
+            & (pl.col("compute_dtype") == "fp32")
+        )
+        if g.height:
+            t, new = 0.0, 0.0
+            for r in g.iter_rows(named=True):
+                cur = peaks.get("tf32") if r["math_mode"] == "tf32" else peaks.get("fp32")
+                ti = r["device_time_us"] / n
+                if not cur:
+                    continue
+                t += ti
+                new += max(ti * cur / peaks["bf16"], (r["bytes"] or 0) / 2 / n / bw)
+            ev = [
+                f"fp32 GEMM/conv/attention: {_ms(t)} per step; bf16 tensor-core roof {peaks['bf16']:.0f} TFLOP/s"
+            ]
+            out.append(
+                fx.faster_math(
+                    m,
+                    "bf16-autocast",
+                    "Run matmuls and convolutions in bf16 (torch.autocast)",
+                    t,
+                    new,
+                    "roofline ceiling ratio to the bf16 tensor-core peak; bytes halve",
+                    ev,
+                )
+            )
+    # fused attention: softmax over square score matrices outside SDPA
+    att = mod.filter(pl.col("family") == "attention")
+    sm = ops_tbl.filter(
+        pl.col("name").str.contains("softmax") & ~pl.col("name").str.contains("backward")
+    )
+    if att.height == 0 and sm.height:
+        sq = (
+            sm.filter(pl.col("input_shapes").list.first().list.len() >= 3)
+            .with_columns(
+                tq=pl.col("input_shapes").list.first().list.get(-2, null_on_oob=True),
+                tk=pl.col("input_shapes").list.first().list.get(-1, null_on_oob=True),
+            )
+            .filter((pl.col("tk") >= 256) & (pl.col("tq") >= 256))
+        )
+        if sq.height:
+            shapes = sq["input_shapes"].list.first().to_list()
+            tails = {tuple(s[-2:]) for s in shapes}
+
+            # ops on the score matrix: any op with an input or output ending in (Tq, Tk)
+            def touches(shp):
+                return any(len(x) >= 2 and tuple(x[-2:]) in tails for x in (shp or []))
+
+            chain = [r for r in ops_tbl.iter_rows(named=True) if touches(r["input_shapes"])]
+            chain_us = sum(r["device_time_us"] for r in chain) / n
+            # matmuls producing or consuming scores: FLOPs of the attention proper
+            fl = sum((r["flops"] or 0) for r in chain if r["family"] == "gemm") / n
+            dt = next((r["compute_dtype"] for r in chain if r["family"] == "gemm"), "bf16")
+            peak = peaks.get(dt if dt in ("bf16", "fp16") else "bf16", peaks.get("bf16"))
+            if fl > 0 and chain_us > 0:
+                new = fl / (fx.FUSED_ATTENTION_EFFICIENCY * peak * 1e6)
+                ev = [
+                    f"softmax over score matrices {sorted(tails)[0]} materialized in memory; "
+                    f"{len(chain)} op groups touch them ({_ms(chain_us)} per step)",
+                    f"attention FLOPs {fl / 1e9:.1f} GFLOP per step",
+                ]
+                out.append(
+                    fx.faster_math(
+                        m,
+                        "fused-attention",
+                        "Use F.scaled_dot_product_attention (fused attention)",
+                        chain_us,
+                        new,
+                        f"roofline: FLOPs at {fx.FUSED_ATTENTION_EFFICIENCY:.0%} of the {dt} peak "
+                        "(FlashAttention-2 reaches 50-73%), no score matrix in memory",
+                        ev,
+                    )
+                )
+    return out

@@ -1,0 +1,383 @@
+"""Findings: one rule per fix id, each returning the fraction of the step it acts on (f), the
+local speedup (s), its evidence, and the whole-step Amdahl estimate.
+
+Amdahl's law (seed 001, section 13.1; G. Amdahl, AFIPS 1967): a part taking fraction f of the
+time, made s times faster, speeds the whole up ``1 / ((1 - f) + f / s)``.
+
+The estimates respect what else binds the step. They are computed on a two-sided model of
+the typical step (:class:`StepModel`):
+
+- ``H`` host time that is not waiting on the GPU (CPU window minus blocking calls),
+- ``G`` GPU-side time (busy time plus GPU-side gaps between queued kernels),
+- ``E`` serialization the trace shows beyond max(H, G) (host syncs, blocking copies),
+
+so that ``T ~ max(H, G) + E``. A fix changes H, G or E; the new step time is recomputed from
+the same formula. Removing launch gaps can never make a step faster than its GPU busy time,
+and a faster GEMM does not help a step whose GPU waits on the host. All times are
+microseconds per step; estimates are against the traced step time (the profiler slows the
+host: GUIDE.md 2.7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+FIX_IDS = (
+    "cuda-graphs",
+    "torch-compile",
+    "tf32",
+    "bf16-autocast",
+    "remove-host-sync",
+    "dataloader-workers",
+    "pinned-memory",
+    "fused-attention",
+    "larger-batch",
+    "overlap-communication",
+)
+
+MIN_RECOMMENDED_SPEEDUP = 1.05
+# Host cost of replaying a CUDA graph, per kernel in the graph: 0.68 ms for 394 kernels in a
+# profiled H200 trace (GUIDE.md 2.5).
+GRAPH_HOST_US_PER_KERNEL = 1.7
+# GPU-side gap between kernels inside a graph replay (order of 1 us on Hopper; an assumption).
+GRAPH_GPU_GAP_US_PER_KERNEL = 1.0
+# A fused attention kernel reaches about half the dense peak (FlashAttention-2, Dao 2023,
+# reports 50-73% of peak on A100 forward).
+FUSED_ATTENTION_EFFICIENCY = 0.5
+
+
+@dataclass
+class StepModel:
+    """The typical analysed step of one device (per-step means, us; ``step_us`` is the median)."""
+
+    step_us: float
+    mean_step_us: float
+    busy_us: float
+    cpu_us: float
+    sync_us: float  # host blocked in synchronize calls / synchronous DtoH copies
+    pageable_block_us: float  # host blocked in pageable memcpy calls
+    idle_us: dict[str, float]
+    kernels: float
+    host_no_gpu_us: float  # host time in ops that launch nothing + DataLoader
+    dataloader_us: float
+    graph_replays: float  # cudaGraphLaunch calls per step
+    per_kernel_host_us: float | None
+
+    @property
+    def host_us(self) -> float:
+        return max(self.cpu_us - self.sync_us - self.pageable_block_us, 0.0)
+
+    @property
+    def gpu_us(self) -> float:
+        return self.busy_us + self.idle_us.get("kernel wait", 0.0)
+
+    @property
+    def serial_us(self) -> float:
+        return max(self.mean_step_us - max(self.host_us, self.gpu_us), 0.0)
+
+    def predict(
+        self,
+        *,
+        host_us: float | None = None,
+        gpu_us: float | None = None,
+        serial_us: float | None = None,
+    ) -> float:
+        """Mean step time after a change: max(H', G') + E'. Falls back to the current parts."""
+        h = self.host_us if host_us is None else max(host_us, 0.0)
+        g = self.gpu_us if gpu_us is None else max(gpu_us, 0.0)
+        e = self.serial_us if serial_us is None else max(serial_us, 0.0)
+        return max(h, g) + e
+
+
+@dataclass
+class Finding:
+    """One fix with its Amdahl estimate. Times in ms per step; ``fraction`` f is of the step."""
+
+    fix: str
+    title: str
+    fraction: float
+    local_speedup: float
+    estimated_speedup: float
+    estimated_step_ms: float
+    derivation: str
+    evidence: list[str] = field(default_factory=list)
+    recommended: bool = True
+
+    def to_dict(self) -> dict:
+        s = self.local_speedup
+        return {
+            "fix": self.fix,
+            "title": self.title,
+            "fraction": round(self.fraction, 4),
+            "local_speedup": None if math.isinf(s) else round(s, 3),
+            "local_speedup_unbounded": math.isinf(s),
+            "estimated_speedup": round(self.estimated_speedup, 3),
+            "estimated_step_ms": round(self.estimated_step_ms, 4),
+            "derivation": self.derivation,
+            "evidence": self.evidence,
+            "recommended": self.recommended,
+        }
+
+
+def amdahl(f: float, s: float) -> float:
+    """Whole-step speedup 1/((1-f)+f/s) (Amdahl 1967). ``s`` may be inf."""
+    if f <= 0:
+        return 1.0
+    return 1.0 / ((1.0 - f) + (0.0 if math.isinf(s) else f / s))
+
+
+def make_finding(
+    model: StepModel,
+    fix: str,
+    title: str,
+    region_us: float,
+    new_mean_us: float,
+    derivation: str,
+    evidence: list[str],
+) -> Finding:
+    """Express a predicted new step time as Amdahl's (f, s) over the region the fix acts on.
+
+    f = region / T; s = region / (region - saved), so that 1/((1-f)+f/s) = T / T'. The region
+    is widened to the saving when the model saves more than the named region.
+    """
+    t = model.mean_step_us
+    new_mean_us = min(max(new_mean_us, 1e-9), t)
+    saved = t - new_mean_us
+    region = min(max(region_us, saved), t)
+    f = region / t if t > 0 else 0.0
+    rest = region - saved
+    s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
+    sp = amdahl(f, s)
+    est_ms = model.step_us / sp / 1e3
+    return Finding(
+        fix,
+        title,
+        f,
+        s,
+        sp,
+        est_ms,
+        derivation,
+        evidence,
+        recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
+    )
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3f} ms"
+
+
+# --- one rule per fix ------------------------------------------------------------------------
+
+
+def cuda_graphs(m: StepModel) -> Finding | None:
+    """Replay the step's kernels as one CUDA graph: launch gaps and Python between ops go away.
+
+    H' = host time of ops that launch nothing (+ DataLoader) + 1.7 us x kernels (graph replay
+    host cost, GUIDE.md 2.5); G' = busy + 1.0 us x kernels (in-graph gaps). Syncs stay.
+    """
+    if m.kernels < 2 or m.graph_replays >= 1:
+        return None
+    launch_idle = sum(m.idle_us.get(c, 0.0) for c in ("kernel launch", "python", "kernel wait"))
+    h2 = m.host_no_gpu_us + GRAPH_HOST_US_PER_KERNEL * m.kernels
+    g2 = m.busy_us + GRAPH_GPU_GAP_US_PER_KERNEL * m.kernels
+    new = m.predict(host_us=h2, gpu_us=g2)
+    ev = [
+        f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.mean_step_us)} step",
+        f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
+    ]
+    if m.per_kernel_host_us:
+        ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")
+    if m.sync_us > 0:
+        ev.append(
+            f"{_ms(m.sync_us)} of host syncs per step stay (a sync cannot be captured in a graph)"
+        )
+    deriv = (
+        f"removed launch gaps: host {_ms(m.host_us)} -> {_ms(h2)} "
+        f"(replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU {_ms(m.gpu_us)} -> {_ms(g2)}; "
+        "the step cannot get faster than its GPU busy time"
+    )
+    return make_finding(
+        m, "cuda-graphs", "Capture the step in a CUDA graph", launch_idle, new, deriv, ev
+    )
+
+
+def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:
+    """Drop the host syncs: the serialization they add (E) goes; H and G stay."""
+    if m.sync_us <= 0:
+        return None
+    e_sync = min(m.serial_us, m.sync_us + m.idle_us.get("host sync", 0.0))
+    new = m.predict(serial_us=m.serial_us - e_sync)
+    ev = [
+        f"host blocked in syncs {_ms(m.sync_us)} per step; GPU idle after syncs {_ms(m.idle_us.get('host sync', 0.0))}"
+    ]
+    if sync_ops:
+        ev.append("issued by: " + ", ".join(sync_ops[:5]))
+    ev.append(
+        f"without the sync the step is still bound by max(host {_ms(m.host_us)}, GPU {_ms(m.gpu_us)})"
+    )
+    deriv = "overlap: host and GPU no longer wait for each other; step -> max(host work, GPU time)"
+    return make_finding(
+        m,
+        "remove-host-sync",
+        "Remove host syncs (.item(), .cpu(), printing tensors) from the step",
+        m.sync_us + m.idle_us.get("host sync", 0.0),
+        new,
+        deriv,
+        ev,
+    )
+
+
+def dataloader_workers(m: StepModel) -> Finding | None:
+    """Load batches in worker processes: the main process no longer spends DataLoader time."""
+    if m.dataloader_us <= 0.05 * m.mean_step_us:
+        return None
+    new = m.predict(host_us=m.host_us - m.dataloader_us)
+    ev = [
+        f"DataLoader __next__ on the main thread: {_ms(m.dataloader_us)} per step "
+        f"({m.dataloader_us / m.mean_step_us:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
+    ]
+    deriv = (
+        "overlap: batches prepared by workers while the step runs; host time minus DataLoader time"
+    )
+    return make_finding(
+        m,
+        "dataloader-workers",
+        "Use DataLoader workers (num_workers > 0, persistent_workers)",
+        m.dataloader_us,
+        new,
+        deriv,
+        ev,
+    )
+
+
+def pinned_memory(
+    m: StepModel,
+    pageable_copy_us: float,
+    pageable_bytes: float,
+    pinned_gbs: float,
+    pinned_source: str,
+) -> Finding | None:
+    """Copy from pinned memory with non_blocking=True: the host stops blocking, copies run at
+    pinned bandwidth."""
+    if pageable_copy_us <= 0 or pageable_bytes <= 0:
+        return None
+    new_copy_us = pageable_bytes / (pinned_gbs * 1e3)
+    saved_gpu = max(pageable_copy_us - new_copy_us, 0.0)
+    e_page = min(m.serial_us, m.pageable_block_us)
+    new = m.predict(gpu_us=m.gpu_us - saved_gpu, serial_us=m.serial_us - e_page)
+    ach = pageable_bytes / pageable_copy_us / 1e3
+    ev = [
+        f"pageable copies: {pageable_bytes / 2**20:.1f} MiB in {_ms(pageable_copy_us)} per step ({ach:.1f} GB/s)",
+        f"host blocked in pageable memcpy calls: {_ms(m.pageable_block_us)} per step",
+    ]
+    deriv = (
+        f"roofline of the copy engine: pinned copies at {pinned_gbs:.0f} GB/s ({pinned_source}) -> "
+        f"{_ms(new_copy_us)}; non_blocking lets the host run ahead"
+    )
+    return make_finding(
+        m,
+        "pinned-memory",
+        "Pin host memory (pin_memory=True) and copy with non_blocking=True",
+        pageable_copy_us + e_page,
+        new,
+        deriv,
+        ev,
+    )
+
+
+def faster_math(
+    m: StepModel,
+    fix: str,
+    title: str,
+    op_time_us: float,
+    new_op_time_us: float,
+    derivation: str,
+    evidence: list[str],
+) -> Finding | None:
+    """A change that makes some device work faster (TF32, bf16, fused attention, fusion)."""
+    if op_time_us <= 0:
+        return None
+    saved = max(op_time_us - new_op_time_us, 0.0)
+    new = m.predict(gpu_us=m.gpu_us - saved)
+    if m.host_us >= m.gpu_us:
+        evidence = [
+            *evidence,
+            f"the GPU waits on the host (host {_ms(m.host_us)} >= GPU {_ms(m.gpu_us)} per step): "
+            "faster kernels only add idle time",
+        ]
+    return make_finding(m, fix, title, op_time_us, new, derivation, evidence)
+
+
+def torch_compile(
+    m: StepModel, chain_us: float, chain_saved_us: float, kernels_removed: float, chains: int
+) -> Finding | None:
+    """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
+
+    Device: a fused chain moves about as many bytes as its largest single pass, so it takes
+    about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
+    kernel saves its eager dispatch and launch cost.
+    """
+    if chains == 0 or kernels_removed < 1:
+        return None
+    per_k = m.per_kernel_host_us or 0.0
+    h2 = m.host_us - kernels_removed * per_k
+    new = m.predict(host_us=h2, gpu_us=m.gpu_us - chain_saved_us)
+    ev = [
+        f"{chains} chains of back-to-back elementwise/reduction/normalization kernels per step, "
+        f"{_ms(chain_us)} of device time; fusion removes ~{kernels_removed:.0f} kernels per step"
+    ]
+    deriv = (
+        f"roofline: a fused chain moves about as many bytes as its largest pass (device "
+        f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per fused-away kernel"
+    )
+    region = chain_us + kernels_removed * per_k
+    return make_finding(
+        m, "torch-compile", "Fuse elementwise chains with torch.compile", region, new, deriv, ev
+    )
+
+
+def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
+    """Grow the batch 2x: per-sample time falls when the GPU waits on the host (TensorBoard
+    plugin rule: GPU utilization under 50% -> larger batch)."""
+    if idle_fraction < 0.5 or m.busy_us <= 0:
+        return None
+    k = 2.0
+    new_step = max(m.host_us, k * m.gpu_us) + m.serial_us
+    new_per_batch = new_step / k
+    ev = [
+        f"GPU idle {idle_fraction:.0%} of the step; a 2x batch doubles GPU work per launch "
+        f"(step {_ms(m.mean_step_us)} -> ~{_ms(new_step)} for twice the samples)",
+        "time per original batch of samples; needs the memory for 2x activations",
+    ]
+    deriv = "amortized launch overhead: per-sample time = max(host, 2 x GPU) / 2"
+    return make_finding(
+        m,
+        "larger-batch",
+        "Increase the batch size (2x) to fill the idle GPU",
+        m.mean_step_us - m.busy_us,
+        new_per_batch,
+        deriv,
+        ev,
+    )
+
+
+def overlap_communication(m: StepModel, exposed_comm_us: float, comm_us: float) -> Finding | None:
+    """Overlap collectives with compute (bucketed all-reduce, FSDP prefetch)."""
+    if exposed_comm_us <= 0:
+        return None
+    g2 = max(m.gpu_us - exposed_comm_us, comm_us)
+    new = m.predict(gpu_us=g2)
+    ev = [
+        f"communication kernels {_ms(comm_us)} per step, {_ms(exposed_comm_us)} not overlapped with compute"
+    ]
+    deriv = "overlap: exposed communication hidden under compute, bounded by the communication time itself"
+    return make_finding(
+        m,
+        "overlap-communication",
+        "Overlap communication with compute",
+        exposed_comm_us,
+        new,
+        deriv,
+        ev,
+    )

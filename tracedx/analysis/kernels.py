@@ -1,0 +1,92 @@
+"""Kernel kinds from kernel names (the way HolisticTraceAnalysis and TraceLens do it).
+
+Kinds: gemm, convolution, attention, elementwise, reduction, normalization, copy,
+communication, other. Rules are ordered (first match wins) and match lower-cased names.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+KINDS = (
+    "gemm",
+    "convolution",
+    "attention",
+    "elementwise",
+    "reduction",
+    "normalization",
+    "copy",
+    "communication",
+    "other",
+)
+
+# (kind, regex on the lower-cased kernel name). Order matters.
+_RULES: list[tuple[str, str]] = [
+    (
+        "communication",
+        r"^nccl|nccldevkernel|ncclkernel|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall",
+    ),
+    ("attention", r"flash|fmha|attention|attn|sdpa|mha_|_mha|pytorch_flash"),
+    (
+        "convolution",
+        r"conv|implicit_?gemm|winograd|fprop|dgrad|wgrad|xmma_fprop|cudnn::.*(convolve|fft)",
+    ),
+    ("normalization", r"norm|layer_?norm|batch_?norm|rms"),
+    (
+        "gemm",
+        r"gemm|gemv|nvjet|cublas|cutlass|matmul|splitk|triton_tem_fused_(mm|bmm|addmm)|_mm_|xmma",
+    ),
+    ("reduction", r"reduce|softmax|triton_red|triton_per|cub::|argmax|argmin|\bsum\b|scan"),
+    ("copy", r"copy|memcpy|memset|cat_?array|transpose|gather|scatter|index|permute|fill_kernel"),
+    (
+        "elementwise",
+        r"elementwise|vectorized|unrolled|triton_poi|pointwise|at::native::|fill|_kernel_impl",
+    ),
+]
+
+
+def kind_expr(col: str = "name") -> pl.Expr:
+    """Polars expression giving the kind of each kernel from its name."""
+    low = pl.col(col).str.to_lowercase()
+    expr = pl.lit("other")
+    for kind, rx in reversed(_RULES):
+        expr = pl.when(low.str.contains(rx)).then(pl.lit(kind)).otherwise(expr)
+    return expr
+
+
+def is_tf32_expr(col: str = "name") -> pl.Expr:
+    """True when a GEMM kernel's name says it ran on TF32 tensor cores (cuBLAS/CUTLASS names)."""
+    return pl.col(col).str.to_lowercase().str.contains("tf32")
+
+
+def gpu_breakdown(gpu: pl.DataFrame, n_steps: int) -> pl.DataFrame:
+    """Device time by kind per step: kind, count, device_time_us (totals), per-step means, share.
+
+    ``gpu`` is ``Trace.gpu_activity()`` (memcpy and memset rows become kind ``copy``).
+    """
+    if gpu.height == 0:
+        return pl.DataFrame(
+            schema={
+                "kind": pl.Utf8,
+                "count": pl.UInt32,
+                "device_time_us": pl.Float64,
+                "count_per_step": pl.Float64,
+                "device_time_us_per_step": pl.Float64,
+                "share": pl.Float64,
+            }
+        )
+    k = gpu.with_columns(
+        kkind=pl.when(pl.col("kind") == "kernel").then(kind_expr("name")).otherwise(pl.lit("copy"))
+    )
+    out = (
+        k.group_by("kkind")
+        .agg(count=pl.len(), device_time_us=pl.col("duration_us").sum())
+        .rename({"kkind": "kind"})
+    )
+    total = out["device_time_us"].sum() or 1.0
+    n = max(n_steps, 1)
+    return out.with_columns(
+        count_per_step=pl.col("count") / n,
+        device_time_us_per_step=pl.col("device_time_us") / n,
+        share=pl.col("device_time_us") / total,
+    ).sort("device_time_us", descending=True)

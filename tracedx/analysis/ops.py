@@ -1,0 +1,153 @@
+"""Per-op tables: CPU time against device time, and op groups for the roofline.
+
+An op's device time is the sum of the durations of the GPU events its launches produced
+(kernels, memcpys, memsets), attributed by correlation id through the launch call to the
+innermost cpu_op that issued it (see :mod:`tracedx.trace.link`).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracedx.analysis.kernels import is_tf32_expr, kind_expr
+from tracedx.trace import Trace
+
+
+def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks, tf32.
+
+    ``tf32`` is True when any of its GEMM kernels ran on TF32 tensor cores (kernel name).
+    """
+    gpu = trace.gpu_activity().filter(pl.col("op_id").is_not_null())
+    k = trace.kernels.filter(pl.col("op_id").is_not_null())
+    if steps is not None:
+        gpu = gpu.filter(pl.col("step").is_in(steps))
+        k = k.filter(pl.col("step").is_in(steps))
+    dev = gpu.group_by("op_id").agg(
+        device_time_us=pl.col("duration_us").sum(),
+        kernels=(pl.col("kind") == "kernel").sum(),
+    )
+    kk = (
+        k.with_columns(
+            blocks=pl.col("grid_x").fill_null(1)
+            * pl.col("grid_y").fill_null(1)
+            * pl.col("grid_z").fill_null(1),
+            tf32=is_tf32_expr("name"),
+            kkind=kind_expr("name"),
+        )
+        .group_by("op_id")
+        .agg(
+            max_grid_blocks=pl.col("blocks").max(),
+            tf32=pl.col("tf32").any(),
+            kernel_kind=pl.col("kkind").mode().first(),
+        )
+    )
+    return dev.join(kk, on="op_id", how="left")
+
+
+def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    """Launching ops grouped by (name, input shapes, input dtypes), totals over the steps.
+
+    Columns: name, input_shapes, input_dtypes, concrete_inputs, count, device_time_us,
+    kernels, max_grid_blocks, math_mode ("tf32" or null), kernel_kind, and when the FLOP models
+    are available: flops, bytes, compute_dtype, family, tensor_core (totals for flops/bytes).
+    """
+    stats = launching_op_stats(trace, steps)
+    ops = trace.ops.select("op_id", "name", "input_shapes", "input_dtypes", "concrete_inputs")
+    j = stats.join(ops, on="op_id", how="inner")
+    try:
+        from tracedx.analysis.intensity import add_op_costs
+    except ImportError:  # pragma: no cover - models not installed
+        add_op_costs = None
+    if add_op_costs is not None and j.height:
+        j = add_op_costs(j)
+    key = ["name", "input_shapes", "input_dtypes"]
+    aggs = [
+        pl.len().alias("count"),
+        pl.col("device_time_us").sum(),
+        pl.col("kernels").sum(),
+        pl.col("max_grid_blocks").max(),
+        pl.col("tf32").any().alias("tf32"),
+        pl.col("kernel_kind").first(),
+        pl.col("concrete_inputs").first(),
+    ]
+    for c, how in (
+        ("flops", "sum"),
+        ("bytes", "sum"),
+        ("compute_dtype", "first"),
+        ("family", "first"),
+        ("tensor_core", "first"),
+    ):
+        if c in j.columns:
+            aggs.append(getattr(pl.col(c), how)())
+    g = j.group_by(key).agg(aggs)
+    if "flops" in g.columns:
+        # a sum over nulls is 0 in polars: keep unmodelled groups null
+        g = g.with_columns(
+            flops=pl.when(pl.col("family").is_not_null()).then("flops"),
+            bytes=pl.when(pl.col("family").is_not_null()).then("bytes"),
+        )
+    return (
+        g.with_columns(
+            math_mode=pl.when(pl.col("tf32")).then(pl.lit("tf32")),
+        )
+        .drop("tf32")
+        .sort("device_time_us", descending=True)
+    )
+
+
+def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    """CPU against device time per top-level op name (ops with no enclosing cpu_op).
+
+    Columns: name, count, host_time_us (sum of the top-level ops' durations), device_time_us
+    (GPU time of everything launched under them), kernels, launches, launch_us (time in launch
+    calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
+    """
+    ops = trace.ops
+    if steps is not None:
+        ops = ops.filter(pl.col("step").is_in(steps))
+    if ops.height == 0:
+        return pl.DataFrame(
+            schema={
+                "name": pl.Utf8,
+                "count": pl.UInt32,
+                "host_time_us": pl.Float64,
+                "device_time_us": pl.Float64,
+                "kernels": pl.UInt32,
+                "launches": pl.UInt32,
+                "launch_us": pl.Float64,
+                "host_us_per_kernel": pl.Float64,
+            }
+        )
+    top = ops.filter(pl.col("parent_id").is_null()).select("op_id", "name", "duration_us")
+    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_not_null())
+    dev = (
+        gpu.group_by("top_op_id")
+        .agg(device_time_us=pl.col("duration_us").sum(), kernels=(pl.col("kind") == "kernel").sum())
+        .rename({"top_op_id": "op_id"})
+    )
+    la = (
+        trace.launches.filter(pl.col("op_id").is_not_null())
+        .join(trace.ops.select("op_id", "top_op_id"), on="op_id")
+        .group_by("top_op_id")
+        .agg(launches=pl.len(), launch_us=pl.col("duration_us").sum())
+        .rename({"top_op_id": "op_id"})
+    )
+    t = top.join(dev, on="op_id", how="left").join(la, on="op_id", how="left")
+    return (
+        t.group_by("name")
+        .agg(
+            count=pl.len(),
+            host_time_us=pl.col("duration_us").sum(),
+            device_time_us=pl.col("device_time_us").fill_null(0).sum(),
+            kernels=pl.col("kernels").fill_null(0).sum(),
+            launches=pl.col("launches").fill_null(0).sum(),
+            launch_us=pl.col("launch_us").fill_null(0).sum(),
+        )
+        .with_columns(
+            host_us_per_kernel=pl.when(pl.col("kernels") > 0).then(
+                pl.col("host_time_us") / pl.col("kernels")
+            )
+        )
+        .sort(pl.max_horizontal("host_time_us", "device_time_us"), descending=True)
+    )

@@ -1,0 +1,20 @@
+"""Renderers: text, json, markdown (and html in :mod:`.html`). Nothing here computes a number."""
+
+from __future__ import annotations
+
+
+def render(diag, fmt: str = "text") -> str:
+    """Render a Diagnosis as ``text``, ``json`` or ``md``. Raises ValueError for another format."""
+    if fmt == "text":
+        from tracedx.report.text import render_text
+
+        return render_text(diag)
+    if fmt == "json":
+        from tracedx.report.json import render_json
+
+        return render_json(diag)
+    if fmt == "md":
+        from tracedx.report.markdown import render_markdown
+
+        return render_markdown(diag)
+    raise ValueError(f"unknown format {fmt!r}")

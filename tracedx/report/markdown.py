@@ -1,0 +1,67 @@
+"""Markdown report (for PRs and issues): the same content as the text report, in tables."""
+
+from __future__ import annotations
+
+from tracedx.report.json import diagnosis_dict
+
+
+def _esc(s: str) -> str:
+    return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_markdown(diag) -> str:
+    d = diagnosis_dict(diag)
+    st = d["steps"]
+    out = [f"# tracedx diagnosis: `{_esc(d['trace']['path'])}`", ""]
+    out.append(
+        f"**{(d['regime'] or 'no regime').upper()}**, bottleneck: **{d['bottleneck'] or 'n/a'}**"
+    )
+    out.append("")
+    out += [f"- {_esc(e)}" for e in d["evidence"]]
+    out += ["", "| metric (median per step) | value |", "|---|---|"]
+    for label, key in (
+        ("step time (ms)", "step_time_ms"),
+        ("CPU time (ms)", "cpu_time_ms"),
+        ("GPU busy (ms)", "gpu_busy_ms"),
+        ("GPU idle fraction", "idle_fraction"),
+        ("kernels", "kernels_per_step"),
+        ("host sync (ms)", "sync_ms"),
+        ("memcpy (ms)", "memcpy_ms"),
+    ):
+        v = st[key]
+        out.append(f"| {label} | {'n/a' if v is None else format(v, '.4g')} |")
+    out += [
+        "",
+        "## Fixes",
+        "",
+        "| fix | f | s | estimated speedup | estimated step (ms) | recommended |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in d["findings"]:
+        s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.2f}"
+        out.append(
+            f"| `{f['fix']}` | {f['fraction']:.2f} | {s} | {f['estimated_speedup']:.2f}x | "
+            f"{f['estimated_step_ms']:.3f} | {'yes' if f['recommended'] else 'no (< 5%)'} |"
+        )
+    if d["ops"]:
+        out += [
+            "",
+            "## Top ops",
+            "",
+            "| op | count | device ms | FLOP/B | TFLOP/s | GB/s | of roof | regime |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for o in d["ops"][:10]:
+
+            def f(v, fmt):
+                return "-" if v is None else format(v, fmt)
+
+            out.append(
+                f"| `{_esc(o['name'][:60])}` | {o['count']} | {o['device_time_ms']:.3f} | "
+                f"{f(o['intensity'], '.1f')} | {f(o['achieved_tflops'], '.1f')} | {f(o['achieved_gbps'], '.0f')} | "
+                f"{f(o['bound_fraction'], '.0%')} | {o['regime'] or 'unmodelled'} |"
+            )
+    notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+    if notes:
+        out += ["", "## Notes", ""] + [f"- {_esc(n)}" for n in notes]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,161 @@
+"""The terminal report: verdict first, then where the time goes, then the top fixes."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from tracedx.report.json import diagnosis_dict
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.3f} ms"
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+def _rng(d: dict, key: str, scale: float = 1e-3) -> str:
+    r = d.get(key) or {}
+    if r.get("min") is None or r.get("min") == r.get("max"):
+        return ""
+    return f"  (min {r['min'] * scale:.3f}, max {r['max'] * scale:.3f})"
+
+
+def short_name(name: str, width: int = 48) -> str:
+    """Shorten a long C++ template kernel/op name for display (the full name is kept in data)."""
+    name = name.replace("\n", "\\n").replace("\t", "\\t")
+    name = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def render_text(diag) -> str:
+    d = diagnosis_dict(diag)
+    st = d["steps"]
+    out: list[str] = []
+    dev = d["trace"]["device"]
+    head = [d["trace"]["device_name"] or "unknown device"]
+    if st["synthetic"]:
+        head.append("no ProfilerStep markers: whole trace as one step")
+    else:
+        nums = st["numbers"]
+        head.append(f"{st['count']} step{'s' if st['count'] != 1 else ''} ({nums[0]}..{nums[-1]})")
+    if d["trace"]["pytorch_version"]:
+        head.append(f"PyTorch {d['trace']['pytorch_version']}")
+    out.append(f"tracedx · {d['trace']['path']}")
+    out.append(" · ".join(head))
+    out.append("")
+    if d["regime"]:
+        out.append(f"VERDICT: {d['regime'].upper()}, bottleneck: {d['bottleneck']}")
+    else:
+        out.append("VERDICT: no regime (see below)")
+    for e in d["evidence"]:
+        out.append(f"  - {e}")
+    out.append("")
+    out.append("WHERE THE TIME GOES (median per step)")
+    rng = st["range"]
+    out.append(f"  step time      {_ms(st['step_time_ms'])}{_rng(rng, 'step_time_us')}")
+    out.append(f"  CPU time       {_ms(st['cpu_time_ms'])}   (host window of the step)")
+    if st["gpu_busy_ms"] is not None:
+        out.append(f"  GPU busy       {_ms(st['gpu_busy_ms'])}{_rng(rng, 'gpu_busy_us')}")
+        causes = sorted(d["idle_causes"].items(), key=lambda kv: -(kv[1]["ms_per_step"] or 0))
+        cs = ", ".join(f"{k} {v['ms_per_step']:.3f} ms" for k, v in causes if v["ms_per_step"])
+        out.append(
+            f"  GPU idle       {_pct(st['idle_fraction'])} of the step" + (f": {cs}" if cs else "")
+        )
+        out.append(f"  kernels        {st['kernels_per_step']:.0f} per step")
+        out.append(
+            f"  memcpy         {_ms(st['memcpy_ms'])} per step, {int(st['memcpy_bytes'] or 0):,} bytes"
+        )
+    else:
+        out.append("  GPU            n/a: no GPU activity in the trace")
+    out.append(f"  host syncs     {_ms(st['sync_ms'])} per step blocked in sync calls")
+    if "unprofiled_step_ms" in st:
+        u = st["unprofiled_step_ms"]
+        out.append(
+            f"  unprofiled     {u.get('median'):.3f} ms median step, timed by tracedx capture"
+        )
+    kk = [k for k in d["kernel_kinds"] if (k["share"] or 0) >= 0.01]
+    if kk:
+        out.append("  device time    " + ", ".join(f"{k['kind']} {k['share']:.0%}" for k in kk))
+    for m in d["memcpy"][:3]:
+        gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.1f} GB/s"
+        out.append(
+            f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
+            f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs}"
+        )
+    for g in d["largest_gaps"][:3]:
+        out.append(
+            f"  largest gap    {g['duration_us'] / 1e3:.3f} ms in step {g['step']}: {g['cause']}"
+        )
+    for s in d["sync_sites"][:3]:
+        where = f" at {s['site']}" if s["site"] else ""
+        out.append(
+            f"  sync site      {s['op']} -> {s['call']}{where}: {s['count']} x, {s['blocked_us'] / 1e3:.3f} ms"
+        )
+    ops = d["ops"][:6]
+    if ops:
+        out.append("")
+        ridge = ""
+        if dev:
+            bf = dev["peak_tflops"].get("bf16")
+            ridge = f"  [{dev['name']}: {dev['bandwidth_gbs']:.0f} GB/s" + (
+                f", bf16 {bf:.0f} TFLOP/s, ridge {bf * 1e3 / dev['bandwidth_gbs']:.0f} FLOP/B]"
+                if bf
+                else "]"
+            )
+        out.append("TOP OPS BY DEVICE TIME (all analysed steps)" + ridge)
+        out.append(
+            f"  {'op':<34} {'count':>6} {'dev ms':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>8} {'of roof':>7}  regime"
+        )
+        for o in ops:
+
+            def f(v, fmt):
+                return (
+                    "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+                )
+
+            out.append(
+                f"  {short_name(o['name'], 34):<34} {o['count']:>6} {o['device_time_ms']:>9.3f} "
+                f"{f(o['intensity'], '8.1f'):>8} {f(o['achieved_tflops'], '8.1f'):>8} "
+                f"{f(o['achieved_gbps'], '8.0f'):>8} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or 'unmodelled'}"
+            )
+    out.append("")
+    rec = [f for f in d["findings"] if f["recommended"]]
+    out.append("FIXES (Amdahl estimate against the traced step time)")
+    if not rec:
+        out.append("  none worth 5% or more")
+    for i, f in enumerate(rec[:3], 1):
+        s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.1f}x"
+        out.append(
+            f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms per step"
+        )
+        out.append(f"     {f['title']}")
+        out.append(
+            f"     acts on f = {f['fraction']:.0%} of the step, local speedup s = {s}: 1/((1-f)+f/s)"
+        )
+        out.append(f"     how: {f['derivation']}")
+        for e in f["evidence"][:3]:
+            out.append(f"     - {e}")
+    if len(rec) > 3:
+        out.append(
+            "  more: " + ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in rec[3:])
+        )
+    low = [f for f in d["findings"] if not f["recommended"]]
+    if low:
+        out.append(
+            "  not worth it (< 5%): "
+            + ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in low)
+        )
+    notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+    if notes:
+        out.append("")
+        out.append("NOTES")
+        for n in notes:
+            out.append(f"  - {n}")
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["render_text", "short_name", "pl"]
