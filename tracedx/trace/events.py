@@ -40,9 +40,11 @@ class Args(msgspec.Struct, omit_defaults=True):
     # host sync events (enable_cuda_sync_events)
     cuda_sync_kind: Any = None
     # cpu_op shapes (record_shapes=True)
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
+    # Kept as raw JSON: ops repeat the same shapes thousands of times, so the reader decodes
+    # each distinct value once (tables._interned_lists).
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     sequence_number: Any = msgspec.field(default=None, name="Sequence number")
     fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
     # python_function (with_stack=True)

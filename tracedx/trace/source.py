@@ -97,10 +97,11 @@ def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
             )
     if pos < len(data) and data[pos] < 0x20:
         return f"{p}: raw control character U+{data[pos]:04X} inside a string at {where}{_HINT}"
-    if pos > 0 and data[pos - 1 : pos] == b"\\" or data[pos : pos + 1] == b"\\":
+    bs = data.rfind(b"\\", max(0, pos - 2), pos + 1)
+    if bs >= 0:
+        esc = data[bs : bs + 2].decode("latin-1")
         return (
-            f"{p}: invalid escape `{data[pos - 1 : pos + 1].decode('latin-1')}` at {where}: "
-            f"probably an unescaped Windows path{_HINT}"
+            f"{p}: invalid escape `{esc}` at {_where(data, bs)}: probably an unescaped Windows path{_HINT}"
         )
     snippet = data[max(0, pos - 20) : pos + 20].decode("utf-8", "replace").replace("\n", " ")
     return f"{p}: not valid JSON at {where}, near `{snippet}`{_HINT}"
@@ -188,8 +189,9 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
         if isinstance(evs, list):
             obj["traceEvents"] = [e for e in evs if isinstance(e, dict)]
     try:
-        doc = msgspec.convert(obj, TraceDocument, strict=False)
-    except msgspec.ValidationError as e:
+        # Re-encode the repaired document so both paths share one typed decoder.
+        doc = _DECODER.decode(msgspec.json.encode(obj))
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace even after repair: {e}") from None
     return _as_tracefile(p, doc), notes
 

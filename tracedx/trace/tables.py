@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import polars as pl
 
 from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Event
@@ -98,6 +99,30 @@ def _shapes(v: Any) -> list[list[int]] | None:
         else:
             out.append([])
     return out
+
+
+def _interned_lists(raws: list, parse, dtype) -> pl.Series:
+    """Decode raw-JSON list values once per distinct value and gather them into a Series.
+
+    Real traces repeat a few thousand distinct shapes over millions of ops; building nested
+    polars lists per row is the slow part of a naive reader.
+    """
+    codes: dict[bytes, int] = {}
+    idx = []
+    for r in raws:
+        key = bytes(r)
+        c = codes.get(key)
+        if c is None:
+            c = codes[key] = len(codes)
+        idx.append(c)
+    uniq = []
+    for key in codes:
+        try:
+            uniq.append(parse(msgspec.json.decode(key)) if key else None)
+        except msgspec.DecodeError:
+            uniq.append(None)
+    values = pl.Series(uniq, dtype=dtype, strict=False)
+    return values.gather(pl.Series(idx, dtype=pl.UInt32)) if idx else pl.Series([], dtype=dtype)
 
 
 def _strs(v: Any) -> list[str] | None:
@@ -257,9 +282,12 @@ def _launches(evs: list[Event]) -> pl.DataFrame:
 def _ops(evs: list[Event]) -> pl.DataFrame:
     cols = _host_cols(evs)
     args = [e.args for e in evs]
-    cols["input_shapes"] = [_shapes(a.input_dims) if a else None for a in args]
-    cols["input_dtypes"] = [_strs(a.input_type) if a else None for a in args]
-    cols["concrete_inputs"] = [_strs(a.concrete_inputs) if a else None for a in args]
+    empty = msgspec.Raw()
+    cols["input_shapes"] = _interned_lists([a.input_dims if a else empty for a in args], _shapes,
+                                           pl.List(pl.List(pl.Int64)))
+    cols["input_dtypes"] = _interned_lists([a.input_type if a else empty for a in args], _strs, pl.List(pl.Utf8))
+    cols["concrete_inputs"] = _interned_lists([a.concrete_inputs if a else empty for a in args], _strs,
+                                              pl.List(pl.Utf8))
     cols["sequence_number"] = [_to_int(a.sequence_number) if a else None for a in args]
     cols["fwd_thread_id"] = [_to_int(a.fwd_thread_id) if a else None for a in args]
     schema = dict(_HOST_SCHEMA) | {
