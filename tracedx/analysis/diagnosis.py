@@ -582,10 +582,21 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
         )
     else:
         ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
-    comp = sum(share.get(k, 0) for k in ("gemm", "convolution", "attention"))
-    if comp >= 0.5:
-        return "compute-bound", "tensor-core math", ev
-    return "bandwidth-bound", "device memory", ev
+    hd_share = hd / busy
+    groups = {
+        ("compute-bound", "tensor-core math"): sum(
+            share.get(k, 0) for k in ("gemm", "convolution", "attention")
+        ),
+        ("bandwidth-bound", "device memory"): sum(
+            share.get(k, 0) for k in ("elementwise", "reduction", "normalization", "copy")
+        )
+        - hd_share,
+        ("bandwidth-bound", "communication"): share.get("communication", 0),
+        ("bandwidth-bound", "host-device transfer"): hd_share,
+    }
+    (regime, bott), v = max(groups.items(), key=lambda kv: kv[1])
+    ev.append(f"largest share of device time: {bott} ({v:.0%})")
+    return regime, bott, ev
 
 
 def _frac(x) -> str:
@@ -600,18 +611,13 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     out: list[fx.Finding | None] = []
     idle_fraction = float(w["idle_fraction"].median())
     out.append(fx.cuda_graphs(m))
-    out.append(
-        fx.remove_host_sync(
-            m,
-            [
-                f"{r['op']} ({r['count']} calls in {n} steps"
-                + (f", {r['site']}" if r["site"] else "")
-                + ")"
-                for r in sites.iter_rows(named=True)
-                if r["call"]
-            ],
-        )
-    )
+    site_names: list[str] = []
+    for r in sites.iter_rows(named=True):
+        label = f"{r['op']} -> {r['call']}" + (f" at {r['site']}" if r["site"] else "")
+        label += f" ({r['count']} calls in {n} steps)"
+        if label not in site_names:
+            site_names.append(label)
+    out.append(fx.remove_host_sync(m, site_names))
     out.append(fx.dataloader_workers(m))
     # pinned memory
     page = memcpy.filter(pl.col("host_memory") == "Pageable") if memcpy.height else memcpy
