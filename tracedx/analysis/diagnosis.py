@@ -620,7 +620,13 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     out.append(fx.remove_host_sync(m, site_names))
     out.append(fx.dataloader_workers(m))
     # pinned memory
-    page = memcpy.filter(pl.col("host_memory") == "Pageable") if memcpy.height else memcpy
+    # pageable copies that bandwidth-limit the step (small DtoH copies are syncs, not this)
+    page = trace.memcpys.filter(
+        pl.col("step").is_in(steps)
+        & (pl.col("device") == primary)
+        & ((pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable"))
+        & ((pl.col("direction") == "HtoD") | (pl.col("bytes").fill_null(0) >= 2**20))
+    ).rename({"duration_us": "device_time_us"})
     if page.height:
         pinned = memcpy.filter(pl.col("host_memory") == "Pinned")
         if pinned.height and pinned["bytes"].sum() > 2**20:

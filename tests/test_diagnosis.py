@@ -1,0 +1,153 @@
+"""diagnose(): the step model, idle causes and Amdahl estimates, checked by hand on CASES.md C04b.
+
+C04b's events (us after the step start), all on one stream:
+  memcpy HtoD pageable [10, 30] (launch cudaMemcpyAsync at 4, 12 us, under aten::copy_ [2, 22])
+  memset [40, 44] (launch at 32, under aten::zero_ [30, 40])
+  gemm [60, 140] (launch at 50, under aten::mm [45, 70])
+  relu [145, 160] (launch at 78, under aten::relu [75, 85])
+  sum  [165, 185] (launch at 93, under aten::sum [90, 102])
+  ProfilerStep#1 [0, 200]
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import tracedx
+from tests.conftest import case
+from tracedx.analysis.diagnosis import diagnose, parse_steps
+from tracedx.analysis.findings import amdahl
+from tracedx.cli import main
+from tracedx.errors import TraceError
+
+
+@pytest.fixture(scope="module")
+def c04b():
+    return diagnose(tracedx.load(case("C04b_modern_category_names.json")))
+
+
+def test_idle_causes_by_hand(c04b):
+    # gaps: [0,10] [30,40] [44,60] launch-bound (host inside ops that launch) = 10 + 10 + 16;
+    # [140,145] [160,165] the next kernel was already queued = kernel wait 5 + 5;
+    # [185,200] nothing left to run and no op running = python 15.
+    by = {r["cause"]: r["idle_us"] for r in c04b.idle_causes.iter_rows(named=True)}
+    assert by == {"kernel launch": 36.0, "kernel wait": 10.0, "python": 15.0}
+
+
+def test_step_model_by_hand(c04b):
+    m = c04b.model
+    assert m.step_us == 200 and m.busy_us == 139
+    assert m.pageable_block_us == 12  # the 1 MiB pageable cudaMemcpyAsync blocks the host
+    assert m.sync_us == 0
+    assert m.host_us == 200 - 12  # H: CPU window minus blocking calls
+    assert m.gpu_us == 139 + 10  # G: busy + kernel-wait gaps
+    assert m.serial_us == 200 - max(188, 149)  # E = 12
+    assert m.per_kernel_host_us == pytest.approx((20 + 10 + 25 + 10 + 12) / 3)
+
+
+def test_findings_by_hand(c04b):
+    f = {x.fix: x for x in c04b.findings}
+    # cuda-graphs: H' = 3 kernels x 1.7 us, G' = 139 + 3 x 1.0; T' = max(5.1, 142) + E 12 = 154
+    assert f["cuda-graphs"].estimated_speedup == pytest.approx(200 / 154, rel=1e-6)
+    # pinned memory: the copy at 50 GB/s would take 1048576 / 50e3 = 20.97 us (no device saving),
+    # the host stops blocking: T' = max(188, 149) = 188
+    assert f["pinned-memory"].estimated_speedup == pytest.approx(200 / 188, rel=1e-6)
+    # torch.compile: the relu+sum chain (15 + 20 us) fuses to ~20 us (saves 15); one kernel fewer
+    # saves 77/3 us of host time: T' = max(188 - 25.67, 149 - 15) + 12 = 174.33
+    assert f["torch-compile"].estimated_speedup == pytest.approx(
+        200 / (188 - 77 / 3 + 12), rel=1e-6
+    )
+    # sorted by estimated speedup, and each estimate is Amdahl's formula over its (f, s)
+    sp = [x.estimated_speedup for x in c04b.findings]
+    assert sp == sorted(sp, reverse=True)
+    for x in c04b.findings:
+        assert amdahl(x.fraction, x.local_speedup) == pytest.approx(x.estimated_speedup, rel=1e-9)
+        assert x.estimated_step_ms == pytest.approx(0.2 / x.estimated_speedup, rel=1e-9)
+        assert x.recommended == (x.estimated_speedup >= 1.05)
+
+
+def test_launch_gap_fixes_never_beat_gpu_busy(c04b):
+    for x in c04b.findings:
+        if x.fix in ("cuda-graphs", "remove-host-sync", "dataloader-workers"):
+            assert x.estimated_step_ms * 1e3 >= c04b.model.busy_us
+
+
+def test_item_sync_is_a_host_sync_not_a_copy_problem():
+    d = diagnose(tracedx.load(case("C10_cpu_ranges_not_nested.json")))
+    fixes = {x.fix for x in d.findings}
+    assert "remove-host-sync" in fixes and "pinned-memory" not in fixes
+    assert d.model.sync_us == 25 / 2  # one 25 us blocking 4-byte DtoH copy over 2 steps
+    assert d.regime == "overhead-bound"
+
+
+def test_cpu_only_trace_has_no_regime():
+    d = diagnose(tracedx.load(case("C08a_no_gpu_events_cpu_only.json")))
+    assert d.regime is None and d.findings == []
+    doc = d.to_dict()
+    assert doc["steps"]["gpu_busy_ms"] is None and doc["steps"]["idle_fraction"] is None
+    assert any("no GPU activity" in n for n in doc["notes"])
+
+
+def test_json_contract(c04b):
+    doc = c04b.to_dict()
+    assert doc["schema"] == "tracedx.diagnosis/1"
+    for k in ("trace", "steps", "regime", "bottleneck", "evidence", "findings", "ops"):
+        assert k in doc
+    for k in (
+        "count",
+        "step_time_ms",
+        "cpu_time_ms",
+        "gpu_busy_ms",
+        "idle_fraction",
+        "kernels_per_step",
+        "sync_ms",
+        "memcpy_ms",
+    ):
+        assert k in doc["steps"]
+    assert doc["steps"]["step_time_ms"] == 0.2 and doc["steps"]["gpu_busy_ms"] == 0.139
+    assert doc["trace"]["device"]["peak_tflops"]["bf16"] > 0 and doc["trace"]["device"]["source"]
+    for f in doc["findings"]:
+        assert set(f) >= {
+            "fix",
+            "title",
+            "fraction",
+            "local_speedup",
+            "estimated_speedup",
+            "estimated_step_ms",
+            "evidence",
+        }
+    mm = next(o for o in doc["ops"] if o["name"] == "aten::mm")
+    assert mm["flops"] == 2 * 256 * 512 * 1024  # CASES.md C04: 268,435,456
+    assert mm["bytes"] == (256 * 512 + 512 * 1024 + 256 * 1024) * 4  # 3,670,016
+    assert mm["intensity"] == pytest.approx(268435456 / 3670016)
+    assert mm["achieved_tflops"] == pytest.approx(268435456 / 80e-6 / 1e12)  # 3.36 TFLOP/s
+    json.dumps(doc, allow_nan=False)
+
+
+def test_cli_formats():
+    r = CliRunner()
+    path = str(case("C04b_modern_category_names.json"))
+    res = r.invoke(main, ["diagnose", path, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["regime"]
+    res = r.invoke(main, ["diagnose", path])
+    assert res.exit_code == 0 and res.output.startswith("tracedx") and "VERDICT" in res.output
+    res = r.invoke(main, ["diagnose", path, "--format", "md"])
+    assert res.exit_code == 0 and "| `cuda-graphs` |" in res.output
+
+
+def test_steps_option():
+    assert parse_steps("2..3", [1, 2, 3, 4]) == [2, 3]
+    assert parse_steps("3..", [1, 2, 3, 4]) == [3, 4]
+    assert parse_steps("2", [1, 2, 3]) == [2]
+    with pytest.raises(TraceError):
+        parse_steps("7..9", [1, 2, 3])
+    with pytest.raises(TraceError):
+        parse_steps("a..b", [1, 2, 3])
+    res = CliRunner().invoke(
+        main, ["diagnose", str(case("C10_cpu_ranges_not_nested.json")), "--steps", "9..12"]
+    )
+    assert res.exit_code == 2 and "no such steps" in res.output
