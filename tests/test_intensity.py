@@ -515,3 +515,43 @@ def test_analysis_never_imports_torch():
 )
 def test_dtype_sizes(dtype, size):
     assert cost("aten::neg", [[10]], [dtype]).bytes == 2 * 10 * size
+
+
+# ---------------------------------------------------------------- records copied from a real trace
+# (PyTorch 2.11 + CUDA 13.0 on an H200: default SDPA picked cuDNN for a causal bf16 call)
+
+
+def test_real_cudnn_attention_records():
+    fwd = cost(
+        "aten::_cudnn_attention_forward",
+        [*QKV] + [[]] * 10,
+        [BF, BF, BF, "", "", "", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", ""],
+        ["", "", "", "", "", "", "4096", "4096", "True", "0.", "True", "False", ""],
+    )
+    assert fwd.flops == FWD_FLOPS / 2  # is_causal at position 10
+    assert fwd.bytes == 4 * ACT * 2 + (4 * 16 * 4096) * 4  # compute_log_sumexp True
+    bwd = cost(
+        "aten::_cudnn_attention_backward",
+        [*[[4, 16, 4096, 64]] * 5, [4, 16, 4096, 1]] + [[]] * 10,
+        [BF] * 5 + [F, L, L, "", "", "", "Scalar", "Scalar", "Scalar", "Scalar", ""],
+        [""] * 11 + ["4096", "4096", "0.", "True", ""],
+    )
+    assert bwd.flops == 2.5 * FWD_FLOPS / 2
+    # philox seed/offset were recorded with empty dims: 0-dim int64 tensors, 8 bytes each
+    assert bwd.bytes == 5 * ACT * 2 + (4 * 16 * 4096) * 4 + 2 * 8 + 3 * ACT * 2
+
+
+def test_real_efficient_attention_forward_record():
+    c = cost(
+        "aten::_efficient_attention_forward",
+        [[4, 4096, 16, 64]] * 3 + [[]] * 11,
+        [BF] * 3 + [""] * 5 + ["Scalar"] * 3 + [""] * 3,
+        [""] * 8 + ["0.", "0", "True", "", "", ""],
+    )
+    assert c.flops == FWD_FLOPS  # custom_mask_type 0: not causal; [B, N, H, d] layout
+    assert c.bytes == 4 * ACT * 2 + (4 * 16 * 4096) * 4
+
+
+def test_random_fill_is_write_only():
+    c = cost("aten::normal_", [[8192, 8192], [], [], []], [BF, "Scalar", "Scalar", ""])
+    assert (c.flops, c.bytes) == (0, 8192 * 8192 * 2)

@@ -710,6 +710,9 @@ for _names, _pos, _comp in (
     ),
     # _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal)
     (("_flash_attention_forward",), _AttnPos(0, 1, 2, 8, "bnhd", lse=-1), False),
+    # _cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+    #   compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
+    (("_cudnn_attention_forward",), _AttnPos(0, 1, 2, 10, "bhnd", lse=8), False),
     # _efficient_attention_forward(q, k, v, bias, cu_q, cu_k, max_q, max_k, dropout_p,
     #   custom_mask_type, compute_log_sumexp)
     (
@@ -1186,9 +1189,11 @@ def _max_min(a: OpArgs) -> OpCost:
     return _reduction(a, _Reduction(1, 1, "values+indices" if len(a.shapes) >= 3 else "same"))
 
 
-@register("fill_", "zero_")
+@register("fill_", "zero_", "normal_", "uniform_", "bernoulli_", "random_", "exponential_")
 def _fill(a: OpArgs) -> OpCost:
-    """``fill_(self, value)`` / ``zero_(self)``: writes self once, reads nothing, 0 FLOPs."""
+    """``fill_(self, value)`` / ``zero_(self)`` and the in-place random fills (``normal_``,
+    ``uniform_``, ...): write self once, read only tensor arguments other than self; counted
+    as 0 FLOPs (random-number generation is integer work)."""
     _need(a.is_tensor(0))
     return OpCost(
         0.0,
