@@ -109,7 +109,10 @@ _V100_DS = (
     "NVIDIA Tesla V100 GPU datasheet (https://images.nvidia.com/content/technologies/volta/pdf/"
     "volta-v100-datasheet-update-us-1165301-r5.pdf)"
 )
-_B200_DS = "NVIDIA DGX B200 datasheet, 8-GPU totals / 8 (https://www.nvidia.com/en-us/data-center/dgx-b200/)"
+_B200_DS = (
+    "NVIDIA HGX B200 specifications, 8-GPU totals / 8 "
+    "(https://www.nvidia.com/en-us/data-center/hgx/; the DGX B200 datasheet agrees)"
+)
 _MI300X_DS = (
     "AMD Instinct MI300X data sheet (https://www.amd.com/content/dam/amd/en/documents/"
     "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf)"
