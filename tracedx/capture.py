@@ -130,8 +130,13 @@ class _Markers:
     from the optimizer in the same iteration the explicit call is taken as that same boundary.
     """
 
-    def __init__(self, on_boundary: Callable[[], None]):
+    MODES = ("auto", "optimizer", "explicit")
+
+    def __init__(self, on_boundary: Callable[[], None], mode: str = "auto"):
+        if mode not in self.MODES:
+            raise CaptureError(f"--marker must be one of {', '.join(self.MODES)}, not {mode!r}")
         self._on_boundary = on_boundary
+        self.mode = mode
         self.source = "none"  # "optimizer" | "tracedx.step" | "none"
         self.count = 0
         self._explicit_seen = False
@@ -141,7 +146,9 @@ class _Markers:
         self._lock = threading.Lock()
 
     def install(self) -> None:
-        """Register the optimizer post hook (when torch is importable)."""
+        """Register the optimizer post hook (when torch is importable and mode allows)."""
+        if self.mode == "explicit":
+            return
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
         except Exception:  # torch missing or too old: explicit markers still work
@@ -154,6 +161,8 @@ class _Markers:
             self._hook_handle = None
 
     def _optimizer_hook(self, optimizer, args, kwargs) -> None:
+        if _capturing_cuda_graph():
+            return  # recording a CUDA graph is setup; its replays never call step()
         with self._lock:
             if self._explicit_seen:
                 return
@@ -168,6 +177,8 @@ class _Markers:
         self._on_boundary()
 
     def explicit(self) -> None:
+        if self.mode == "optimizer":
+            return
         with self._lock:
             if not self._explicit_seen:
                 self._explicit_seen = True
@@ -182,6 +193,16 @@ class _Markers:
 
 
 _active_markers: _Markers | None = None
+
+
+def _capturing_cuda_graph() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
 
 
 def step() -> None:
@@ -576,6 +597,7 @@ def capture_script(
     schedule: Schedule | None = None,
     with_stack: bool = False,
     time_unprofiled: int = 0,
+    marker: str = "auto",
     quiet: bool = False,
 ) -> CaptureResult:
     """Run ``script`` like ``python script args`` under torch.profiler and write its trace.
@@ -587,6 +609,12 @@ def capture_script(
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     after ``wait + warmup`` warm-up steps; seeds, chapter 10); the median/min/max go into the
     trace's ``"tracedx"`` metadata as ``unprofiled_step_ms``.
+
+    ``marker`` picks the step source: ``"auto"`` (optimizer steps until the first explicit
+    :func:`step` call, then explicit calls only), ``"optimizer"`` or ``"explicit"``. Use
+    ``"explicit"`` when the script runs optimizer steps outside its steady loop, e.g. the
+    warm-up iterations before capturing a whole training step in a CUDA graph (optimizer steps
+    made while a CUDA graph is being captured never count).
 
     The script's errors never escape: they are printed and their exit status returned in
     :class:`CaptureResult` (1 for an exception, the code of ``sys.exit``, 130 for Ctrl-C).
@@ -600,12 +628,15 @@ def capture_script(
     schedule = schedule or Schedule()
     if time_unprofiled < 0:
         raise CaptureError("--time-unprofiled must be 0 or more")
+    _Markers(lambda: None, marker)  # validates the mode before anything runs
     torch = _import_torch()
     messages: list[str] = []
 
     unprofiled = None
     if time_unprofiled:
-        unprofiled = _time_unprofiled(path, args, time_unprofiled, schedule, messages, quiet)
+        unprofiled = _time_unprofiled(
+            path, args, time_unprofiled, schedule, marker, messages, quiet
+        )
 
     out = Path(out_dir)
     final = _unique_path(out, path.stem)
@@ -636,7 +667,7 @@ def capture_script(
         written["path"] = final
 
     session = _Session(schedule, with_stack, write)
-    markers = _Markers(session.boundary)
+    markers = _Markers(session.boundary, marker)
     markers_box.append(markers)
     if not quiet:
         kind = "CPU + CUDA" if session.cuda else "CPU"
@@ -744,6 +775,7 @@ def _time_unprofiled(
     args: Sequence[str],
     count: int,
     schedule: Schedule,
+    marker: str,
     messages: list[str],
     quiet: bool,
 ) -> dict | None:
@@ -751,13 +783,13 @@ def _time_unprofiled(
     _note(
         messages,
         f"timing {count} steps without the profiler (a first run of the script, "
-        f"{skip} warm-up steps skipped)",
+        f"the first {skip + 1} steps not timed)",
         quiet,
     )
     fd, out = tempfile.mkstemp(prefix="tracedx-timing-", suffix=".json")
     os.close(fd)
     env = dict(os.environ)
-    env[_TIMING_ENV] = json.dumps({"count": count, "skip": skip, "out": out})
+    env[_TIMING_ENV] = json.dumps({"count": count, "skip": skip, "out": out, "marker": marker})
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     cmd = [
@@ -841,7 +873,7 @@ def _timing_child_main() -> int:
             save()
             raise _TimingDone()
 
-    markers = _Markers(on_boundary)
+    markers = _Markers(on_boundary, cfg.get("marker", "auto"))
     with _markers_installed(markers):
         exc = _run_script(script, args)
     if isinstance(exc, _TimingDone):

@@ -134,9 +134,25 @@ def diagnose(
     metavar="K",
     help="Also time K steps without the profiler (a first run of the script).",
 )
+@click.option(
+    "--marker",
+    type=click.Choice(["auto", "optimizer", "explicit"]),
+    default="auto",
+    show_default=True,
+    help="Step source: optimizer.step(), tracedx.step() (explicit), or auto (explicit wins).",
+)
 @click.option("--diagnose", "then_diagnose", is_flag=True, help="Diagnose the trace once written.")
 def capture(
-    script, script_args, out_dir, steps, warmup, wait, with_stack, time_unprofiled, then_diagnose
+    script,
+    script_args,
+    out_dir,
+    steps,
+    warmup,
+    wait,
+    with_stack,
+    time_unprofiled,
+    marker,
+    then_diagnose,
 ):
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
 
@@ -152,6 +168,7 @@ def capture(
         schedule=Schedule(wait=wait, warmup=warmup, active=steps),
         with_stack=with_stack,
         time_unprofiled=time_unprofiled,
+        marker=marker,
     )
     if then_diagnose and result.path is not None:
         try:
