@@ -1,0 +1,632 @@
+"""Plotly figures of a Diagnosis: roofline, step timeline, where the time goes, fix estimates.
+
+Each public function takes a :class:`~tracedx.analysis.diagnosis.Diagnosis` and returns a
+``plotly.graph_objects.Figure`` (render it in Jupyter, or call ``.to_dict()``). The numbers come
+from the Diagnosis and its Trace; this module only selects, groups for display and draws.
+
+Units on every axis: time in milliseconds (ms), arithmetic intensity in FLOP/byte, achieved
+rate in FLOP/s (SI tick labels: 1T = 1e12 FLOP/s; hovers give TFLOP/s). Strings from the trace are HTML-escaped before plotly sees them
+(plotly renders a subset of HTML in text), so a kernel name is always shown literally.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+from tracedx.analysis.kernels import KINDS, kind_expr
+from tracedx.analysis.timeline import CAUSES, sync_calls
+from tracedx.devices import PEAK_KEYS
+from tracedx.report.text import short_name
+
+__all__ = [
+    "all_figures",
+    "breakdown_figure",
+    "fixes_figure",
+    "roofline_figure",
+    "timeline_figure",
+]
+
+KIND_COLORS = {
+    "gemm": "#1f77b4",
+    "convolution": "#17becf",
+    "attention": "#9467bd",
+    "elementwise": "#ff7f0e",
+    "reduction": "#d62728",
+    "normalization": "#e377c2",
+    "copy": "#8c564b",
+    "communication": "#2ca02c",
+    "other": "#7f7f7f",
+    "memcpy": "#bcbd22",
+    "memset": "#c7c7c7",
+}
+CAUSE_COLORS = {
+    "kernel wait": "#aec7e8",
+    "host sync": "#d62728",
+    "dataloader": "#9467bd",
+    "kernel launch": "#ff7f0e",
+    "host work": "#8c564b",
+    "python": "#e7ba52",
+}
+ROOF_COLORS = {
+    "fp64": "#8c564b",
+    "fp64_tc": "#c49c94",
+    "fp32": "#7f7f7f",
+    "fp32_tc": "#bcbd22",
+    "tf32": "#17becf",
+    "bf16": "#1f77b4",
+    "fp16": "#9467bd",
+    "fp8": "#2ca02c",
+}
+HOVER_NAME_CHARS = 600
+"""Longest name shown in a hover label (characters); longer names end with an ellipsis."""
+MAX_BARS_PER_ROW = 5000
+"""Timeline rows keep at most this many events (the longest ones) to keep the page light."""
+TERA = 1e12
+"""FLOP/s per TFLOP/s (the roofline's y axis is in FLOP/s)."""
+LABELLED_OPS = 5
+"""The roofline labels this many ops (the largest by device time) with their short names."""
+FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+
+
+# ---------------------------------------------------------------------------------------------
+# small presentation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def esc(s: Any) -> str:
+    """HTML-escape any value for plotly text (plotly renders a subset of HTML)."""
+    return html.escape("" if s is None else str(s), quote=True)
+
+
+def hover_name(name: Any, width: int = 100) -> str:
+    """The full name for a hover label: escaped, wrapped every ``width`` characters with <br>."""
+    s = "" if name is None else str(name)
+    if len(s) > HOVER_NAME_CHARS:
+        s = s[: HOVER_NAME_CHARS - 1] + "…"
+    return "<br>".join(esc(s[i : i + width]) for i in range(0, max(len(s), 1), width))
+
+
+def fmt_shapes(shapes: Any) -> str:
+    """``[[8, 16], []]`` -> ``"[8, 16], []"`` (input shapes as the profiler recorded them)."""
+    if shapes is None:
+        return ""
+    try:
+        return ", ".join("[" + ", ".join(str(d) for d in (s or [])) + "]" for s in shapes)
+    except TypeError:
+        return str(shapes)
+
+
+def num(x: Any, fmt: str = ".3g", missing: str = "n/a") -> str:
+    """Format a number; None and non-finite values become ``missing``."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return missing
+    return format(x, fmt)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left"},
+        height=height,
+        font=FONT,
+        template="plotly_white",
+        margin={"l": 70, "r": 30, "t": 60, "b": 50},
+        legend={"orientation": "h", "y": -0.12, "x": 0},
+        hoverlabel={"align": "left"},
+    )
+    return fig
+
+
+def _empty(title: str, message: str, height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=esc(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height)
+
+
+def _primary_windows(diag) -> pl.DataFrame:
+    w = diag.windows
+    if diag.primary_device is not None:
+        return w.filter(pl.col("device") == diag.primary_device)
+    return w.filter(pl.col("device").is_null())
+
+
+def representative_step(diag) -> int | None:
+    """The analysed step whose step time is closest to the median (the step the timeline shows)."""
+    w = _primary_windows(diag).drop_nulls("step_time_us")
+    if w.height == 0:
+        return diag.steps[0] if diag.steps else None
+    med = float(w["step_time_us"].median())
+    return int(w.with_columns(d=(pl.col("step_time_us") - med).abs()).sort("d", "step")["step"][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# roofline
+# ---------------------------------------------------------------------------------------------
+
+
+def roofline_figure(diag) -> go.Figure:
+    """Log-log roofline: compute roofs per dtype and the bandwidth roof of the device, the ridge
+    points, and each modelled op group at (intensity FLOP/byte, achieved TFLOP/s), sized by its
+    device time and coloured by its kernel kind. Without a device spec the roofs are not drawn.
+    Axes: FLOP/byte (x) and FLOP/s (y), both log."""
+    title = "Roofline: each modelled op against the device's ceilings"
+    t = diag.op_table
+    spec = diag.device
+    need = {"intensity", "achieved_tflops"}
+    pts = (
+        t.filter(
+            pl.col("intensity").is_not_null()
+            & (pl.col("intensity") > 0)
+            & pl.col("achieved_tflops").is_not_null()
+            & (pl.col("achieved_tflops") > 0)
+        )
+        if need <= set(t.columns)
+        else t.head(0)
+    )
+    if pts.height == 0 and spec is None:
+        return _empty(title, "no op has a FLOP/byte model and no device spec is known", 300)
+    fig = go.Figure()
+    xs = pts["intensity"].to_list() if pts.height else []
+    ys = pts["achieved_tflops"].to_list() if pts.height else []
+    ridges = {}
+    if spec is not None and spec.bandwidth_gbs:
+        ridges = {
+            k: (spec.ridge_point(k), spec.peak_tflops[k])
+            for k in PEAK_KEYS
+            if k in spec.peak_tflops and spec.ridge_point(k)
+        }
+    x_lo = min([*xs, *(r for r, _ in ridges.values()), 1.0]) / 4
+    x_hi = max([*xs, *(r for r, _ in ridges.values()), 10.0]) * 8
+    if ridges:
+        bw = spec.bandwidth_gbs
+        top_ridge = max(r for r, _ in ridges.values())
+        fig.add_trace(
+            go.Scatter(
+                x=[x_lo, top_ridge],
+                y=[x_lo * bw * 1e9, top_ridge * bw * 1e9],
+                mode="lines",
+                line={"color": "#444", "width": 2},
+                name=f"memory {bw:,.0f} GB/s",
+                hovertemplate=f"bandwidth roof: {bw:,.0f} GB/s<extra></extra>",
+            )
+        )
+        for k, (ridge, peak) in ridges.items():
+            color = ROOF_COLORS.get(k, "#444")
+            fig.add_trace(
+                go.Scatter(
+                    x=[ridge, x_hi],
+                    y=[peak * TERA, peak * TERA],
+                    mode="lines",
+                    line={"color": color, "width": 2, "dash": "solid" if k == "bf16" else "dot"},
+                    name=f"{k} {peak:,.0f} TFLOP/s",
+                    hovertemplate=f"{k} roof: {peak:,.1f} TFLOP/s<extra></extra>",
+                )
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[ridge],
+                    y=[peak * TERA],
+                    mode="markers",
+                    marker={"symbol": "diamond", "size": 9, "color": color},
+                    showlegend=False,
+                    hovertemplate=f"ridge point {k}: {ridge:,.1f} FLOP/byte<extra></extra>",
+                )
+            )
+        key = "bf16" if "bf16" in ridges else next(iter(ridges))
+        fig.add_annotation(
+            x=math.log10(ridges[key][0]),
+            y=math.log10(ridges[key][1] * TERA),
+            text=f"ridge {key}: {ridges[key][0]:,.0f} FLOP/B",
+            showarrow=True,
+            arrowhead=2,
+            ax=40,
+            ay=40,
+        )
+        fig.add_annotation(
+            text=esc(f"{spec.name}; {spec.source}")[:160],
+            x=0,
+            y=1.0,
+            xref="paper",
+            yref="paper",
+            xanchor="left",
+            yanchor="bottom",
+            showarrow=False,
+            font={"size": 10, "color": "#666"},
+        )
+    else:
+        fig.add_annotation(
+            text="no device spec known: roofs not drawn "
+            "(pass --device, or --peak-tflops and --bandwidth-gbs)",
+            x=0.5,
+            y=1.0,
+            xref="paper",
+            yref="paper",
+            yanchor="bottom",
+            showarrow=False,
+            font={"color": "#b00"},
+        )
+    if pts.height:
+        _roofline_points(fig, pts)
+    else:
+        fig.add_annotation(
+            text="no op has a FLOP/byte model",
+            x=0.5,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+            showarrow=False,
+        )
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP/byte)", range=_lg(x_lo, x_hi))
+    y_all = [*ys, *(p for _, p in ridges.values())]
+    y_lo = min([*y_all, 1.0]) / 4 * TERA
+    y_hi = max([*y_all, 1.0]) * 3 * TERA
+    fig.update_yaxes(
+        type="log", title="achieved FLOP/s", range=_lg(y_lo, y_hi), exponentformat="SI"
+    )
+    return _layout(fig, title, 520)
+
+
+def _lg(lo: float, hi: float) -> list[float]:
+    return [math.log10(lo), math.log10(hi)]
+
+
+def _roofline_points(fig: go.Figure, pts: pl.DataFrame) -> None:
+    cols = [pl.col(c) for c in ("kernel_kind", "family") if c in pts.columns]
+    pts = pts.with_columns(_kind=pl.coalesce([*cols, pl.lit("other")]))
+    t_max = float(pts["device_time_us"].max() or 1.0) or 1.0
+    present = set(pts["_kind"].to_list())
+    top = pts.sort("device_time_us", descending=True).head(LABELLED_OPS)
+    labelled = set(zip(top["name"].to_list(), top["device_time_us"].to_list(), strict=True))
+    for k in [k for k in KINDS if k in present] + sorted(present - set(KINDS)):
+        g = pts.filter(pl.col("_kind") == k)
+        rows = g.to_dicts()
+        fig.add_trace(
+            go.Scatter(
+                x=[r["intensity"] for r in rows],
+                y=[r["achieved_tflops"] * TERA for r in rows],
+                mode="markers+text",
+                text=[
+                    esc(short_name(r["name"], 28))
+                    if (r["name"], r["device_time_us"]) in labelled
+                    else ""
+                    for r in rows
+                ],
+                textposition="top center",
+                textfont={"size": 10, "color": "#333"},
+                name=esc(k),
+                marker={
+                    "size": [6 + 34 * math.sqrt(max(r["device_time_us"], 0) / t_max) for r in rows],
+                    "color": KIND_COLORS.get(k, "#7f7f7f"),
+                    "opacity": 0.75,
+                    "line": {"width": 1, "color": "#333"},
+                },
+                hovertext=[_op_hover(r) for r in rows],
+                hoverinfo="text",
+            )
+        )
+
+
+def _op_hover(r: dict) -> str:
+    return "<br>".join(
+        [
+            f"<b>{hover_name(r['name'])}</b>",
+            f"shapes: {esc(fmt_shapes(r.get('input_shapes')))[:300]}",
+            f"dtypes: {esc(', '.join(str(x) for x in (r.get('input_dtypes') or [])))[:200]}",
+            f"calls: {r.get('count')}, device time {num(r['device_time_us'] / 1e3, '.3f')} ms",
+            f"intensity {num(r.get('intensity'))} FLOP/B, {num(r.get('achieved_tflops'))} TFLOP/s",
+            f"of its roofline bound: {num(r.get('bound_fraction'), '.0%')}"
+            f" (regime: {esc(r.get('regime') or 'n/a')})",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# step timeline
+# ---------------------------------------------------------------------------------------------
+
+
+def timeline_figure(diag, step: int | None = None) -> go.Figure:
+    """One step on one time axis (ms from the step start): per host thread its top-level ops,
+    launch calls and blocking syncs; per GPU stream its kernels (coloured by kind), copies and
+    memsets; and the GPU's idle gaps, coloured by cause and the largest shaded across all rows.
+
+    ``step`` defaults to the step whose step time is closest to the median."""
+    tr = diag.trace
+    if step is None:
+        step = representative_step(diag)
+    if step is None:
+        return _empty("Step timeline", "no step to draw")
+    title = f"Step timeline: step {step}" + (" (whole trace)" if tr.steps_synthetic else "")
+    w = _primary_windows(diag).filter(pl.col("step") == step)
+    if w.height == 0:
+        return _empty(title, f"step {step} was not analysed")
+    win = w.row(0, named=True)
+    starts = [v for v in (win["cpu_start_us"], win["gpu_start_us"]) if v is not None]
+    ends = [v for v in (win["cpu_end_us"], win["gpu_end_us"]) if v is not None]
+    t0, t1 = min(starts), max(ends)
+
+    def rel(df: pl.DataFrame) -> pl.DataFrame:
+        return df.with_columns(
+            s_ms=(pl.col("start_us") - t0) / 1e3, d_ms=pl.col("duration_us") / 1e3
+        )
+
+    fig = go.Figure()
+    rows: list[str] = []
+    ops = tr.ops.filter((pl.col("step") == step) & pl.col("parent_id").is_null())
+    la = tr.launches.filter(pl.col("step") == step)
+    sy = sync_calls(tr).filter(pl.col("step") == step)
+    tids = sorted(set(ops["tid"].to_list()) | set(la["tid"].to_list()))
+    for tid in tids:
+        for label, df, color, legend in (
+            ("ops", ops.filter(pl.col("tid") == tid), "#4c78a8", "host op"),
+            (
+                "launches",
+                la.filter((pl.col("tid") == tid) & (pl.col("api_kind") != "sync")),
+                "#72b7b2",
+                "launch / runtime call",
+            ),
+            ("syncs", sy.filter(pl.col("tid") == tid), "#d62728", "blocking sync"),
+        ):
+            if df.height:
+                row = f"CPU {tid} {label}"
+                rows.append(row)
+                _bars(fig, rel(df), row, legend, color)
+    gpu = tr.gpu_activity().filter(pl.col("step") == step)
+    if diag.primary_device is not None:
+        gpu = gpu.filter(pl.col("device") == diag.primary_device)
+    gpu = gpu.with_columns(
+        _kind=pl.when(pl.col("kind") == "kernel").then(kind_expr("name")).otherwise("kind")
+    )
+    for stream in sorted(gpu["stream"].drop_nulls().unique().to_list()):
+        row = f"GPU {diag.primary_device} stream {stream}"
+        rows.append(row)
+        g = rel(gpu.filter(pl.col("stream") == stream))
+        for k in sorted(set(g["_kind"].to_list())):
+            _bars(fig, g.filter(pl.col("_kind") == k), row, k, KIND_COLORS.get(k, "#7f7f7f"))
+    gaps = diag.gaps.filter(pl.col("step") == step)
+    if diag.primary_device is not None:
+        gaps = gaps.filter(pl.col("device") == diag.primary_device)
+    if gaps.height:
+        row = "GPU idle"
+        rows.append(row)
+        g = rel(gaps).with_columns(name=pl.col("cause"))
+        for c in [c for c in CAUSES if c in set(g["cause"].to_list())]:
+            _bars(fig, g.filter(pl.col("cause") == c), row, f"idle: {c}", CAUSE_COLORS[c])
+        _shade_gaps(fig, g, t1 - t0)
+    for x, label, where in (
+        (win["cpu_end_us"], "CPU window end", "top left"),
+        (win["gpu_end_us"], "GPU window end", "bottom left"),
+    ):
+        if x is not None:
+            fig.add_vline(
+                x=(x - t0) / 1e3,
+                line={"dash": "dash", "color": "#999", "width": 1},
+                annotation_text=label,
+                annotation_position=where,
+                annotation_font_size=10,
+            )
+    fig.update_layout(barmode="overlay", bargap=0.25)
+    fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1], title=None)
+    fig.update_xaxes(
+        title=f"time from the step start (ms); step {win['step_time_us'] / 1e3:.3f} ms"
+    )
+    return _layout(fig, title, max(320, 90 + 34 * len(rows)))
+
+
+def _bars(fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str) -> None:
+    """Horizontal bars (base = start ms, length = duration ms) for one row and one legend item."""
+    if df.height == 0:
+        return
+    if df.height > MAX_BARS_PER_ROW:
+        df = df.sort("duration_us", descending=True).head(MAX_BARS_PER_ROW)
+    names = df["name"].to_list()
+    s = df["s_ms"].to_list()
+    d = df["d_ms"].to_list()
+    shown = legend not in {tr.name for tr in fig.data}
+    fig.add_trace(
+        go.Bar(
+            orientation="h",
+            y=[row] * df.height,
+            x=d,
+            base=s,
+            name=esc(legend),
+            legendgroup=esc(legend),
+            showlegend=shown,
+            marker={"color": color, "line": {"width": 0}},
+            hovertext=[
+                f"{hover_name(n)}<br>start {a:.3f} ms, {b * 1e3:.1f} us"
+                for n, a, b in zip(names, s, d, strict=True)
+            ],
+            hoverinfo="text",
+        )
+    )
+
+
+def _shade_gaps(fig: go.Figure, g: pl.DataFrame, span_us: float, most: int = 12) -> None:
+    """Shade the largest idle gaps (>= 1% of the step) across all rows, labelled by cause."""
+    big = g.filter(pl.col("duration_us") >= 0.01 * span_us).sort("duration_us", descending=True)
+    for r in big.head(most).iter_rows(named=True):
+        fig.add_vrect(
+            x0=r["s_ms"],
+            x1=r["s_ms"] + r["d_ms"],
+            fillcolor=CAUSE_COLORS.get(r["cause"], "#ccc"),
+            opacity=0.18,
+            line_width=0,
+            layer="below",
+            annotation_text=esc(r["cause"]),
+            annotation_position="top left",
+            annotation_font_size=10,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# where the time goes
+# ---------------------------------------------------------------------------------------------
+
+
+def breakdown_figure(diag) -> go.Figure:
+    """Per step (primary GPU): device time by kernel kind, memcpy and memset, then idle time by
+    cause, stacked (ms), with the step time and GPU busy time as markers; below, kernels per
+    step. Kernels on concurrent streams overlap, so their device time can add up to more than
+    the busy time (a union)."""
+    title = "Where the time goes, per step"
+    w = _primary_windows(diag).sort("step")
+    if w.height == 0 or diag.primary_device is None:
+        return _empty(title, "no GPU activity: nothing to split")
+    labels = [str(s) for s in w["step"].to_list()]
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.72, 0.28],
+        vertical_spacing=0.06,
+    )
+    gpu = (
+        diag.trace.gpu_activity()
+        .filter(pl.col("step").is_in(diag.steps) & (pl.col("device") == diag.primary_device))
+        .with_columns(
+            part=pl.when(pl.col("kind") == "kernel").then(kind_expr("name")).otherwise("kind")
+        )
+        .group_by("step", "part")
+        .agg(ms=pl.col("duration_us").sum() / 1e3)
+    )
+    parts = [p for p in (*KINDS, "memcpy", "memset") if p in set(gpu["part"].to_list())]
+    for p in parts:
+        d = dict(gpu.filter(pl.col("part") == p).select("step", "ms").rows())
+        ys = [d.get(s, 0.0) for s in w["step"].to_list()]
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=ys,
+                name=p,
+                marker_color=KIND_COLORS.get(p, "#7f7f7f"),
+                hovertemplate=f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    ic = diag.idle_causes.filter(pl.col("device") == diag.primary_device)
+    for c in [c for c in CAUSES if c in set(ic["cause"].to_list())]:
+        d = dict(ic.filter(pl.col("cause") == c).select("step", "idle_us").rows())
+        ys = [d.get(s, 0.0) / 1e3 for s in w["step"].to_list()]
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=ys,
+                name=f"idle: {c}",
+                marker={"color": CAUSE_COLORS[c], "pattern": {"shape": "/"}},
+                hovertemplate=f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    for col, name, sym in (
+        ("step_time_us", "step time", "line-ew"),
+        ("gpu_busy_us", "GPU busy", "line-ew-open"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=[None if v is None else v / 1e3 for v in w[col].to_list()],
+                mode="markers",
+                name=name,
+                marker={"symbol": sym, "size": 28, "line": {"width": 3, "color": "#000"}},
+                hovertemplate=f"step %{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=w["kernels"].to_list(),
+            name="kernels",
+            marker_color="#4c78a8",
+            showlegend=False,
+            hovertemplate="step %{x}<br>%{y} kernels<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="ms per step", row=1, col=1)
+    fig.update_yaxes(title="kernels", row=2, col=1)
+    fig.update_xaxes(type="category", title="step", row=2, col=1)
+    return _layout(fig, title, 560)
+
+
+# ---------------------------------------------------------------------------------------------
+# fix estimates
+# ---------------------------------------------------------------------------------------------
+
+
+def fixes_figure(diag) -> go.Figure:
+    """One pair of bars per finding: the current (mean traced) step time against the Amdahl
+    estimate of the step time after the fix (ms), best fix on top; fixes worth less than 5%
+    are drawn pale."""
+    title = "What each fix is worth (Amdahl estimate of the step time, ms)"
+    found = diag.findings
+    if not found or diag.model is None:
+        return _empty(title, "no findings: nothing to estimate", 220)
+    found = sorted(found, key=lambda f: -f.estimated_speedup)
+    cur = diag.model.mean_step_us / 1e3
+    ids = [esc(f.fix) for f in found]
+    hover = [
+        "<br>".join(
+            [
+                f"<b>{esc(f.title)}</b>",
+                f"f = {f.fraction:.0%} of the step, s = "
+                + ("∞" if math.isinf(f.local_speedup) else f"{f.local_speedup:.2f}x"),
+                f"1/((1-f)+f/s) = {f.estimated_speedup:.2f}x -> {f.estimated_step_ms:.3f} ms",
+                hover_name(f.derivation, 90),
+            ]
+        )
+        for f in found
+    ]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            y=ids,
+            x=[cur] * len(found),
+            orientation="h",
+            name="current step",
+            marker_color="#bbbbbb",
+            hovertemplate="current mean step %{x:.3f} ms<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            y=ids,
+            x=[f.estimated_step_ms for f in found],
+            orientation="h",
+            name="estimated after the fix",
+            marker={
+                "color": ["#2ca02c" if f.recommended else "#c7e9c0" for f in found],
+            },
+            text=[f"{f.estimated_speedup:.2f}x" for f in found],
+            textposition="outside",
+            hovertext=hover,
+            hoverinfo="text",
+        )
+    )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="step time (ms)", range=[0, cur * 1.15])
+    return _layout(fig, title, max(260, 120 + 56 * len(found)))
+
+
+def all_figures(diag) -> dict[str, go.Figure]:
+    """``{"roofline", "timeline", "breakdown", "fixes"}`` -> Figure, in report order."""
+    return {
+        "roofline": roofline_figure(diag),
+        "timeline": timeline_figure(diag),
+        "breakdown": breakdown_figure(diag),
+        "fixes": fixes_figure(diag),
+    }
