@@ -198,5 +198,60 @@ def calibrate(out_file, quick):
     click.echo(out_file)
 
 
+@main.command()
+@click.argument("trace_path", metavar="TRACE")
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default="report.html",
+    show_default=True,
+    help="The HTML file to write.",
+)
+@click.option(
+    "--device", "device_name", default=None, help="GPU to take peaks for (overrides the trace's)."
+)
+@click.option("--peak-tflops", type=float, default=None, help="Override the peak dense TFLOP/s.")
+@click.option(
+    "--bandwidth-gbs", type=float, default=None, help="Override the memory bandwidth in GB/s."
+)
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A file written by `tracedx calibrate` (preferred over the datasheet).",
+)
+@click.option("--steps", "steps", default=None, metavar="N..M", help="Analyse only steps N to M.")
+@click.option("--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes).")
+def report(
+    trace_path, out_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair
+):
+    """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
+    import contextlib
+
+    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
+    from tracedx.report.html import write_html
+    from tracedx.trace import load
+
+    busy = contextlib.nullcontext()
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        busy = Console(stderr=True).status(f"reading {trace_path}")
+    with busy:
+        trace = load(trace_path, repair=repair)
+    diag = run_diagnosis(
+        trace,
+        device=device_name,
+        peak_tflops=peak_tflops,
+        bandwidth_gbs=bandwidth_gbs,
+        calibration=calibration,
+        steps=steps,
+    )
+    write_html(diag, out_path)
+    click.echo(out_path)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
