@@ -95,6 +95,20 @@ def render_text(diag) -> str:
         out.append(
             f"  sync site      {s['op']} -> {s['call']}{where}: {s['count']} x, {s['blocked_us'] / 1e3:.3f} ms"
         )
+    tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
+    if tops:
+        n = max(st["count"], 1)
+        out.append("")
+        out.append("CPU VS DEVICE TIME (top-level ops, per step)")
+        out.append(
+            f"  {'op':<40} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
+        )
+        for t in tops:
+            per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
+            out.append(
+                f"  {short_name(t['name'], 40):<40} {t['host_time_us'] / n / 1e3:>9.3f} "
+                f"{t['device_time_us'] / n / 1e3:>10.3f} {t['kernels'] / n:>8.1f} {per:>15}"
+            )
     ops = d["ops"][:6]
     if ops:
         out.append("")
