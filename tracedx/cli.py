@@ -253,5 +253,34 @@ def report(
     click.echo(out_path)
 
 
+@main.command("diff")
+@click.argument("before_path", metavar="BEFORE")
+@click.argument("after_path", metavar="AFTER")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "md"]),
+    default="text",
+    show_default=True,
+    help="Report format.",
+)
+@click.option(
+    "--fix",
+    "fix",
+    default=None,
+    metavar="ID",
+    help="The fix AFTER applied (a fix id such as cuda-graphs); inferred when omitted.",
+)
+@click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
+def diff_command(before_path, after_path, fmt, fix, repair):
+    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result."""
+    from tracedx.analysis.diff import diff as run_diff
+    from tracedx.report.diff_report import render as render_diff
+    from tracedx.trace import load
+
+    td = run_diff(load(before_path, repair=repair), load(after_path, repair=repair), fix=fix)
+    click.echo(render_diff(td, fmt), nl=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,472 @@
+"""`tracedx diff`: side by side, fix inference and the estimate-against-achieved check (issue 9).
+
+Hand-made before/after pairs are built here (one per fix id); the real H200 pairs in
+``sample_traces/pairs.json`` are checked when present. Expected numbers are recomputed in the
+tests from the two traces' step tables, independently of the diff code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+import tracedx
+from tests.conftest import PUBLIC, SAMPLES
+from tracedx.analysis.diff import gemm_precision, normalize_kernel_name
+from tracedx.analysis.timeline import step_windows
+from tracedx.cli import main
+
+T0 = 1_000_000.0
+H200 = "NVIDIA H200"
+
+
+# --- a tiny trace writer ---------------------------------------------------------------------
+
+
+class Steps:
+    """Writes a Kineto-shaped trace by simulating one host thread and one stream (times in us).
+
+    ``op`` runs a cpu_op that launches one kernel (queued behind the previous kernel); ``sync``
+    blocks the host until the stream drains; ``graph`` replays kernels from one cudaGraphLaunch.
+    """
+
+    def __init__(self, unprofiled_ms: float | None = None) -> None:
+        self.ev: list[dict] = []
+        self.h = T0  # host clock
+        self.g = T0  # stream free at
+        self.corr = 1000
+        self.ext = 1
+        self.step_no = 0
+        self.step_start = None
+        self.unprofiled_ms = unprofiled_ms
+
+    def _x(self, cat, name, ts, dur, pid=1, tid=1, **args):
+        self.ev.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+            | {"args": args}
+        )
+
+    def begin(self) -> None:
+        self.step_start = self.h
+
+    def end(self) -> None:
+        self.h += 1.0
+        self._x(
+            "user_annotation",
+            f"ProfilerStep#{self.step_no}",
+            self.step_start,
+            self.h - self.step_start,
+        )
+        self.step_no += 1
+
+    def _launch(self, ts, name="cudaLaunchKernel", ext=None, dur=2.0):
+        self.corr += 1
+        a = {"correlation": self.corr}
+        if ext is not None:
+            a["External id"] = ext
+        self._x("cuda_runtime", name, ts, dur, **a)
+        return self.corr
+
+    def _kernel(self, name, dur, corr, ready):
+        start = max(self.g, ready)
+        self._x("kernel", name, start, dur, pid=0, tid=7, device=0, stream=7, correlation=corr)
+        self.g = start + dur
+
+    def op(self, name, host_us, kernel, kernel_us, dims=None, types=None):
+        self.ext += 1
+        a = {"External id": self.ext}
+        if dims is not None:
+            a["Input Dims"] = dims
+        if types is not None:
+            a["Input type"] = types
+        self._x("cpu_op", name, self.h, host_us, **a)
+        corr = self._launch(self.h + 1.0, ext=self.ext)
+        self._kernel(kernel, kernel_us, corr, self.h + 4.0)
+        self.h += host_us
+
+    def copy(self, nbytes, us, src="Pageable", blocking=True):
+        self.ext += 1
+        start = self.h
+        corr_ts = self.h + 1.0
+        gstart = max(self.g, corr_ts + 3.0)
+        host_dur = (gstart + us - start + 2.0) if blocking else 6.0
+        self._x("cpu_op", "aten::copy_", start, host_dur, **{"External id": self.ext})
+        corr = self._launch(corr_ts, "cudaMemcpyAsync", self.ext, dur=host_dur - 2.0)
+        self._x(
+            "gpu_memcpy",
+            f"Memcpy HtoD ({src} -> Device)",
+            gstart,
+            us,
+            pid=0,
+            tid=7,
+            device=0,
+            stream=7,
+            correlation=corr,
+            bytes=nbytes,
+        )
+        self.g = gstart + us
+        self.h += host_dur
+
+    def sync(self):
+        end = max(self.h + 2.0, self.g + 2.0)
+        self._launch(self.h, "cudaStreamSynchronize", dur=end - self.h)
+        self.h = end
+
+    def host(self, name, us, annotation=False):
+        if annotation:
+            self._x("user_annotation", name, self.h, us)
+        else:
+            self.ext += 1
+            self._x("cpu_op", name, self.h, us, **{"External id": self.ext})
+        self.h += us
+
+    def graph(self, kernels: list[tuple[str, float]], host_us=10.0):
+        corr = self._launch(self.h + 1.0, "cudaGraphLaunch", dur=host_us - 2.0)
+        for name, us in kernels:
+            self._kernel(name, us, corr, self.h + 5.0)
+            self.g += 1.0
+        self.h += host_us
+
+    def write(self, path: Path) -> Path:
+        doc = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": 0, "name": H200, "computeMajor": 9, "numSms": 132}],
+            "traceEvents": self.ev,
+        }
+        if self.unprofiled_ms is not None:
+            doc["tracedx"] = {
+                "torch_version": "2.13.0",
+                "unprofiled_step_ms": {
+                    "median": self.unprofiled_ms,
+                    "min": self.unprofiled_ms * 0.98,
+                    "max": self.unprofiled_ms * 1.05,
+                    "n": 20,
+                },
+            }
+        path.write_text(json.dumps(doc))
+        return path
+
+
+def run(steps: int, body, unprofiled_ms=None) -> Steps:
+    s = Steps(unprofiled_ms)
+    for _ in range(steps):
+        s.begin()
+        body(s)
+        s.end()
+    return s
+
+
+# --- one hand-made pair per fix ----------------------------------------------------------------
+
+EW = "void at::native::vectorized_elementwise_kernel<4, at::native::{f}<float>, at::detail::Array<char*, 2> >(int, at::native::{f}<float>, at::detail::Array<char*, 2>)"
+FP32_GEMM = "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+TF32_GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+BF16_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+MM = [[4096, 4096], [4096, 4096]]
+
+
+def _small_ops(s, n=40, host=12.0, k=3.0):
+    for i in range(n):
+        s.op("aten::add_", host, EW.format(f="AddFunctor" if i % 2 else "MulFunctor"), k)
+
+
+def _chain(s):
+    for f in ("MulFunctor", "AddFunctor", "TanhFunctor", "MulFunctor", "AddFunctor") * 2:
+        s.op(f"aten::{f[:3].lower()}", 8.0, EW.format(f=f), 200.0, [[8192, 8192]], ["float"])
+
+
+def _attn_naive(s):
+    q, kt = [64, 1024, 64], [64, 64, 1024]
+    s.op(
+        "aten::bmm",
+        20,
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt",
+        300,
+        [q, kt],
+        ["c10::BFloat16"] * 2,
+    )
+    s.op("aten::_softmax", 10, "void at::native::softmax_warp_forward<c10::BFloat16>", 900,
+         [[4, 16, 1024, 1024], [], []], ["c10::BFloat16", "Scalar", "Scalar"])  # fmt: skip
+    s.op("aten::bmm", 20, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn", 300,
+         [[64, 1024, 1024], q], ["c10::BFloat16"] * 2)  # fmt: skip
+
+
+def _attn_fused(s):
+    q = [4, 16, 1024, 64]
+    s.op("aten::_scaled_dot_product_flash_attention", 30,
+         "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)",
+         250, [q, q, q], ["c10::BFloat16"] * 3)  # fmt: skip
+
+
+PAIRS = {
+    "cuda-graphs": (
+        lambda s: _small_ops(s),
+        lambda s: s.graph([(EW.format(f="AddFunctor"), 3.0)] * 40),
+        (0.60, 0.10),
+    ),
+    "torch-compile": (
+        _chain,
+        lambda s: s.op("aten::mul", 30.0, "triton_poi_fused_add_mul_tanh_0", 260.0),
+        (2.0, 0.26),
+    ),
+    "tf32": (
+        lambda s: [s.op("aten::mm", 15, FP32_GEMM, 2800, MM, ["float", "float"]) for _ in range(4)],
+        lambda s: [s.op("aten::mm", 15, TF32_GEMM, 380, MM, ["float", "float"]) for _ in range(4)],
+        (11.2, 1.5),
+    ),
+    "bf16-autocast": (
+        lambda s: [s.op("aten::mm", 15, FP32_GEMM, 2800, MM, ["float", "float"]) for _ in range(4)],
+        lambda s: [
+            s.op("aten::mm", 15, BF16_GEMM, 200, MM, ["c10::BFloat16", "c10::BFloat16"])
+            for _ in range(4)
+        ],
+        (11.2, 0.9),
+    ),
+    "remove-host-sync": (
+        lambda s: [
+            (s.op("aten::mul", 10, EW.format(f="MulFunctor"), 40), s.sync()) for _ in range(20)
+        ],
+        lambda s: [s.op("aten::mul", 10, EW.format(f="MulFunctor"), 40) for _ in range(20)],
+        (1.4, 0.85),
+    ),
+    "pinned-memory": (
+        lambda s: (
+            s.copy(64 * 2**20, 5000.0),
+            s.op("aten::mm", 10, FP32_GEMM, 2800, MM, ["float"] * 2),
+        ),
+        lambda s: (
+            s.copy(64 * 2**20, 1400.0, src="Pinned", blocking=False),
+            s.op("aten::mm", 10, FP32_GEMM, 2800, MM, ["float"] * 2),
+        ),
+        (18.5, 6.9),
+    ),
+    "dataloader-workers": (
+        lambda s: (
+            s.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5000, True),
+            s.op("aten::conv2d", 20, "sm90_xmma_fprop_implicit_gemm_f32f32", 600),
+        ),
+        lambda s: (
+            s.host("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 30, True),
+            s.op("aten::conv2d", 20, "sm90_xmma_fprop_implicit_gemm_f32f32", 600),
+        ),
+        (87.6, 3.9),
+    ),
+    "fused-attention": (_attn_naive, _attn_fused, (10.4, 0.66)),
+    "larger-batch": (
+        lambda s: [
+            s.op("aten::mm", 15, FP32_GEMM, 5, [[64, 1024], [1024, 1024]], ["float"] * 2)
+            for _ in range(8)
+        ],
+        lambda s: [
+            s.op("aten::mm", 15, FP32_GEMM, 7, [[128, 1024], [1024, 1024]], ["float"] * 2)
+            for _ in range(8)
+        ],
+        (0.2, 0.21),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    d = tmp_path_factory.mktemp("pairs")
+    out = {}
+    for fix, (before, after, (ub, ua)) in PAIRS.items():
+        out[fix] = (
+            run(5, before, ub).write(d / f"{fix}-before.json"),
+            run(5, after, ua).write(d / f"{fix}-after.json"),
+        )
+    return out
+
+
+def median_step_ms(trace) -> float:
+    """The median step time from the step table, recomputed here (busiest device)."""
+    w = step_windows(trace)
+    dev = w.group_by("device").agg(pl.col("gpu_busy_us").sum()).sort("gpu_busy_us")["device"][-1]
+    return float(w.filter(pl.col("device") == dev)["step_time_us"].median()) / 1e3
+
+
+@pytest.mark.parametrize("fix", list(PAIRS))
+def test_hand_made_pair_names_the_fix_and_checks_the_estimate(pairs, fix):
+    bp, ap = pairs[fix]
+    b, a = tracedx.load(bp), tracedx.load(ap)
+    td = tracedx.diff(b, a)
+    assert td.fix == fix, [(c.fix, c.score, c.evidence) for c in td.candidates]
+    assert td.fix_source == "inferred"
+    p = td.prediction
+    tb, ta = median_step_ms(b), median_step_ms(a)
+    assert p.before_step_ms == pytest.approx(tb)
+    assert p.after_step_ms == pytest.approx(ta)
+    ub, ua = PAIRS[fix][2]
+    scale = 2.0 if fix == "larger-batch" else 1.0
+    assert p.achieved_traced == pytest.approx(scale * tb / ta)
+    assert p.achieved_unprofiled == pytest.approx(scale * ub / ua)
+    f = next((f for f in td.before.findings if f.fix == fix), None)
+    if f is None:
+        assert p.estimated_speedup is None and p.verdict == "no estimate"
+        assert "has no" in p.explanation
+    else:
+        assert p.estimated_speedup == pytest.approx(f.estimated_speedup)
+        assert p.ratio_traced == pytest.approx(f.estimated_speedup / p.achieved_traced)
+        assert p.ratio_unprofiled == pytest.approx(f.estimated_speedup / p.achieved_unprofiled)
+        assert p.verdict in ("on target", "over-estimate", "under-estimate")
+        assert p.explanation and "\n" not in p.explanation
+    m = td.metrics.filter(pl.col("metric") == "step time").row(0, named=True)
+    assert (m["before"], m["after"]) == (pytest.approx(tb), pytest.approx(ta))
+    d = td.to_dict()
+    assert d["schema"] == "tracedx.diff/1" and d["fix"] == fix
+    json.dumps(d, allow_nan=False)
+
+
+def test_cuda_graph_pair_estimate_and_side_by_side(pairs):
+    td = tracedx.diff(*(tracedx.load(p) for p in pairs["cuda-graphs"]))
+    m = {r["metric"]: r for r in td.metrics.iter_rows(named=True)}
+    assert m["graph launches"]["before"] == 0 and m["graph launches"]["after"] == 1
+    assert m["kernels"]["before"] == m["kernels"]["after"] == 40
+    assert td.verdicts["regime"][0] == "overhead-bound"
+    assert td.prediction.finding is not None and td.prediction.finding.recommended
+
+
+def test_fused_kernels_show_as_vanished_and_appeared(pairs):
+    td = tracedx.diff(*(tracedx.load(p) for p in pairs["torch-compile"]))
+    kc = {r["kernel"]: r for r in td.kernel_changes.iter_rows(named=True)}
+    ew = kc["at::native::vectorized_elementwise_kernel"]
+    assert (ew["status"], ew["before_count"], ew["after_count"]) == ("vanished", 10, 0)
+    tri = kc["triton_poi_fused_add_mul_tanh"]
+    assert (tri["status"], tri["before_count"], tri["after_count"]) == ("appeared", 0, 1)
+    kinds = {r["kind"]: r for r in td.kind_changes.iter_rows(named=True)}
+    assert kinds["elementwise"]["change_us"] == pytest.approx(260.0 - 2000.0)
+    ops = td.op_changes
+    assert set(ops.columns) >= {"name", "before_us", "after_us", "change_us"}
+    assert abs(ops["change_us"][0]) == ops["change_us"].abs().max()
+
+
+def test_identical_traces_name_no_fix(pairs):
+    p = pairs["tf32"][0]
+    td = tracedx.diff(tracedx.load(p), tracedx.load(p))
+    assert td.fix == "unknown"
+    assert td.prediction.verdict == "unknown fix"
+    assert td.prediction.achieved_traced == pytest.approx(1.0)
+
+
+def test_fix_given_overrides_inference_and_diagnoses_accepted(pairs):
+    b, a = (tracedx.diagnose(tracedx.load(p)) for p in pairs["tf32"])
+    td = tracedx.diff(b, a, fix="bf16-autocast")
+    assert td.fix == "bf16-autocast" and td.fix_source == "given"
+    assert any("evidence points at tf32" in n for n in td.notes)
+    f = next(f for f in b.findings if f.fix == "bf16-autocast")
+    assert td.prediction.estimated_speedup == pytest.approx(f.estimated_speedup)
+
+
+def test_unknown_fix_id_is_a_trace_error(pairs):
+    b, a = pairs["tf32"]
+    with pytest.raises(tracedx.TraceError):
+        tracedx.diff(tracedx.load(b), tracedx.load(a), fix="go-faster")
+
+
+@pytest.mark.parametrize(
+    "name,norm",
+    [
+        (EW.format(f="AddFunctor"), "at::native::vectorized_elementwise_kernel"),
+        ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul"),
+        ("triton_red_fused__softmax_12", "triton_red_fused__softmax"),
+        (
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+            "cutlass_80_tensorop_s1688gemm_nn",
+        ),
+        ("volta_sgemm_128x64_nn", "volta_sgemm_nn"),
+        (
+            "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float)",
+            "at::native::anon::vectorized_layer_norm_kernel",
+        ),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+            "ncclKernel_AllReduce_RING_LL_Sum_float",
+        ),
+    ],
+)
+def test_normalize_kernel_name(name, norm):
+    assert normalize_kernel_name(name) == norm
+
+
+def test_gemm_precision_from_names():
+    assert gemm_precision(TF32_GEMM) == "tf32"
+    assert gemm_precision(FP32_GEMM) == "fp32"
+    assert gemm_precision(BF16_GEMM) == "half"
+    assert gemm_precision("cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4") == "tf32"
+    assert gemm_precision("ampere_sgemm_128x64_nn") == "fp32"
+    assert gemm_precision("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn") == "half"
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def test_cli_formats(pairs):
+    b, a = (str(p) for p in pairs["cuda-graphs"])
+    r = CliRunner().invoke(main, ["diff", b, a])
+    assert r.exit_code == 0, r.output
+    assert "APPLIED FIX: cuda-graphs (inferred)" in r.output
+    assert "SIDE BY SIDE" in r.output and "est/achieved" in r.output
+    r = CliRunner().invoke(main, ["diff", b, a, "--format", "json"])
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert d["schema"] == "tracedx.diff/1" and d["fix"] == "cuda-graphs"
+    assert d["prediction"]["achieved_speedup_unprofiled"] == pytest.approx(0.6 / 0.1)
+    r = CliRunner().invoke(main, ["diff", b, a, "--format", "md", "--fix", "torch-compile"])
+    assert r.exit_code == 0
+    assert "**Applied fix: `torch-compile`** (given)" in r.output
+
+
+def test_cli_bad_input_exits_2_with_one_line(pairs, tmp_path):
+    b, a = (str(p) for p in pairs["cuda-graphs"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    for args in (
+        ["diff", str(bad), a],
+        ["diff", b, str(tmp_path / "missing.json")],
+        ["diff", b, a, "--fix", "nope"],
+    ):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.strip().count("\n") == 0 and r.output.startswith("tracedx: error:")
+
+
+# --- public and real traces --------------------------------------------------------------------
+
+
+def test_hta_trace_diff_pair_runs():
+    c = PUBLIC / "hta" / "trace_diff__control__control.json.gz"
+    t = PUBLIC / "hta" / "trace_diff__test__test.json.gz"
+    if not (c.exists() and t.exists()):
+        pytest.skip("../shared/public_traces is not present")
+    td = tracedx.diff(tracedx.load(c), tracedx.load(t))
+    # the test run replays CUDA graphs; it also ran on another GPU, which the diff says
+    assert td.fix == "cuda-graphs"
+    assert any("V100" in n for n in td.notes)
+    assert td.prediction.before_step_ms == pytest.approx(median_step_ms(td.before.trace))
+
+
+def _sample_pairs() -> list[dict]:
+    p = SAMPLES / "pairs.json"
+    if not p.exists():
+        return []
+    return json.loads(p.read_text())
+
+
+@pytest.mark.parametrize("pair", _sample_pairs(), ids=lambda p: p["pair"])
+def test_sample_pair(pair):
+    b = tracedx.load(SAMPLES / pair["before"])
+    a = tracedx.load(SAMPLES / pair["after"])
+    td = tracedx.diff(b, a)
+    assert td.fix == pair["fix"], [(c.fix, c.score, c.evidence) for c in td.candidates]
+    p = td.prediction
+    tb, ta = median_step_ms(b), median_step_ms(a)
+    assert p.before_step_ms == pytest.approx(tb)
+    assert p.after_step_ms == pytest.approx(ta)
+    ub = b.metadata["tracedx"]["unprofiled_step_ms"]["median"]
+    ua = a.metadata["tracedx"]["unprofiled_step_ms"]["median"]
+    assert p.achieved_unprofiled == pytest.approx(ub / ua)
+    assert p.achieved_traced == pytest.approx(tb / ta)

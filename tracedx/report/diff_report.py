@@ -1,0 +1,292 @@
+"""Rendering a :class:`tracedx.analysis.diff.TraceDiff`: ``tracedx.diff/1`` JSON, text, markdown.
+
+Nothing here computes a number; every value comes from :func:`diff_dict`. Times are ms unless
+named ``_us``; per-step values are means over the analysed steps, step times are medians.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from tracedx.report.json import _clean
+from tracedx.report.text import short_name
+
+SCHEMA = "tracedx.diff/1"
+TOP = 8
+
+
+def _side(d) -> dict[str, Any]:
+    tr = d.trace
+    return {
+        "path": tr.path,
+        "device_name": tr.device_name,
+        "pytorch_version": tr.metadata.get("pytorch_version"),
+        "steps": d.steps,
+        "regime": d.regime,
+        "bottleneck": d.bottleneck,
+        "evidence": d.evidence,
+    }
+
+
+def diff_dict(td) -> dict[str, Any]:
+    """The ``tracedx.diff/1`` document as a dict (non-finite numbers become null)."""
+    doc = {
+        "schema": SCHEMA,
+        "before": _side(td.before),
+        "after": _side(td.after),
+        "fix": td.fix,
+        "fix_source": td.fix_source,
+        "candidates": [
+            {"fix": c.fix, "score": c.score, "evidence": c.evidence} for c in td.candidates
+        ],
+        "prediction": td.prediction.to_dict(),
+        "metrics": td.metrics.to_dicts(),
+        "verdicts": {k: {"before": v[0], "after": v[1]} for k, v in td.verdicts.items()},
+        "kind_changes": td.kind_changes.to_dicts(),
+        "op_changes": td.op_changes.head(20).to_dicts(),
+        "kernel_changes": td.kernel_changes.filter(
+            (td.kernel_changes["status"] != "changed") | (td.kernel_changes["change_us"].abs() > 0)
+        )
+        .head(30)
+        .to_dicts(),
+        "new_findings": [f.to_dict() for f in td.new_findings],
+        "notes": td.notes,
+    }
+    return _clean(doc)
+
+
+def render_json(td) -> str:
+    return json.dumps(diff_dict(td), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def _num(v, unit: str) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if unit.startswith("fraction"):
+        return f"{v:.0%}"
+    if unit.startswith("ms"):
+        return f"{v:.3f} ms"
+    if "MiB" in unit:
+        return f"{v:.1f} MiB" if abs(v) >= 1 or v == 0 else f"{v:.3g} MiB"
+    return f"{v:.1f}" if v != int(v) else f"{v:.0f}"
+
+
+def _chg(m: dict) -> str:
+    c, r, u = m["change"], m["ratio"], m["unit"]
+    if c is None:
+        return ""
+    if u.startswith("fraction"):
+        return f"{c * 100:+.0f} pts"
+    s = _num(abs(c), u)
+    s = ("+" if c >= 0 else "-") + s
+    if r is not None and m["before"] and r != 1:
+        s += f" ({r:.2f}x)"
+    return s
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _us(v) -> str:
+    return f"{v / 1e3:.3f} ms"
+
+
+def _prediction_lines(d: dict) -> list[str]:
+    p = d["prediction"]
+    out = []
+    src = "given with --fix" if d["fix_source"] == "given" else "inferred"
+    out.append(f"APPLIED FIX: {d['fix']} ({src})")
+    for c in d["candidates"][:3]:
+        out.append(f"  evidence     {c['fix']}: {c['evidence']}")
+    f = p["finding"]
+    if f:
+        rec = "" if f["recommended"] else "  [not recommended: < 5%]"
+        out.append(
+            f"  estimate     {_x(p['estimated_speedup'])} -> {p['estimated_step_ms']:.3f} ms per step "
+            f"(BEFORE's Amdahl estimate, f = {f['fraction']:.0%}){rec}"
+        )
+    else:
+        out.append("  estimate     none")
+    if p["achieved_speedup_traced"] is not None:
+        out.append(
+            f"  achieved     {_x(p['achieved_speedup_traced'])} traced "
+            f"({p['before_step_ms']:.3f} -> {p['after_step_ms']:.3f} ms, median step)"
+        )
+    if p["achieved_speedup_unprofiled"] is not None:
+        out.append(
+            f"  achieved     {_x(p['achieved_speedup_unprofiled'])} unprofiled "
+            f"({p['before_unprofiled_ms']:.3f} -> {p['after_unprofiled_ms']:.3f} ms, median step)"
+        )
+    rs = []
+    if p["estimate_over_achieved_traced"] is not None:
+        rs.append(f"{p['estimate_over_achieved_traced']:.2f} traced")
+    if p["estimate_over_achieved_unprofiled"] is not None:
+        rs.append(f"{p['estimate_over_achieved_unprofiled']:.2f} unprofiled")
+    if rs:
+        out.append("  est/achieved " + ", ".join(rs) + f"  -> {p['verdict']}")
+    out.append(f"  why          {p['explanation']}")
+    return out
+
+
+def render_text(td) -> str:
+    """The terminal report: the prediction check first, then the side-by-side tables."""
+    d = diff_dict(td)
+    b, a = d["before"], d["after"]
+    out = [f"tracedx diff · {b['path']} -> {a['path']}"]
+    dev = b["device_name"] or "unknown device"
+    if a["device_name"] and a["device_name"] != b["device_name"]:
+        dev += f" -> {a['device_name']}"
+    out.append(f"{dev} · {len(b['steps'])} steps -> {len(a['steps'])} steps")
+    out.append("")
+    out += _prediction_lines(d)
+    out.append("")
+    out.append(f"{'SIDE BY SIDE':<28} {'BEFORE':>14} {'AFTER':>14}  change")
+    for m in d["metrics"]:
+        if m["before"] in (None, 0) and m["after"] in (None, 0):
+            continue
+        label = f"{m['metric']} ({m['unit']})"
+        out.append(
+            f"  {label:<26} {_num(m['before'], m['unit']):>14} {_num(m['after'], m['unit']):>14}  {_chg(m)}"
+        )
+    for k, v in d["verdicts"].items():
+        same = "" if v["before"] != v["after"] else "  (same)"
+        out.append(f"  {k:<26} {v['before'] or 'n/a':>14} -> {v['after'] or 'n/a'}{same}")
+    kinds = [k for k in d["kind_changes"] if abs(k["change_us"]) > 0][:TOP]
+    if kinds:
+        out.append("")
+        out.append("DEVICE TIME BY KERNEL KIND (per step)")
+        for k in kinds:
+            out.append(
+                f"  {k['kind']:<14} {_us(k['before_us']):>11} -> {_us(k['after_us']):>11}  "
+                f"({'+' if k['change_us'] >= 0 else '-'}{_us(abs(k['change_us']))}; "
+                f"{k['before_count']:.0f} -> {k['after_count']:.0f} kernels)"
+            )
+    ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
+    if ops:
+        out.append("")
+        out.append("OPS WHOSE DEVICE TIME CHANGED MOST (per step)")
+        for o in ops:
+            out.append(
+                f"  {short_name(o['name'], 36):<36} {_us(o['before_us']):>11} -> {_us(o['after_us']):>11}  "
+                f"({'+' if o['change_us'] >= 0 else '-'}{_us(abs(o['change_us']))})"
+            )
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"]
+    if kc:
+        out.append("")
+        out.append("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+        for k in kc[:TOP]:
+            sign = "+" if k["status"] == "appeared" else "-"
+            out.append(
+                f"  {sign} {short_name(k['kernel'], 50):<50} {k['kind']:<13} "
+                f"{k['before_count']:>5.0f} -> {k['after_count']:<5.0f} {_us(k['after_us'] if sign == '+' else k['before_us']):>11}"
+            )
+        if len(kc) > TOP:
+            out.append(f"  ... {len(kc) - TOP} more (see --format json)")
+    out.append("")
+    out.append(f"AFTER: {(a['regime'] or 'no regime').upper()}, bottleneck: {a['bottleneck']}")
+    for e in a["evidence"][:3]:
+        out.append(f"  - {e}")
+    nf = d["new_findings"]
+    if nf:
+        out.append("  next fixes (Amdahl estimate against AFTER's traced step):")
+        for i, f in enumerate(nf[:3], 1):
+            out.append(
+                f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms  {f['title']}"
+            )
+    else:
+        out.append("  no further fix worth 5% or more")
+    if d["notes"]:
+        out.append("")
+        out.append("NOTES")
+        out += [f"  - {n}" for n in d["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def _esc(s: str) -> str:
+    """Plain markdown text: table pipes and HTML-like tags escaped."""
+    return str(s).replace("|", "\\|").replace("<", "&lt;")
+
+
+def _code(s: str) -> str:
+    """An inline code span (no HTML escaping inside; pipes escaped for tables)."""
+    return "`" + str(s).replace("`", "'").replace("|", "\\|") + "`"
+
+
+def render_markdown(td) -> str:
+    """Markdown for PRs and issues: the prediction check, then the side-by-side tables."""
+    d = diff_dict(td)
+    b, a = d["before"], d["after"]
+    p = d["prediction"]
+    out = [f"# tracedx diff: {_code(b['path'])} -> {_code(a['path'])}", ""]
+    src = "given" if d["fix_source"] == "given" else "inferred"
+    out.append(f"**Applied fix: `{d['fix']}`** ({src})")
+    out.append("")
+    out += [f"- {_esc(c['fix'])}: {_esc(c['evidence'])}" for c in d["candidates"][:3]]
+    out += ["", "| estimate | achieved (traced) | achieved (unprofiled) | est/achieved | verdict |"]
+    out.append("|---|---|---|---|---|")
+    rat = ", ".join(
+        f"{v:.2f} {k}"
+        for k, v in (
+            ("traced", p["estimate_over_achieved_traced"]),
+            ("unprofiled", p["estimate_over_achieved_unprofiled"]),
+        )
+        if v is not None
+    )
+    out.append(
+        f"| {_x(p['estimated_speedup'])} | {_x(p['achieved_speedup_traced'])} | "
+        f"{_x(p['achieved_speedup_unprofiled'])} | {rat or 'n/a'} | {p['verdict']} |"
+    )
+    out += ["", f"Why: {_esc(p['explanation'])}", ""]
+    out += ["## Side by side", "", "| metric | before | after | change |", "|---|---|---|---|"]
+    for m in d["metrics"]:
+        if m["before"] in (None, 0) and m["after"] in (None, 0):
+            continue
+        out.append(
+            f"| {m['metric']} ({m['unit']}) | {_num(m['before'], m['unit'])} | "
+            f"{_num(m['after'], m['unit'])} | {_chg(m)} |"
+        )
+    for k, v in d["verdicts"].items():
+        out.append(f"| {k} | {v['before'] or 'n/a'} | {v['after'] or 'n/a'} | |")
+    ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
+    if ops:
+        out += ["", "## Ops whose device time changed most (per step)", ""]
+        out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
+        for o in ops:
+            out.append(
+                f"| {_code(o['name'][:60])} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
+                f"{o['change_us'] / 1e3:+.3f} |"
+            )
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
+    if kc:
+        out += ["", "## Kernels that appeared or vanished (per step)", ""]
+        out += ["| kernel | kind | status | count | device ms |", "|---|---|---|---|---|"]
+        for k in kc:
+            us = k["after_us"] if k["status"] == "appeared" else k["before_us"]
+            out.append(
+                f"| {_code(k['kernel'][:60])} | {k['kind']} | {k['status']} | "
+                f"{k['before_count']:.0f} -> {k['after_count']:.0f} | {us / 1e3:.3f} |"
+            )
+    out += ["", f"## After: {(a['regime'] or 'no regime')}, bottleneck {a['bottleneck']}", ""]
+    for f in d["new_findings"][:3]:
+        out.append(
+            f"- `{f['fix']}`: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms ({_esc(f['title'])})"
+        )
+    if not d["new_findings"]:
+        out.append("- no further fix worth 5% or more")
+    if d["notes"]:
+        out += ["", "## Notes", ""] + [f"- {_esc(n)}" for n in d["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def render(td, fmt: str = "text") -> str:
+    """Render a TraceDiff as ``text``, ``json`` or ``md``. Raises ValueError for another format."""
+    if fmt == "text":
+        return render_text(td)
+    if fmt == "json":
+        return render_json(td)
+    if fmt == "md":
+        return render_markdown(td)
+    raise ValueError(f"unknown format {fmt!r}")
