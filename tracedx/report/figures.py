@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from typing import Any
 
 import plotly.graph_objects as go
@@ -85,11 +86,12 @@ def esc(s: Any) -> str:
 
 
 def hover_name(name: Any, width: int = 100) -> str:
-    """The full name for a hover label: escaped, wrapped every ``width`` characters with <br>."""
+    """The full name for a hover label: escaped, wrapped at spaces to ``width`` characters."""
     s = "" if name is None else str(name)
     if len(s) > HOVER_NAME_CHARS:
         s = s[: HOVER_NAME_CHARS - 1] + "…"
-    return "<br>".join(esc(s[i : i + width]) for i in range(0, max(len(s), 1), width))
+    lines = textwrap.wrap(s, width, break_on_hyphens=False, drop_whitespace=False) or [""]
+    return "<br>".join(esc(x) for x in lines)
 
 
 def fmt_shapes(shapes: Any) -> str:
