@@ -117,8 +117,8 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
         height=height,
         font=FONT,
         template="plotly_white",
-        margin={"l": 70, "r": 30, "t": 60, "b": 50},
-        legend={"orientation": "h", "y": -0.12, "x": 0},
+        margin={"l": 70, "r": 30, "t": 60, "b": 40},
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0},
         hoverlabel={"align": "left"},
     )
     return fig
@@ -451,10 +451,14 @@ def _bars(fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str) -
     )
 
 
-def _shade_gaps(fig: go.Figure, g: pl.DataFrame, span_us: float, most: int = 12) -> None:
-    """Shade the largest idle gaps (>= 1% of the step) across all rows, labelled by cause."""
+def _shade_gaps(
+    fig: go.Figure, g: pl.DataFrame, span_us: float, most: int = 12, labelled: int = 4
+) -> None:
+    """Shade the largest idle gaps (>= 1% of the step) across all rows; the ``labelled``
+    largest of those (>= 5% of the step) carry their cause as a label."""
     big = g.filter(pl.col("duration_us") >= 0.01 * span_us).sort("duration_us", descending=True)
-    for r in big.head(most).iter_rows(named=True):
+    for i, r in enumerate(big.head(most).iter_rows(named=True)):
+        label = i < labelled and r["duration_us"] >= 0.05 * span_us
         fig.add_vrect(
             x0=r["s_ms"],
             x1=r["s_ms"] + r["d_ms"],
@@ -462,8 +466,8 @@ def _shade_gaps(fig: go.Figure, g: pl.DataFrame, span_us: float, most: int = 12)
             opacity=0.18,
             line_width=0,
             layer="below",
-            annotation_text=esc(r["cause"]),
-            annotation_position="top left",
+            annotation_text=f"idle: {esc(r['cause'])}" if label else None,
+            annotation_position="inside top left",
             annotation_font_size=10,
         )
 
