@@ -14,6 +14,7 @@ blocks run (by nonce) and fetch nothing, so a crafted kernel name cannot run scr
 from __future__ import annotations
 
 import html
+import math
 import secrets
 from pathlib import Path
 from typing import Any
@@ -176,17 +177,17 @@ def _cell(col: str, v: Any) -> tuple[str, str]:
         return f"<span title='{e(s)}'>{e(short_name(s, 30))}</span>", e(s)
     if col in ("kernel_kind", "regime"):
         return e(v or ""), e(v or "")
-    scale, fmt = {
-        "device_time_us": (1e-3, ".3f"),
-        "flops": (1e-9, ".3g"),
-        "bytes": (1e-6, ".3g"),
-        "bound_fraction": (100, ".0f"),
-    }.get(col, (1, ".3g"))
-    if v is None:
+    # display unit: device ms, GFLOP, MB, percent of the roofline bound; others as they are
+    scale, fmt, unit = {
+        "device_time_us": (1e-3, ".3f", ""),
+        "flops": (1e-9, ".3g", ""),
+        "bytes": (1e-6, ".3g", ""),
+        "bound_fraction": (100, ".0f", "%"),
+    }.get(col, (1, ".3g", ""))
+    if v is None or not math.isfinite(v):
         return "–", ""
-    x = v * scale
-    shown = num(x, fmt, "–") + ("%" if col == "bound_fraction" and num(x) != "n/a" else "")
-    return shown, repr(float(x))
+    x = float(v) * scale
+    return format(x, fmt) + unit, repr(x)
 
 
 def _op_table(diag) -> str:
