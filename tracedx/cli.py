@@ -1,10 +1,12 @@
 """The `tracedx` command line: thin click commands over the library.
 
-Exit codes: 0 success; 2 unusable input (one line on stderr, never a traceback).
+Exit codes: 0 success; 2 unusable input (one line on stderr, never a traceback); 1 an
+internal error (a tracedx bug: one line on stderr; ``TRACEDX_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -25,6 +27,19 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("tracedx: interrupted", err=True)
             ctx.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # a bug in tracedx: still one line, never a traceback
+            if os.environ.get("TRACEDX_DEBUG"):
+                raise
+            msg = " ".join(str(e).split())
+            msg = msg if len(msg) <= 300 else msg[:299] + "…"
+            click.echo(
+                f"tracedx: internal error: {type(e).__name__}: {msg} (a tracedx bug; please "
+                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)",
+                err=True,
+            )
+            ctx.exit(1)
 
 
 @click.group(cls=_Group)
