@@ -243,28 +243,34 @@ def report(
     trace_path, out_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair
 ):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
-    import contextlib
-
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
     from tracedx.report.html import write_html
     from tracedx.trace import load
 
-    busy = contextlib.nullcontext()
+    status = None  # a spinner on stderr, only on a terminal
     if sys.stderr.isatty():
         from rich.console import Console
 
-        busy = Console(stderr=True).status(f"reading {trace_path}")
-    with busy:
+        status = Console(stderr=True).status(f"reading {trace_path}")
+        status.start()
+    try:
         trace = load(trace_path, repair=repair)
-    diag = run_diagnosis(
-        trace,
-        device=device_name,
-        peak_tflops=peak_tflops,
-        bandwidth_gbs=bandwidth_gbs,
-        calibration=calibration,
-        steps=steps,
-    )
-    write_html(diag, out_path)
+        if status:
+            status.update("diagnosing")
+        diag = run_diagnosis(
+            trace,
+            device=device_name,
+            peak_tflops=peak_tflops,
+            bandwidth_gbs=bandwidth_gbs,
+            calibration=calibration,
+            steps=steps,
+        )
+        if status:
+            status.update(f"writing {out_path}")
+        write_html(diag, out_path)
+    finally:
+        if status:
+            status.stop()
     click.echo(out_path)
 
 
