@@ -1,12 +1,15 @@
 """Batch-1 decode of a GPT-2-medium-shaped decoder (random weights, bf16): eager vs CUDA graph.
 
     python capture/decode.py                 # eager, KV cache grown with torch.cat per token
+    python capture/decode.py --static-cache  # eager, preallocated KV cache (no graph)
     python capture/decode.py --cuda-graph    # static KV cache, one CUDA graph per token (fix)
 
 24 layers, d_model 1024, 16 heads, MLP 4096, vocabulary 50257 (GPT-2 medium's shapes, random
 weights: nothing is downloaded). A 16-token prompt is run first (setup), then one token per
 step, greedy, marked with ``tracedx.step()``. GUIDE.md section 4: 20.0 ms eager, 1.63 ms with
-a CUDA graph and a static KV cache.
+a CUDA graph and a static KV cache. On PyTorch 2.11 / H200 the eager loop's attention goes to
+cuDNN, which plans again for every new KV length (a host cost per token); ``--static-cache``
+keeps the shapes fixed, so only the launches are left for the graph to remove.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens run before the steps")
+    p.add_argument("--static-cache", action="store_true", help="eager with a static KV cache")
     p.add_argument("--cuda-graph", action="store_true", help="static cache + CUDA graph (fix)")
     args = p.parse_args()
     device, small = setup(args)
@@ -93,7 +97,7 @@ def main() -> None:
     prompt = torch.randint(0, vocab, (1, args.prompt), device=device)
 
     with torch.inference_mode():
-        if not args.cuda_graph:
+        if not (args.cuda_graph or args.static_cache):
             caches = [[] for _ in model.blocks]
 
             def run(ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -110,7 +114,7 @@ def main() -> None:
                 pos += 1
                 step_marker()
         else:
-            if device.type != "cuda":
+            if args.cuda_graph and device.type != "cuda":
                 p.error("--cuda-graph needs a CUDA device")
             hd = d // heads
             k_caches = [
@@ -132,6 +136,12 @@ def main() -> None:
             for i in range(args.prompt):  # prompt, one token at a time into the static cache
                 tok.copy_(prompt[:, i : i + 1])
                 one_token()
+            if not args.cuda_graph:
+                for _ in range(args.steps):
+                    one_token()
+                    step_marker()
+                done("decode", args.steps, device, layers=layers, static_cache=True)
+                return
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):

@@ -1,11 +1,14 @@
 """ResNet-18-shaped training step, batch 128, 96x96: fp32 vs bf16 autocast + channels_last.
 
-    python capture/resnet_train.py                           # fp32 (TF32 off), NCHW
+    python capture/resnet_train.py                           # fp32, PyTorch's defaults
     python capture/resnet_train.py --bf16 --channels-last    # the "fix" that is worth nothing
+    python capture/resnet_train.py --no-tf32                 # strict fp32 (cuDNN TF32 off)
 
 Steps are marked by ``optimizer.step()`` (SGD with momentum). GUIDE.md section 2: the GPU was
 busy only 27% of the step, so bf16 + channels_last made it slower (15.9 -> 16.3 ms): the step
-is overhead-bound, and an estimate must say the fix is worth nothing.
+is overhead-bound, and an estimate must say the fix is worth nothing. PyTorch's defaults let
+cuDNN run fp32 convolutions in TF32; ``--no-tf32`` turns that off, which makes the fp32 step
+GPU-bound and the bf16 fix worth something.
 """
 
 from __future__ import annotations
@@ -65,11 +68,12 @@ def main() -> None:
     p.add_argument("--size", type=int, default=96, help="input images are size x size")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    p.add_argument("--no-tf32", action="store_true", help="strict fp32: cuDNN TF32 off")
     args = p.parse_args()
     device, small = setup(args)
     batch, size, width = (8, 32, 16) if small else (args.batch, args.size, 64)
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 here
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False  # PyTorch's default is True for convolutions
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = ResNet18(width=width).to(device=device, memory_format=fmt)
@@ -90,6 +94,7 @@ def main() -> None:
         size=size,
         bf16=args.bf16,
         channels_last=args.channels_last,
+        no_tf32=args.no_tf32,
     )
 
 

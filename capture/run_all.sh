@@ -65,6 +65,7 @@ cap matmul-tf32              1 1 1 5 20 -- capture/matmul.py --dtype fp32 --n 40
 cap mlp_train-eager          1 2 1 5 50 -- capture/mlp_train.py --steps 60
 cap mlp_train-cudagraph      1 2 1 5 50 --marker explicit -- capture/mlp_train.py --cuda-graph --steps 60
 cap decode-eager             1 2 1 4 20 -- capture/decode.py --steps 30
+cap decode-static            1 2 1 4 20 -- capture/decode.py --static-cache --steps 30
 cap decode-cudagraph         1 2 1 4 20 -- capture/decode.py --cuda-graph --steps 30
 cap add_loop-eager           1 2 1 4 20 -- capture/add_loop.py --steps 30
 cap add_loop-cudagraph       1 2 1 4 20 -- capture/add_loop.py --cuda-graph --steps 30
@@ -78,6 +79,7 @@ cap item_loop-sync           2 2 1 3 10 -- capture/item_loop.py --steps 15
 cap item_loop-nosync         2 2 1 3 10 -- capture/item_loop.py --no-sync --steps 15
 cap resnet_train-fp32        2 3 1 4 20 -- capture/resnet_train.py --steps 25
 cap resnet_train-bf16-cl     2 3 1 4 20 -- capture/resnet_train.py --bf16 --channels-last --steps 25
+cap resnet_train-notf32      2 3 1 4 20 -- capture/resnet_train.py --no-tf32 --steps 25
 cap mlp_large-fp32           2 2 1 3 10 -- capture/mlp_train.py --width 8192 --batch 2048 --steps 14
 cap mlp_large-bf16           2 2 1 3 10 -- capture/mlp_train.py --width 8192 --batch 2048 --bf16 --steps 14
 cap convnet_dataloader-main  2 2 1 3 10 -- capture/convnet_dataloader.py --steps 14
