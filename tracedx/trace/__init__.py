@@ -257,9 +257,24 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             t = t.with_columns(step=pl.lit(0, pl.Int64)) if steps.height else t
         return t
 
-    kernels, memcpys, memsets, syncs = (
-        gpu(t) for t in (raw.kernels, raw.memcpys, raw.memsets, raw.syncs)
-    )
+    # Exact duplicates (a merged or re-exported trace) are one event: they would otherwise
+    # count twice in kernel counts and device time by kind.
+    n_gpu_dup = 0
+    deduped = []
+    for t in (raw.kernels, raw.memcpys, raw.memsets):
+        u = t.unique(subset=_GPU_DUP_KEY, keep="first", maintain_order=True)
+        n_gpu_dup += t.height - u.height
+        deduped.append(u)
+    kernels, memcpys, memsets, syncs = (gpu(t) for t in (*deduped, raw.syncs))
+    if n_gpu_dup:
+        warnings.append(
+            DataWarning(
+                "duplicate_gpu_event",
+                n_gpu_dup,
+                f"{n_gpu_dup} GPU events are exact duplicates of another (same device, stream, "
+                "start, duration, name and correlation): each is counted once",
+            )
+        )
     warnings += _quality(kernels, memcpys, memsets, launches)
     meta = _metadata(doc, str(p), repairs)
     meta["process_names"] = {str(k): v for k, v in raw.process_names.items()}
@@ -279,6 +294,9 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
         metadata=meta,
         warnings=warnings,
     )
+
+
+_GPU_DUP_KEY = ["device", "stream", "start_us", "duration_us", "name", "correlation"]
 
 
 def _quality(
@@ -335,20 +353,6 @@ def _quality(
                 "launch_without_gpu",
                 orphan,
                 f"{orphan} kernel launches have no GPU event in the trace (the trace ended before they ran, or CUPTI dropped them)",
-            )
-        )
-    dup = (
-        gpu.height
-        - gpu.unique(
-            subset=["device", "stream", "start_us", "duration_us", "name", "correlation"]
-        ).height
-    )
-    if dup:
-        out.append(
-            DataWarning(
-                "duplicate_gpu_event",
-                dup,
-                f"{dup} GPU events are exact duplicates (busy time is a union, so they count once)",
             )
         )
     zero = gpu.filter(pl.col("duration_us") == 0).height
