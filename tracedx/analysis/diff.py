@@ -463,10 +463,11 @@ def infer_fix(before: Diagnosis, after: Diagnosis) -> list[FixEvidence]:
             )
         )
     if sa.sync_calls >= 1 and sb.sync_calls <= 0.5 * sa.sync_calls:
+        # a sync that blocked under 2% of the step is a by-product of another fix
         out.append(
             FixEvidence(
                 "remove-host-sync",
-                0.8,
+                0.8 if sa.sync_us - sb.sync_us >= 0.02 * T else 0.3,
                 f"sync calls fell {_per(sa.sync_calls)} -> {_per(sb.sync_calls)} per step "
                 f"(host blocked {_ms(sa.sync_us)} -> {_ms(sb.sync_us)})",
             )
@@ -833,6 +834,11 @@ def _explain(
             f"the speedup is {ach_u:.2f}x: the profiler's overhead differs between the two "
             f"programs{infl}"
         )
+    if r_u is not None and (r_t > 1) != (r_u > 1):
+        return verdict, (
+            f"traced and unprofiled disagree: the traced step changed {ach:.2f}x, the unprofiled "
+            f"one {ach_u:.2f}x, so the profiler's overhead differs between the two programs{infl}"
+        )
     profiler = ""
     if ach_u is not None and not (1 / ON_TARGET <= ach_u / ach <= ON_TARGET):
         profiler = f"; unprofiled the speedup is {ach_u:.2f}x against {ach:.2f}x traced{infl}"
@@ -893,10 +899,31 @@ def _explain(
         g0, g1 = sum(sa.gemm_us.values()), sum(sb.gemm_us.values())
         if g1 > 0:
             why += f"; GEMM device time fell {g0 / g1:.1f}x"
+    elif fix == "fused-attention":
+        att = after.op_table
+        if "family" in att.columns and "bound_fraction" in att.columns:
+            att = att.filter(pl.col("family") == "attention").sort(
+                "device_time_us", descending=True
+            )
+            if att.height and att["bound_fraction"][0] is not None:
+                why += (
+                    f"; the fused kernel ran at {att['bound_fraction'][0]:.0%} of its roof "
+                    f"({fx.FUSED_ATTENTION_EFFICIENCY:.0%} assumed)"
+                )
     elif fix == "torch-compile":
         why += f"; kernels per step {_per(sa.kernels)} -> {_per(sb.kernels)}"
     elif fix == "dataloader-workers":
         why += f"; DataLoader {_ms(sa.dataloader_us)} -> {_ms(sb.dataloader_us)} per step"
+    region = finding.fraction * ma.mean_step_us
+    if fix in ("tf32", "bf16-autocast", "fused-attention", "torch-compile") and ga >= ha:
+        s = finding.local_speedup
+        new_region = 0.0 if math.isinf(s) else region / s
+        why += (
+            f"; the estimate expected {_ms(region)} of device work to become {_ms(new_region)} "
+            f"and {_ms(max(ga - region, 0.0))} outside it to stay, and AFTER's GPU time is {_ms(gb)}"
+        )
+        if fix == "fused-attention" and sb.attention_us:
+            why += f" ({_ms(sb.attention_us)} of it in attention kernels)"
     return verdict, why + profiler
 
 
