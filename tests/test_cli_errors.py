@@ -1,0 +1,153 @@
+"""Issue 7: every unusable input -> exit 2 and ONE line on stderr saying what and where.
+
+The inputs are the small files in ``tests/data/bad/`` (see the README there), plus a missing
+path and a directory. Each is run twice: in-process through click's CliRunner, and as a real
+``python -m tracedx.cli`` subprocess (what a user sees, traceback included if one escaped).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracedx.cli import main
+
+BAD = Path(__file__).resolve().parent / "data" / "bad"
+
+
+def _offset(name: str, token: bytes) -> int:
+    return (BAD / name).read_bytes().index(token)
+
+
+# (path, words the message must hold: what is wrong and where)
+def cases() -> list[tuple[str, Path, list[str]]]:
+    return [
+        ("missing", BAD / "does_not_exist.json", ["no such file"]),
+        ("directory", BAD, ["directory"]),
+        ("empty", BAD / "empty.json", ["empty", "0 bytes"]),
+        ("not-json", BAD / "not_json.json", ["not valid JSON", "line 1, column 1", "byte 0"]),
+        # the file is 90 bytes, cut inside the first event
+        ("truncated", BAD / "truncated.json", ["truncated", "90 bytes"]),
+        ("cut-gzip", BAD / "cut.json.gz", ["truncated gzip"]),
+        ("no-traceEvents", BAD / "no_trace_events.json", ["traceEvents"]),
+        (
+            "non-utf8",
+            BAD / "non_utf8.json",
+            ["UTF-8", "0xFF", f"byte {_offset('non_utf8.json', bytes([0xFF]))}", "line 2"],
+        ),
+        ("nan", BAD / "nan.json", ["NaN", f"byte {_offset('nan.json', b'NaN')}", "line 2"]),
+        (
+            "infinity",
+            BAD / "infinity.json",
+            ["Infinity", f"byte {_offset('infinity.json', b'Infinity')}", "line 2"],
+        ),
+        ("top-level-number", BAD / "number.json", ["chrome trace", "int"]),
+        ("top-level-string", BAD / "string.json", ["chrome trace", "str"]),
+    ]
+
+
+CASES = cases()
+IDS = [c[0] for c in CASES]
+
+
+def check_one_line(stderr: str, path: Path, words: list[str]) -> None:
+    assert "Traceback" not in stderr
+    lines = stderr.strip("\n").split("\n")
+    assert len(lines) == 1, stderr
+    line = lines[0]
+    assert line.startswith("tracedx: error: "), line
+    assert str(path) in line, line  # names the file
+    for w in words:
+        assert w in line, (w, line)
+
+
+@pytest.mark.parametrize("name,path,words", CASES, ids=IDS)
+def test_bad_input_in_process(name, path, words):
+    r = CliRunner().invoke(main, ["diagnose", str(path)])
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 2, (r.exception, r.output)
+    assert r.stdout == ""  # no partial report
+    check_one_line(r.stderr, path, words)
+
+
+@pytest.mark.parametrize("name,path,words", CASES, ids=IDS)
+def test_bad_input_subprocess(name, path, words):
+    r = subprocess.run(
+        [sys.executable, "-m", "tracedx.cli", "diagnose", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    check_one_line(r.stderr, path, words)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "md"])
+def test_format_does_not_change_the_error(fmt):
+    p = BAD / "nan.json"
+    r = CliRunner().invoke(main, ["diagnose", str(p), "--format", fmt])
+    assert r.exit_code == 2 and r.stdout == ""
+    check_one_line(r.stderr, p, ["NaN"])
+
+
+@pytest.mark.parametrize("name,path,words", CASES, ids=IDS)
+def test_bad_input_with_repair_answers_or_exits_2(name, path, words):
+    """Salvage mode may recover a trace (exit 0, repairs listed) or still refuse (exit 2)."""
+    r = CliRunner().invoke(main, ["diagnose", "--repair", str(path)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code in (0, 2), r.stderr
+    assert "Traceback" not in r.output + r.stderr
+    if r.exit_code == 2:
+        assert len(r.stderr.strip().split("\n")) == 1 and r.stderr.startswith("tracedx: error:")
+    else:
+        assert "repaired" in r.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="source._salvage_events raises 'nothing to salvage: ...' without the file name "
+    "(tracedx/trace/source.py, parser owner)",
+)
+def test_repair_refusal_names_the_file():
+    p = BAD / "not_json.json"
+    r = CliRunner().invoke(main, ["diagnose", "--repair", str(p)])
+    assert r.exit_code == 2
+    check_one_line(r.stderr, p, [])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a UTF-8 byte-order mark (Notepad, PowerShell Out-File) is refused as 'not valid JSON "
+    "at byte 0' with the invisible BOM in the snippet (tracedx/trace/source.py, parser owner)",
+)
+def test_utf8_bom_is_accepted_or_named(tmp_path):
+    p = tmp_path / "bom.json"
+    body = (BAD.parent / "tiny.json").read_bytes()
+    p.write_bytes(b"\xef\xbb\xbf" + body)
+    r = CliRunner().invoke(main, ["diagnose", str(p)])
+    assert r.exit_code == 0 or "BOM" in r.stderr or "byte-order" in r.stderr, r.stderr
+
+
+def test_valid_tiny_trace_exits_0():
+    """The control: the same kernel as the bad files, written correctly."""
+    p = BAD.parent / "tiny.json"
+    r = CliRunner().invoke(main, ["diagnose", str(p)])
+    assert r.exit_code == 0, r.stderr
+    # one 40 us kernel, no ProfilerStep: one synthetic step of 40 us, busy 100 %
+    assert "no ProfilerStep markers" in r.stdout
+    assert "GPU busy       0.040 ms" in r.stdout
+
+
+def test_bad_option_is_a_usage_error_not_a_traceback():
+    r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json"), "--steps", "x..y"])
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().split("\n")) == 1
+
+
+def test_steps_outside_the_trace_exit_2():
+    r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json"), "--steps", "5..9"])
+    assert r.exit_code == 2 and "no such steps" in r.stderr
