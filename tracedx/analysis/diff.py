@@ -767,26 +767,35 @@ def _find(d: Diagnosis, fix: str) -> fx.Finding | None:
 
 
 def _no_finding_reason(fix: str, sa: Signals, before: Diagnosis) -> str:
+    """What BEFORE shows for a fix its diagnosis gave no finding for (numbers per step)."""
     m = before.model
-    if fix == "cuda-graphs" and sa.graph_launches >= 1:
-        return "BEFORE already replays CUDA graphs"
-    if fix == "remove-host-sync" and (m is None or m.sync_us <= 0):
-        return "BEFORE shows no host sync"
+    if fix == "cuda-graphs":
+        if sa.graph_launches >= 1:
+            return "BEFORE already replays CUDA graphs"
+        return f"BEFORE launches {_per(sa.kernels)} kernels per step"
+    if fix == "remove-host-sync":
+        return f"BEFORE makes {_per(sa.sync_calls)} sync calls per step, blocked {_ms(sa.sync_us)}"
     if fix == "dataloader-workers" and m is not None:
         return (
             f"BEFORE spends {_ms(m.dataloader_us)} per step in the DataLoader "
             f"(the rule needs > 5% of the {_ms(m.mean_step_us)} step)"
         )
     if fix == "pinned-memory":
-        return f"BEFORE has {sa.pageable_bytes / 2**20:.1f} MiB of pageable copies per step"
+        return f"BEFORE copies {sa.pageable_bytes / 2**20:.1f} MiB from pageable memory per step"
     if fix in ("tf32", "bf16-autocast"):
-        return "BEFORE's FLOP models found no fp32 GEMM/conv time for this fix to speed up"
+        parts = ", ".join(f"{k} {_ms(v)}" for k, v in sorted(sa.gemm_op_us.items()) if v)
+        return f"BEFORE's GEMM/conv op time per step by precision: {parts or 'none'}"
     if fix == "fused-attention":
-        return "BEFORE's op table shows no softmax over a materialized score matrix"
+        return f"BEFORE's softmax over square score matrices takes {_ms(sa.square_softmax_us)} per step"
     if fix == "torch-compile":
-        return "BEFORE has no chain of >= 2 back-to-back fusable kernels"
+        return (
+            f"BEFORE runs {_per(sa.eager_fusable_kernels)} eager elementwise/reduction/normalization "
+            f"kernels per step ({_ms(sa.eager_fusable_us)})"
+        )
     if fix == "larger-batch":
-        return "BEFORE's GPU is idle under half of the step"
+        w = _win(before)
+        idle = _med(w, "idle_fraction")
+        return f"BEFORE's GPU is idle {idle or 0:.0%} of the step (the rule needs >= 50%)"
     return "its rule found nothing to act on"
 
 
@@ -957,9 +966,9 @@ def _prediction(
         )
     elif f is None:
         verdict = "no estimate"
-        why = f"BEFORE's diagnosis has no {fix} finding: {_no_finding_reason(fix, sa, before)}"
+        why = f"BEFORE's diagnosis has no {fix} finding; {_no_finding_reason(fix, sa, before)}"
         if ach:
-            why += f"; achieved {ach:.2f}x"
+            why += f"; achieved {ach:.2f}x traced" + (f", {ach_u:.2f}x unprofiled" if ach_u else "")
     elif not ach:
         verdict, why = "no estimate", "no step time to compare"
     else:

@@ -143,17 +143,17 @@ def render_text(td) -> str:
     out.append("")
     out += _prediction_lines(d)
     out.append("")
-    out.append(f"{'SIDE BY SIDE':<28} {'BEFORE':>14} {'AFTER':>14}  change")
+    out.append(f"{'SIDE BY SIDE':<32} {'BEFORE':>12} {'AFTER':>12}  change")
     for m in d["metrics"]:
         if m["before"] in (None, 0) and m["after"] in (None, 0):
             continue
         label = f"{m['metric']} ({m['unit']})"
         out.append(
-            f"  {label:<26} {_num(m['before'], m['unit']):>14} {_num(m['after'], m['unit']):>14}  {_chg(m)}"
+            f"  {label:<30} {_num(m['before'], m['unit']):>12} {_num(m['after'], m['unit']):>12}  {_chg(m)}"
         )
     for k, v in d["verdicts"].items():
         same = "" if v["before"] != v["after"] else "  (same)"
-        out.append(f"  {k:<26} {v['before'] or 'n/a':>14} -> {v['after'] or 'n/a'}{same}")
+        out.append(f"  {k:<30} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
     kinds = [k for k in d["kind_changes"] if abs(k["change_us"]) > 0][:TOP]
     if kinds:
         out.append("")
