@@ -607,8 +607,12 @@ def capture_script(
     them; Python stacks with ``with_stack``). ``schedule`` gives the wait/warm-up/active steps
     (default 1/1/5). With ``time_unprofiled=K`` the script first runs once without the profiler
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
-    after ``wait + warmup`` warm-up steps; seeds, chapter 10); the median/min/max go into the
-    trace's ``"tracedx"`` metadata as ``unprofiled_step_ms``.
+    the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
+    more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker; seeds,
+    chapter 10); the median/min/max go into the trace's ``"tracedx"`` metadata as
+    ``unprofiled_step_ms``. Each timed step starts with an idle GPU: host work that a
+    free-running loop would overlap with the previous step's kernels is exposed, so a step
+    whose host and GPU times are close reads slower here than in the trace.
 
     ``marker`` picks the step source: ``"auto"`` (optimizer steps until the first explicit
     :func:`step` call, then explicit calls only), ``"optimizer"`` or ``"explicit"``. Use
@@ -845,7 +849,7 @@ def _time_unprofiled(
 
 def _timing_child_main() -> int:
     """Entry point of the unprofiled timing run (``sys.argv[1:]`` = script and its args)."""
-    from tracedx.measure import StepTimer
+    from tracedx.measure import StepTimer, warm_gpu_clocks
 
     cfg = json.loads(os.environ.pop(_TIMING_ENV))
     script = Path(sys.argv[1])
@@ -862,11 +866,16 @@ def _timing_child_main() -> int:
                     "marks": timer.marks,
                     "source": markers.source,
                     "done": state["done"],
+                    "gpu_clock_warmup": state.get("warmed", False),
                 },
                 f,
             )
 
     def on_boundary() -> None:
+        if timer.marks == 0:
+            # The GPU may have idled at low clocks until now: bring them up before any timed
+            # step (the profiled run, which follows this one, finds them up too).
+            state["warmed"] = warm_gpu_clocks(float(cfg.get("warm_s", 0.3)))
         timer.mark()
         if timer.done:
             state["done"] = True
