@@ -265,18 +265,31 @@ def roofline_figure(diag) -> go.Figure:
             yref="paper",
             showarrow=False,
         )
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP/byte)", range=_lg(x_lo, x_hi))
+    fig.update_xaxes(
+        type="log", title="arithmetic intensity (FLOP/byte)", range=_lg(x_lo, x_hi), dtick=1
+    )
     y_all = [*ys, *(p for _, p in ridges.values())]
     y_lo = min([*y_all, 1.0]) / 4 * TERA
     y_hi = max([*y_all, 1.0]) * 3 * TERA
+    vals, text = _si_decades(y_lo, y_hi)
     fig.update_yaxes(
-        type="log", title="achieved FLOP/s", range=_lg(y_lo, y_hi), exponentformat="SI"
+        type="log", title="achieved FLOP/s", range=_lg(y_lo, y_hi), tickvals=vals, ticktext=text
     )
     return _layout(fig, title, 520)
 
 
 def _lg(lo: float, hi: float) -> list[float]:
     return [math.log10(lo), math.log10(hi)]
+
+
+def _si_decades(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick values at each power of ten in [lo, hi] with SI labels (1M, 10G, 100T, 1P)."""
+    vals, text = [], []
+    for p in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
+        prefix = "kMGTPE"[p // 3 - 1] if 3 <= p < 21 else ""
+        vals.append(10.0**p)
+        text.append(f"{10 ** (p % 3)}{prefix}" if prefix else f"{10.0**p:g}")
+    return vals, text
 
 
 def _roofline_points(fig: go.Figure, pts: pl.DataFrame) -> None:
@@ -458,7 +471,15 @@ def _shade_gaps(
     largest of those (>= 5% of the step) carry their cause as a label."""
     big = g.filter(pl.col("duration_us") >= 0.01 * span_us).sort("duration_us", descending=True)
     for i, r in enumerate(big.head(most).iter_rows(named=True)):
-        label = i < labelled and r["duration_us"] >= 0.05 * span_us
+        label = (
+            {
+                "annotation_text": f"idle: {esc(r['cause'])}",
+                "annotation_position": "inside top left",
+                "annotation_font_size": 10,
+            }
+            if i < labelled and r["duration_us"] >= 0.05 * span_us
+            else {}
+        )
         fig.add_vrect(
             x0=r["s_ms"],
             x1=r["s_ms"] + r["d_ms"],
@@ -466,9 +487,7 @@ def _shade_gaps(
             opacity=0.18,
             line_width=0,
             layer="below",
-            annotation_text=f"idle: {esc(r['cause'])}" if label else None,
-            annotation_position="inside top left",
-            annotation_font_size=10,
+            **label,
         )
 
 
