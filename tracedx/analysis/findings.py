@@ -14,8 +14,14 @@ the typical step (:class:`StepModel`):
 so that ``T ~ max(H, G) + E``. A fix changes H, G or E; the new step time is recomputed from
 the same formula. Removing launch gaps can never make a step faster than its GPU busy time,
 and a faster GEMM does not help a step whose GPU waits on the host. All times are
-microseconds per step; estimates are against the traced step time (the profiler slows the
-host: GUIDE.md 2.7).
+microseconds per step.
+
+The profiler slows the host (GUIDE.md 2.7), by a roughly fixed cost per recorded host event
+(op or runtime call). Without an unprofiled timing, estimates are against the traced step
+time. When the trace carries the unprofiled step time (``tracedx capture --time-unprofiled``),
+that cost per event is solved from the two (``tax_us``) and taken out of the host side, so
+estimates are against the unprofiled step: a fix that removes host events also removes their
+profiler cost.
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ FIX_IDS = (
 )
 
 MIN_RECOMMENDED_SPEEDUP = 1.05
-# Host cost of replaying a CUDA graph, per kernel in the graph: 0.68 ms for 394 kernels in a
-# profiled H200 trace (GUIDE.md 2.5).
-GRAPH_HOST_US_PER_KERNEL = 1.7
-# GPU-side gap between kernels inside a graph replay (order of 1 us on Hopper; an assumption).
-GRAPH_GPU_GAP_US_PER_KERNEL = 1.0
+# Host cost of one cudaGraphLaunch, per kernel in the graph, as measured in profiled H200 traces:
+# 1.41 us (add_loop-cudagraph, 500 kernels), 1.42 us (mlp_train-cudagraph, 29 kernels) in
+# sample_traces/; GUIDE.md 2.5 saw 0.68 ms for 394 kernels (1.7 us).
+GRAPH_HOST_US_PER_KERNEL = 1.4
+# GPU-side gap between consecutive kernels of a graph replay, measured as (step - busy) / kernels
+# in the same traces: 0.62 us (add_loop), 0.48 us (decode), 0.59 us (mlp_train).
+GRAPH_GPU_GAP_US_PER_KERNEL = 0.55
 # A fused attention kernel reaches about half the dense peak (FlashAttention-2, Dao 2023,
 # reports 50-73% of peak on A100 forward).
 FUSED_ATTENTION_EFFICIENCY = 0.5
@@ -63,10 +71,21 @@ class StepModel:
     dataloader_us: float
     graph_replays: float  # cudaGraphLaunch calls per step
     per_kernel_host_us: float | None
+    host_events: float = 0.0  # recorded host events (ops + runtime calls) per step
+    dataloader_events: float = 0.0  # of which inside the DataLoader
+    no_gpu_events: float = 0.0  # of which in ops that launch nothing (+ DataLoader)
+    events_per_kernel: float = 0.0  # host events in GPU-launching ops per kernel
+    tax_us: float = 0.0  # profiler cost per host event (0 without an unprofiled timing)
+    unprofiled_step_us: float | None = None
 
     @property
     def host_us(self) -> float:
         return max(self.cpu_us - self.sync_us - self.pageable_block_us, 0.0)
+
+    @property
+    def host_effective_us(self) -> float:
+        """Host time without the profiler's cost (equals host_us without an unprofiled timing)."""
+        return max(self.host_us - self.tax_us * self.host_events, 0.0)
 
     @property
     def gpu_us(self) -> float:
@@ -82,12 +101,58 @@ class StepModel:
         host_us: float | None = None,
         gpu_us: float | None = None,
         serial_us: float | None = None,
+        host_events: float | None = None,
     ) -> float:
-        """Mean step time after a change: max(H', G') + E'. Falls back to the current parts."""
+        """Step time after a change: max(H' - tax x events', G') + E' (current parts by default)."""
         h = self.host_us if host_us is None else max(host_us, 0.0)
+        ev = self.host_events if host_events is None else max(host_events, 0.0)
+        h = max(h - self.tax_us * ev, 0.0)
         g = self.gpu_us if gpu_us is None else max(gpu_us, 0.0)
         e = self.serial_us if serial_us is None else max(serial_us, 0.0)
         return max(h, g) + e
+
+    @property
+    def reference_step_us(self) -> float:
+        """The step time estimates are against: unprofiled when known, else the traced median."""
+        return self.unprofiled_step_us if self.unprofiled_step_us else self.step_us
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a fix changes in the step model (us per step, deltas): host, GPU, serialization, events."""
+
+    host_us: float = 0.0
+    gpu_us: float = 0.0
+    serial_us: float = 0.0
+    host_events: float = 0.0
+
+    def __add__(self, o: Change) -> Change:
+        return Change(
+            self.host_us + o.host_us,
+            self.gpu_us + o.gpu_us,
+            self.serial_us + o.serial_us,
+            self.host_events + o.host_events,
+        )
+
+
+def apply(m: StepModel, c: Change) -> float:
+    """Step time of model ``m`` after change ``c`` (see :meth:`StepModel.predict`)."""
+    return m.predict(
+        host_us=m.host_us + c.host_us,
+        gpu_us=m.gpu_us + c.gpu_us,
+        serial_us=m.serial_us + c.serial_us,
+        host_events=m.host_events + c.host_events,
+    )
+
+
+def combined_speedup(m: StepModel, findings: list) -> float:
+    """Whole-step speedup of several fixes applied together (their changes add up in the model)."""
+    total = Change()
+    for f in findings:
+        if f.change is not None:
+            total = total + f.change
+    new = apply(m, total)
+    return m.predict() / new if new > 0 else math.inf
 
 
 @dataclass
@@ -103,6 +168,7 @@ class Finding:
     derivation: str
     evidence: list[str] = field(default_factory=list)
     recommended: bool = True
+    change: Change | None = None
 
     def to_dict(self) -> dict:
         s = self.local_speedup
@@ -132,16 +198,19 @@ def make_finding(
     fix: str,
     title: str,
     region_us: float,
-    new_mean_us: float,
+    change: Change | float,
     derivation: str,
     evidence: list[str],
 ) -> Finding:
     """Express a predicted new step time as Amdahl's (f, s) over the region the fix acts on.
 
-    f = region / T; s = region / (region - saved), so that 1/((1-f)+f/s) = T / T'. The region
-    is widened to the saving when the model saves more than the named region.
+    T is the model's current step (``model.predict()``); f = region / T; s = region /
+    (region - saved), so that 1/((1-f)+f/s) = T / T'. The region is widened to the saving when
+    the model saves more than the named region. The estimated step time scales the reference
+    step (unprofiled when known, else the traced median) by T'/T.
     """
-    t = model.mean_step_us
+    t = model.predict()
+    new_mean_us = apply(model, change) if isinstance(change, Change) else change
     new_mean_us = min(max(new_mean_us, 1e-9), t)
     saved = t - new_mean_us
     region = min(max(region_us, saved), t)
@@ -149,7 +218,7 @@ def make_finding(
     rest = region - saved
     s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
     sp = amdahl(f, s)
-    est_ms = model.step_us / sp / 1e3
+    est_ms = model.reference_step_us / sp / 1e3
     return Finding(
         fix,
         title,
@@ -160,6 +229,7 @@ def make_finding(
         derivation,
         evidence,
         recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
+        change=change if isinstance(change, Change) else None,
     )
 
 
@@ -173,15 +243,20 @@ def _ms(us: float) -> str:
 def cuda_graphs(m: StepModel) -> Finding | None:
     """Replay the step's kernels as one CUDA graph: launch gaps and Python between ops go away.
 
-    H' = host time of ops that launch nothing (+ DataLoader) + 1.7 us x kernels (graph replay
-    host cost, GUIDE.md 2.5); G' = busy + 1.0 us x kernels (in-graph gaps). Syncs stay.
+    H' = host time of ops that launch nothing (+ DataLoader) + 1.4 us x kernels (graph replay
+    host cost); G' = busy + 0.55 us x kernels (in-graph gaps); both measured on H200 traces
+    (see the constants). Syncs stay.
     """
     if m.kernels < 2 or m.graph_replays >= 1:
         return None
     launch_idle = sum(m.idle_us.get(c, 0.0) for c in ("kernel launch", "python", "kernel wait"))
     h2 = m.host_no_gpu_us + GRAPH_HOST_US_PER_KERNEL * m.kernels
     g2 = m.busy_us + GRAPH_GPU_GAP_US_PER_KERNEL * m.kernels
-    new = m.predict(host_us=h2, gpu_us=g2)
+    new = Change(
+        host_us=h2 - m.host_us,
+        gpu_us=g2 - m.gpu_us,
+        host_events=m.no_gpu_events + 1 - m.host_events,
+    )
     ev = [
         f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.mean_step_us)} step",
         f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
@@ -207,7 +282,7 @@ def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:
     if m.sync_us <= 0:
         return None
     e_sync = min(m.serial_us, m.sync_us + m.idle_us.get("host sync", 0.0))
-    new = m.predict(serial_us=m.serial_us - e_sync)
+    new = Change(serial_us=-e_sync)
     ev = [
         f"host blocked in syncs {_ms(m.sync_us)} per step; GPU idle after syncs {_ms(m.idle_us.get('host sync', 0.0))}"
     ]
@@ -232,7 +307,7 @@ def dataloader_workers(m: StepModel) -> Finding | None:
     """Load batches in worker processes: the main process no longer spends DataLoader time."""
     if m.dataloader_us <= 0.05 * m.mean_step_us:
         return None
-    new = m.predict(host_us=m.host_us - m.dataloader_us)
+    new = Change(host_us=-m.dataloader_us, host_events=-m.dataloader_events)
     ev = [
         f"DataLoader __next__ on the main thread: {_ms(m.dataloader_us)} per step "
         f"({m.dataloader_us / m.mean_step_us:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
@@ -265,7 +340,7 @@ def pinned_memory(
     new_copy_us = pageable_bytes / (pinned_gbs * 1e3)
     saved_gpu = max(pageable_copy_us - new_copy_us, 0.0)
     e_page = min(m.serial_us, m.pageable_block_us)
-    new = m.predict(gpu_us=m.gpu_us - saved_gpu, serial_us=m.serial_us - e_page)
+    new = Change(gpu_us=-saved_gpu, serial_us=-e_page)
     ach = pageable_bytes / pageable_copy_us / 1e3
     ev = [
         f"pageable copies: {pageable_bytes / 2**20:.1f} MiB in {_ms(pageable_copy_us)} per step ({ach:.1f} GB/s)",
@@ -299,18 +374,18 @@ def faster_math(
     if op_time_us <= 0:
         return None
     saved = max(op_time_us - new_op_time_us, 0.0)
-    new = m.predict(gpu_us=m.gpu_us - saved)
-    if m.host_us >= m.gpu_us:
+    new = Change(gpu_us=-saved)
+    if m.host_effective_us >= m.gpu_us:
         evidence = [
             *evidence,
-            f"the GPU waits on the host (host {_ms(m.host_us)} >= GPU {_ms(m.gpu_us)} per step): "
+            f"the GPU waits on the host (host {_ms(m.host_effective_us)} >= GPU {_ms(m.gpu_us)} per step): "
             "faster kernels only add idle time",
         ]
     return make_finding(m, fix, title, op_time_us, new, derivation, evidence)
 
 
 def torch_compile(
-    m: StepModel, chain_us: float, chain_saved_us: float, kernels_removed: float, chains: int
+    m: StepModel, chain_us: float, chain_saved_us: float, kernels_removed: float, chains: float
 ) -> Finding | None:
     """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
 
@@ -318,13 +393,17 @@ def torch_compile(
     about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
     kernel saves its eager dispatch and launch cost.
     """
-    if chains == 0 or kernels_removed < 1:
+    if chains <= 0 or kernels_removed < 1:
         return None
     per_k = m.per_kernel_host_us or 0.0
     h2 = m.host_us - kernels_removed * per_k
-    new = m.predict(host_us=h2, gpu_us=m.gpu_us - chain_saved_us)
+    new = Change(
+        host_us=h2 - m.host_us,
+        gpu_us=-chain_saved_us,
+        host_events=-kernels_removed * m.events_per_kernel,
+    )
     ev = [
-        f"{chains} chains of back-to-back elementwise/reduction/normalization kernels per step, "
+        f"{chains:.0f} chains of back-to-back elementwise/reduction/normalization kernels per step, "
         f"{_ms(chain_us)} of device time; fusion removes ~{kernels_removed:.0f} kernels per step"
     ]
     deriv = (
@@ -343,11 +422,11 @@ def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
     if idle_fraction < 0.5 or m.busy_us <= 0:
         return None
     k = 2.0
-    new_step = max(m.host_us, k * m.gpu_us) + m.serial_us
+    new_step = m.predict(gpu_us=k * m.gpu_us)
     new_per_batch = new_step / k
     ev = [
         f"GPU idle {idle_fraction:.0%} of the step; a 2x batch doubles GPU work per launch "
-        f"(step {_ms(m.mean_step_us)} -> ~{_ms(new_step)} for twice the samples)",
+        f"(step {_ms(m.predict())} -> ~{_ms(new_step)} for twice the samples)",
         "time per original batch of samples; needs the memory for 2x activations",
     ]
     deriv = "amortized launch overhead: per-sample time = max(host, 2 x GPU) / 2"
@@ -367,7 +446,7 @@ def overlap_communication(m: StepModel, exposed_comm_us: float, comm_us: float) 
     if exposed_comm_us <= 0:
         return None
     g2 = max(m.gpu_us - exposed_comm_us, comm_us)
-    new = m.predict(gpu_us=g2)
+    new = Change(gpu_us=g2 - m.gpu_us)
     ev = [
         f"communication kernels {_ms(comm_us)} per step, {_ms(exposed_comm_us)} not overlapped with compute"
     ]

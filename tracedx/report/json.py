@@ -56,6 +56,25 @@ def _ops(diag, limit: int = 20) -> list[dict]:
     return out
 
 
+def _reference(diag) -> dict[str, Any] | None:
+    m = diag.model
+    if m is None:
+        return None
+    if m.unprofiled_step_us:
+        return {
+            "kind": "unprofiled",
+            "step_ms": _ms(m.unprofiled_step_us),
+            "profiler_cost_us_per_host_event": m.tax_us,
+            "host_events_per_step": m.host_events,
+        }
+    return {
+        "kind": "traced",
+        "step_ms": _ms(m.step_us),
+        "profiler_cost_us_per_host_event": None,
+        "host_events_per_step": m.host_events,
+    }
+
+
 def diagnosis_dict(diag) -> dict[str, Any]:
     """The JSON contract as a dict (see README "JSON output")."""
     tr = diag.trace
@@ -125,6 +144,7 @@ def diagnosis_dict(diag) -> dict[str, Any]:
         "bottleneck": diag.bottleneck,
         "evidence": diag.evidence,
         "findings": [f.to_dict() for f in diag.findings],
+        "estimates_against": _reference(diag),
         "ops": _ops(diag),
         "idle_causes": idle,
         "largest_gaps": _records(diag.largest_gaps),

@@ -138,7 +138,14 @@ def render_text(diag) -> str:
             )
     out.append("")
     rec = [f for f in d["findings"] if f["recommended"]]
-    out.append("FIXES (Amdahl estimate against the traced step time)")
+    ref = d["estimates_against"] or {}
+    if ref.get("kind") == "unprofiled":
+        out.append(
+            f"FIXES (Amdahl estimate against the unprofiled step, {ref['step_ms']:.3f} ms; "
+            f"profiler cost {ref['profiler_cost_us_per_host_event']:.1f} us per host event taken out)"
+        )
+    else:
+        out.append("FIXES (Amdahl estimate against the traced step time)")
     if not rec:
         out.append("  none worth 5% or more")
     for i, f in enumerate(rec[:3], 1):
