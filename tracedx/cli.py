@@ -42,6 +42,16 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _write_html(diag, path) -> None:
+    """Write the HTML report; an unwritable path is the user's input error (exit 2), not a bug."""
+    from tracedx.report.html import write_html
+
+    try:
+        write_html(diag, path)
+    except OSError as e:
+        raise TraceError(f"cannot write the HTML report to {path}: {e.strerror or e}") from None
+
+
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="tracedx")
 def main() -> None:
@@ -107,9 +117,7 @@ def diagnose(
     )
     click.echo(render(diag, fmt), nl=False)
     if html_path:
-        from tracedx.report.html import write_html
-
-        write_html(diag, html_path)
+        _write_html(diag, html_path)
         click.echo(f"wrote {html_path}", err=True)
 
 
@@ -244,7 +252,6 @@ def report(
 ):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
-    from tracedx.report.html import write_html
     from tracedx.trace import load
 
     status = None  # a spinner on stderr, only on a terminal
@@ -267,7 +274,7 @@ def report(
         )
         if status:
             status.update(f"writing {out_path}")
-        write_html(diag, out_path)
+        _write_html(diag, out_path)
     finally:
         if status:
             status.stop()
