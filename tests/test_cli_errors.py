@@ -151,3 +151,39 @@ def test_bad_option_is_a_usage_error_not_a_traceback():
 def test_steps_outside_the_trace_exit_2():
     r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json"), "--steps", "5..9"])
     assert r.exit_code == 2 and "no such steps" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diagnose", "{tiny}", "--html", "{bad}"],
+        ["report", "{tiny}", "-o", "{bad}"],
+    ],
+    ids=["diagnose--html", "report-o"],
+)
+def test_unwritable_html_path_exits_2(args, tmp_path):
+    bad = tmp_path / "no_such_dir" / "r.html"
+    argv = [a.format(tiny=BAD.parent / "tiny.json", bad=bad) for a in args]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, (r.exception, r.stderr)
+    assert r.stderr.strip().split("\n")[-1] == (
+        f"tracedx: error: cannot write the HTML report to {bad}: No such file or directory"
+    )
+
+
+def test_internal_error_is_one_line_exit_1(monkeypatch):
+    """A bug in tracedx is never a traceback either: one line, exit 1, TRACEDX_DEBUG re-raises."""
+    import tracedx.analysis.diagnosis as dx
+
+    def boom(*a, **k):
+        raise ValueError("multi\nline\nmessage")
+
+    monkeypatch.setattr(dx, "diagnose", boom)
+    monkeypatch.delenv("TRACEDX_DEBUG", raising=False)
+    r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json")])
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith("tracedx: internal error: ValueError: multi line message")
+    monkeypatch.setenv("TRACEDX_DEBUG", "1")
+    r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json")])
+    assert isinstance(r.exception, ValueError)
