@@ -826,18 +826,19 @@ def _explain(
     kind = "unprofiled" if r_u is not None else "traced"
     ub, ua = _unprofiled_ms(before), _unprofiled_ms(after)
     infl = ""
+    # the profiler is to blame when it slows BEFORE and AFTER by factors 15% or more apart
+    blame = False
     if ub and ua and sa.step_us and sb.step_us:
-        infl = (
-            f" (traced/unprofiled step: BEFORE {sa.step_us / 1e3 / ub:.2f}x, "
-            f"AFTER {sb.step_us / 1e3 / ua:.2f}x)"
-        )
+        fa, fb = sa.step_us / 1e3 / ub, sb.step_us / 1e3 / ua
+        infl = f" (traced/unprofiled step: BEFORE {fa:.2f}x, AFTER {fb:.2f}x)"
+        blame = not (1 / 1.15 <= fa / fb <= 1.15)
     if _within(primary):
         return "on target", (
             f"estimate {est:.2f}x against {ach_u if r_u is not None else ach:.2f}x achieved "
             f"({kind}): within {ON_TARGET:g}x"
         )
     verdict = "over-estimate" if primary > 1 else "under-estimate"
-    if _within(r_t) and r_u is not None:
+    if _within(r_t) and r_u is not None and blame:
         return verdict, (
             f"the estimate matches the traced step ({est:.2f}x against {ach:.2f}x) but unprofiled "
             f"the speedup is {ach_u:.2f}x: the profiler's overhead differs between the two "
@@ -890,6 +891,16 @@ def _explain(
                 f"estimate expected a {_ms(t_est)} step; GPU time per step {moved} "
                 f"{_ms(ga)} -> {_ms(gb)} and binds (host {_ms(hb)})"
             )
+            g0, g1 = sum(sa.gemm_us.values()), sum(sb.gemm_us.values())
+            if fix in ("tf32", "bf16-autocast") and g0 > 0 and g1 > 0:
+                why += (
+                    f": GEMM/conv kernels {_ms(g0)} -> {_ms(g1)} ({g0 / g1:.1f}x faster), "
+                    f"all other device time {_ms(max(ma.busy_us - g0, 0.0))} -> "
+                    f"{_ms(max(mb.busy_us - g1, 0.0))}"
+                )
+            grown = _op_changes(before, after).filter(pl.col("change_us") > 0)
+            if grown.height and grown["change_us"][0] >= 0.05 * mb.busy_us:
+                why += f"; most new device time: {grown['name'][0]} +{_ms(grown['change_us'][0])}"
         return verdict, why + profiler
     # the fix did better than estimated: what fell beyond the model's assumptions
     parts = [f"host {_ms(ha)} -> {_ms(hb)}", f"GPU {_ms(ga)} -> {_ms(gb)}"]
