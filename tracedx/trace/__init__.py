@@ -20,8 +20,8 @@ from tracedx.trace.link import (
     link_gpu,
     link_launches_to_ops,
 )
-from tracedx.trace.source import read_document
-from tracedx.trace.tables import DataWarning, build_tables
+from tracedx.trace.source import read_into
+from tracedx.trace.tables import DataWarning, TableBuilder
 
 __all__ = ["DataWarning", "Trace", "load"]
 
@@ -156,8 +156,9 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             not a chrome trace; the message is one line that says what and where.
     """
     p = Path(path)
-    doc, repairs = read_document(p, repair_mode=repair)
-    raw = build_tables(doc.traceEvents or [])
+    builder = TableBuilder()
+    doc, repairs = read_into(p, builder, repair_mode=repair)
+    raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
 
     ops, not_nested = build_op_tree(raw.ops)

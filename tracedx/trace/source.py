@@ -13,16 +13,21 @@ truncated file; each repair is reported so the user knows the trace was not clea
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
+import queue
 import re
+import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
 from tracedx.errors import TraceFormatError
-from tracedx.trace.events import TraceDocument, TraceFile
+from tracedx.trace.events import FastEvent, FastPart, TraceDocument, TraceFile
 
 _DECODER = msgspec.json.Decoder(TraceDocument, strict=False)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -100,9 +105,7 @@ def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
     bs = data.rfind(b"\\", max(0, pos - 2), pos + 1)
     if bs >= 0:
         esc = data[bs : bs + 2].decode("latin-1")
-        return (
-            f"{p}: invalid escape `{esc}` at {_where(data, bs)}: probably an unescaped Windows path{_HINT}"
-        )
+        return f"{p}: invalid escape `{esc}` at {_where(data, bs)}: probably an unescaped Windows path{_HINT}"
     snippet = data[max(0, pos - 20) : pos + 20].decode("utf-8", "replace").replace("\n", " ")
     return f"{p}: not valid JSON at {where}, near `{snippet}`{_HINT}"
 
@@ -240,3 +243,264 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
         return decode(p, data), []
     except TraceFormatError:
         return repair(p, data)
+
+
+# --- the fast reader: a big trace in chunks -----------------------------------------------
+#
+# A trace of a gigabyte decoded in one piece holds every event as a Python object at once
+# (several times the file size) and keeps one core busy for seconds. ``read_into`` instead
+# reads the decompressed stream in blocks (a background thread reads and gunzips: zlib
+# releases the GIL), cuts it into chunks of about ``CHUNK_BYTES`` at boundaries between
+# events, decodes each chunk with a union tagged by ``ph`` (``events.FastEvent``: events
+# tracedx does not read are skipped without building their fields) and hands its events to a
+# sink (``tables.TableBuilder``), which keeps only columns. Events are never all alive at once.
+#
+# Where to cut: before a ``{`` that follows ``}`` and ``,`` (whitespace allowed). A cut that
+# falls anywhere else (inside a string, or inside an event's args) makes a chunk invalid JSON,
+# so it cannot go unnoticed: the first chunk is closed with a sentinel event and ``]}``, middle
+# chunks are wrapped in ``[...]`` with the sentinel last, and the last chunk is opened with
+# ``{"traceEvents":[`` and the sentinel; each must decode and hold the sentinel where it was put.
+# Any failure (bad JSON, invalid UTF-8, a truncated or odd gzip stream, an unusual layout, a
+# phase outside the Chrome format) abandons the fast reader, and the whole file is read again
+# by :func:`read_document`, whose messages and repair mode are the reference. So the fast
+# reader changes speed and memory, never a result or an error message.
+
+CHUNK_BYTES = 32 << 20
+_READ_BYTES = 8 << 20
+_GZIP_IN = 1 << 20
+_KEY = b'"traceEvents"'
+_KEY_SEARCH_LIMIT = 256 << 20
+_SENTINEL_NAME = "tracedx:chunk-boundary"
+_SENTINEL = b'{"ph":"M","name":"' + _SENTINEL_NAME.encode() + b'"}'
+_WS = frozenset(b" \t\r\n")
+_FAST_PART = msgspec.json.Decoder(FastPart, strict=False)
+_FAST_LIST = msgspec.json.Decoder(list[FastEvent], strict=False)
+_META_FIELDS = tuple(f for f in FastPart.__struct_fields__ if f != "traceEvents")
+
+
+class EventSink(Protocol):
+    """Where the reader puts decoded events (``tables.TableBuilder``)."""
+
+    def add(self, events: list, text: bytes | None = None) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class _NotFast(Exception):
+    """The fast reader cannot vouch for this file: read it the reference way."""
+
+
+def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
+    """Read and decode a trace, handing its events to ``sink`` chunk by chunk.
+
+    Returns (TraceFile with ``traceEvents=None``, repair notes). Same errors as
+    :func:`read_document` (TraceFormatError, one line that says what and where).
+    """
+    p = Path(path)
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of new objects, none of them in cycles: the collector only costs
+    try:
+        try:
+            return _read_fast(p, sink), []
+        except _NotFast:
+            pass
+        sink.reset()
+        doc, notes = read_document(p, repair_mode)
+        events = doc.traceEvents or []
+        doc.traceEvents = None
+        sink.add(events)
+        return doc, notes
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _blocks(p: Path) -> Iterator[bytes]:
+    """The decompressed bytes of ``p`` in blocks of at most ``_READ_BYTES``."""
+    with open(p, "rb") as f:
+        magic = f.read(2)
+        f.seek(0)
+        if magic != _GZIP_MAGIC:
+            while block := f.read(_READ_BYTES):
+                yield block
+            return
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while not d.eof:
+            data = d.unconsumed_tail or f.read(_GZIP_IN)
+            if not data:
+                raise _NotFast("truncated gzip stream")
+            out = d.decompress(data, _READ_BYTES)
+            if out:
+                yield out
+        if d.unused_data or f.read(1):
+            raise _NotFast("data after the gzip stream (several members?)")
+
+
+class _Reader:
+    """Runs :func:`_blocks` in a thread, a few blocks ahead of the decoder."""
+
+    def __init__(self, p: Path) -> None:
+        self._q: queue.Queue = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(p,), daemon=True)
+        self._t.start()
+
+    def _run(self, p: Path) -> None:
+        try:
+            for b in _blocks(p):
+                if not self._put(b):
+                    return
+            self._put(None)
+        except BaseException as e:  # handed to the consumer
+            self._put(_NotFast(f"{type(e).__name__}: {e}"))
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            b = self._q.get()
+            if b is None:
+                return
+            if isinstance(b, BaseException):
+                raise b
+            yield b
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            while True:
+                self._q.get_nowait()
+        except queue.Empty:
+            pass
+
+
+def _find_cut(buf: bytes, lo: int) -> int:
+    """The last ``{`` after ``lo`` that follows ``}`` and ``,`` (whitespace allowed), or -1."""
+    i = len(buf)
+    for _ in range(256):
+        i = buf.rfind(b"{", lo, i)
+        if i <= lo:
+            return -1
+        j = i - 1
+        while j > lo and buf[j] in _WS:
+            j -= 1
+        if buf[j] != 0x2C:  # ","
+            continue
+        j -= 1
+        while j > lo and buf[j] in _WS:
+            j -= 1
+        if buf[j] == 0x7D:  # "}"
+            return i
+    return -1
+
+
+def _check_text(buf: bytes, end: int | None = None) -> None:
+    """Refuse invalid UTF-8 in ``buf[:end]`` (the reference reader's rule)."""
+    if not buf.isascii():
+        try:
+            (buf if end is None else buf[:end]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _NotFast("invalid UTF-8") from None
+
+
+def _is_sentinel(ev) -> bool:
+    return getattr(ev, "ph", None) == "M" and getattr(ev, "name", None) == _SENTINEL_NAME
+
+
+def _decode_part(payload: bytes, decoder, where: str):
+    try:
+        return decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise _NotFast(f"{where}: {e}") from None
+
+
+def _read_fast(p: Path, sink: EventSink) -> TraceFile:
+    if not p.is_file():
+        raise _NotFast("not a file")
+    reader = _Reader(p)
+    try:
+        pending: list[bytes] = []
+        size = 0
+        head: FastPart | None = None
+        key_at = -1
+        for block in reader:
+            pending.append(block)
+            size += len(block)
+            if size < CHUNK_BYTES:
+                continue
+            buf = b"".join(pending)
+            if head is None:
+                key_at = buf.find(_KEY)
+                if key_at < 0:
+                    if size > _KEY_SEARCH_LIMIT:
+                        raise _NotFast("no traceEvents key near the start")
+                    pending = [buf]
+                    continue
+            cut = _find_cut(buf, key_at if head is None else 0)
+            if cut < 0:
+                pending = [buf]
+                continue
+            _check_text(buf, cut)
+            text = memoryview(buf)[:cut]
+            if head is None:
+                payload = b"".join((text, _SENTINEL, b"]}"))
+                head = _decode_part(payload, _FAST_PART, "first chunk")
+                events = head.traceEvents
+                if not events or not _is_sentinel(events[-1]):
+                    raise _NotFast("first cut is not inside traceEvents")
+                events.pop()
+                head.traceEvents = None
+            else:
+                payload = b"".join((b"[", text, _SENTINEL, b"]"))
+                events = _decode_part(payload, _FAST_LIST, "chunk")
+                if not events or not _is_sentinel(events[-1]):
+                    raise _NotFast("cut is not between events")
+                events.pop()
+            del payload, text
+            sink.add(events, buf)
+            del events
+            pending = [buf[cut:]]
+            size = len(pending[0])
+            del buf
+        rest = b"".join(pending)
+        del pending
+        if head is None:  # one chunk: the whole document
+            if not rest.strip():
+                raise _NotFast("empty")
+            _check_text(rest)
+            doc = _decode_part(rest, _FAST_PART, "document")
+            if doc.traceEvents is None:
+                raise _NotFast("no traceEvents")
+            events, doc.traceEvents = doc.traceEvents, None
+            sink.add(events, rest)
+            return _tracefile(doc, None)
+        _check_text(rest)
+        payload = b"".join((b'{"traceEvents":[', _SENTINEL, b",", rest))
+        tail = _decode_part(payload, _FAST_PART, "last chunk")
+        del payload
+        events = tail.traceEvents
+        if not events or not _is_sentinel(events[0]):
+            raise _NotFast("last chunk")
+        sink.add(events[1:], rest)
+        tail.traceEvents = None
+        return _tracefile(head, tail)
+    finally:
+        reader.close()
+
+
+def _tracefile(head: FastPart, tail: FastPart | None) -> TraceFile:
+    """The top-level keys of the document: a key in the tail wins (JSON objects: last wins)."""
+    values = {}
+    for f in _META_FIELDS:
+        v = getattr(tail, f) if tail is not None else msgspec.UNSET
+        if v is msgspec.UNSET:
+            v = getattr(head, f)
+        values[f] = None if v is msgspec.UNSET else v
+    return TraceFile(traceEvents=None, **values)

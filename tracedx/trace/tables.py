@@ -1,9 +1,16 @@
-"""Build typed polars tables from decoded events (one pass to bucket, then column-wise).
+"""Build typed polars tables from decoded events, chunk by chunk and column-wise.
 
 Every time column is microseconds (``_us``) as written by the profiler; start/end are the
 trace's own absolute timestamps so each value can be checked against the file by hand.
 Events with a negative duration or a non-finite / outlier timestamp are left out and
 counted in the data-quality warnings (see :func:`build_tables`).
+
+Speed: a trace of a gigabyte holds millions of events, so nothing here runs Python code per
+event and per column beyond pulling attributes out with ``map(attrgetter(...))``. Events are
+bucketed by category with integer codes in numpy, each column goes to polars in one call,
+and values that repeat (shapes, dtypes, launch grids) are decoded once per distinct value.
+The scalar helpers (``_to_int``, ``_finite``, ``_dim3``, ...) define what every value means;
+the vectorised paths match them exactly and fall back to them for any unusual value.
 """
 
 from __future__ import annotations
@@ -11,12 +18,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Event
+from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -44,6 +53,9 @@ class RawTables:
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
     unknown_categories: dict[str, int] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
+
+
+# --- what one value means (the reference semantics) ----------------------------------------
 
 
 def _to_int(v: Any) -> int | None:
@@ -101,30 +113,6 @@ def _shapes(v: Any) -> list[list[int]] | None:
     return out
 
 
-def _interned_lists(raws: list, parse, dtype) -> pl.Series:
-    """Decode raw-JSON list values once per distinct value and gather them into a Series.
-
-    Real traces repeat a few thousand distinct shapes over millions of ops; building nested
-    polars lists per row is the slow part of a naive reader.
-    """
-    codes: dict[bytes, int] = {}
-    idx = []
-    for r in raws:
-        key = bytes(r)
-        c = codes.get(key)
-        if c is None:
-            c = codes[key] = len(codes)
-        idx.append(c)
-    uniq = []
-    for key in codes:
-        try:
-            uniq.append(parse(msgspec.json.decode(key)) if key else None)
-        except msgspec.DecodeError:
-            uniq.append(None)
-    values = pl.Series(uniq, dtype=dtype, strict=False)
-    return values.gather(pl.Series(idx, dtype=pl.UInt32)) if idx else pl.Series([], dtype=dtype)
-
-
 def _strs(v: Any) -> list[str] | None:
     if not isinstance(v, list):
         return None
@@ -143,6 +131,156 @@ def _classify(ev: Event) -> str:
     return kind
 
 
+_MEMCPY_RE = re.compile(r"Memcpy\s+(\w+)(?:\s*\((\w+)\s*->\s*(\w+)\))?", re.IGNORECASE)
+
+
+def _memcpy_kind(name: str | None) -> tuple[str | None, str | None, str | None]:
+    """``Memcpy HtoD (Pageable -> Device)`` -> (direction, source memory, destination memory)."""
+    m = _MEMCPY_RE.search(name or "")
+    return (
+        m.group(1) if m else None,
+        m.group(2) if m and m.group(2) else None,
+        m.group(3) if m and m.group(3) else None,
+    )
+
+
+# --- columns from many events at once -----------------------------------------------------
+
+_NONE_TYPE = type(None)
+_INT_TYPES = frozenset((int, _NONE_TYPE))
+_NUM_TYPES = frozenset((int, float, _NONE_TYPE))
+_EMPTY_RAW = msgspec.Raw()
+_EMPTY_ARGS = Args()
+
+
+def _get(objs: list, name: str) -> list:
+    """``[o.name for o in objs]`` at C speed; a None object (an event without args) gives None."""
+    try:
+        return list(map(attrgetter(name), objs))
+    except AttributeError:
+        return [None if o is None else getattr(o, name) for o in objs]
+
+
+def _id_col(vals: list) -> pl.Series:
+    """Id values (int | str | None, as the decoder gives them) -> Int64 with ``_to_int``'s rules."""
+    try:
+        return pl.Series(vals, dtype=pl.Int64, strict=True)
+    except (TypeError, ValueError, OverflowError):
+        return pl.Series(list(map(_to_int, vals)), dtype=pl.Int64)
+
+
+def _any_int_col(vals: list) -> pl.Series:
+    """Values of any JSON type -> Int64 with ``_to_int``'s rules (bools and floats included)."""
+    if set(map(type, vals)) <= _INT_TYPES:
+        try:
+            return pl.Series(vals, dtype=pl.Int64, strict=True)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    return pl.Series(list(map(_to_int, vals)), dtype=pl.Int64)
+
+
+def _any_float_col(vals: list) -> pl.Series:
+    """Values of any JSON type -> Float64 with ``_finite``'s rules (non-finite -> null)."""
+    if set(map(type, vals)) <= _NUM_TYPES:
+        try:
+            s = pl.Series(vals, dtype=pl.Float64, strict=True)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        else:
+            return _finite_only(s)
+    return pl.Series(list(map(_finite, vals)), dtype=pl.Float64)
+
+
+def _finite_only(s: pl.Series) -> pl.Series:
+    if s.len() and not s.is_finite().fill_null(True).all():
+        s = s.to_frame("v").select(pl.when(pl.col("v").is_finite()).then(pl.col("v"))).to_series()
+    return s
+
+
+def _float_col(vals: list) -> pl.Series:
+    """``ts``/``dur`` (float | None from the decoder) -> Float64, NaN and inf kept as they are."""
+    return pl.Series(vals, dtype=pl.Float64, strict=True)
+
+
+def _str_col(vals: list) -> pl.Series:
+    """``name or ""``."""
+    return pl.Series(vals, dtype=pl.Utf8).fill_null("")
+
+
+class _Interner:
+    """Distinct raw JSON values -> small integer codes, decoded once each at the end."""
+
+    def __init__(self) -> None:
+        self.codes: dict[bytes, int] = {}
+
+    def encode(self, raws: list) -> pl.Series:
+        try:
+            keys = list(map(bytes, raws))
+        except TypeError:  # None: an event without args
+            keys = [b"" if r is None else bytes(r) for r in raws]
+        codes = self.codes
+        for k in dict.fromkeys(keys):
+            if k not in codes:
+                codes[k] = len(codes)
+        return pl.Series(
+            np.fromiter(map(codes.__getitem__, keys), dtype=np.uint32, count=len(keys)),
+            dtype=pl.UInt32,
+        )
+
+    def decoded(self) -> list:
+        """The distinct values in code order, decoded (None for the empty key and bad JSON)."""
+        out = []
+        for key in self.codes:
+            try:
+                out.append(msgspec.json.decode(key) if key else None)
+            except msgspec.DecodeError:
+                out.append(None)
+        return out
+
+
+# Kind codes used while bucketing.
+_KINDS = (
+    "kernel",
+    "memcpy",
+    "memset",
+    "runtime",
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "python_function",
+    "cuda_sync",
+)
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+_SKIP, _UNKNOWN, _CAT_NONE = 100, 101, 102
+_PH_X, _PH_M, _PH_NONE, _PH_OTHER = 0, 1, 2, 3
+
+_GET_PH = attrgetter("ph")
+_GET_CAT = attrgetter("cat")
+_GET_ARGS = attrgetter("args")
+
+
+def _cat_code(cat: str | None) -> int:
+    if cat is None:
+        return _CAT_NONE
+    kind = CATEGORY_ALIASES.get(cat.lower())
+    if kind is None:
+        return _UNKNOWN
+    if kind in ("flow", "ignore"):
+        return _SKIP
+    return _KIND_CODE[kind]
+
+
+def _ph_code(ph: str | None) -> int:
+    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE}.get(ph, _PH_OTHER)
+
+
+def _codes(vals: list, cache: dict, fn) -> np.ndarray:
+    for v in set(vals):
+        if v not in cache:
+            cache[v] = fn(v)
+    return np.fromiter(map(cache.__getitem__, vals), dtype=np.int16, count=len(vals))
+
+
 _GPU_SCHEMA = {
     "device": pl.Int64,
     "stream": pl.Int64,
@@ -152,105 +290,6 @@ _GPU_SCHEMA = {
     "correlation": pl.Int64,
     "external_id": pl.Int64,
 }
-
-
-def _gpu_cols(evs: list[Event]) -> dict[str, list]:
-    dev, stream = [], []
-    for e in evs:
-        a = e.args
-        d = _to_int(a.device) if a is not None else None
-        s = _to_int(a.stream) if a is not None else None
-        if d is None:
-            d = _to_int(e.pid)
-        if s is None:
-            s = _to_int(e.tid)
-        # Legacy autograd-profiler lanes ("CUDA functions") and other unnumbered devices: 0.
-        dev.append(0 if d is None else d)
-        stream.append(0 if s is None else s)
-    return {
-        "device": dev,
-        "stream": stream,
-        "start_us": [e.ts for e in evs],
-        "duration_us": [e.dur for e in evs],
-        "name": [e.name or "" for e in evs],
-        "correlation": [_to_int(e.args.correlation) if e.args else None for e in evs],
-        "external_id": [_ext_id(e.args) for e in evs],
-    }
-
-
-def _frame(cols: dict[str, list], schema: dict[str, Any]) -> pl.DataFrame:
-    df = pl.DataFrame(cols, schema=schema, strict=False)
-    if "start_us" in df.columns and "duration_us" in df.columns:
-        df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
-    return df
-
-
-def _kernels(evs: list[Event]) -> pl.DataFrame:
-    cols = _gpu_cols(evs)
-    args = [e.args for e in evs]
-    for axis, i in (("x", 0), ("y", 1), ("z", 2)):
-        cols[f"grid_{axis}"] = [_dim3(a.grid, i) if a else None for a in args]
-        cols[f"block_{axis}"] = [_dim3(a.block, i) if a else None for a in args]
-    cols["registers_per_thread"] = [_to_int(a.registers_per_thread) if a else None for a in args]
-    cols["shared_memory_bytes"] = [_to_int(a.shared_memory) if a else None for a in args]
-    cols["blocks_per_sm"] = [_finite(a.blocks_per_sm) if a else None for a in args]
-    cols["warps_per_sm"] = [_finite(a.warps_per_sm) if a else None for a in args]
-    cols["achieved_occupancy_pct"] = [_finite(a.occupancy) if a else None for a in args]
-    cols["graph_node_id"] = [_to_int(a.graph_node_id) if a else None for a in args]
-    schema = dict(_GPU_SCHEMA)
-    for axis in "xyz":
-        schema[f"grid_{axis}"] = pl.Int64
-        schema[f"block_{axis}"] = pl.Int64
-    schema |= {
-        "registers_per_thread": pl.Int64,
-        "shared_memory_bytes": pl.Int64,
-        "blocks_per_sm": pl.Float64,
-        "warps_per_sm": pl.Float64,
-        "achieved_occupancy_pct": pl.Float64,
-        "graph_node_id": pl.Int64,
-    }
-    return _frame(cols, schema)
-
-
-_MEMCPY_RE = re.compile(r"Memcpy\s+(\w+)(?:\s*\((\w+)\s*->\s*(\w+)\))?", re.IGNORECASE)
-
-
-def _memcpys(evs: list[Event]) -> pl.DataFrame:
-    cols = _gpu_cols(evs)
-    kinds, src, dst = [], [], []
-    for e in evs:
-        m = _MEMCPY_RE.search(e.name or "")
-        kinds.append(m.group(1) if m else None)
-        src.append(m.group(2) if m and m.group(2) else None)
-        dst.append(m.group(3) if m and m.group(3) else None)
-    cols["direction"] = kinds  # HtoD, DtoH, DtoD, HtoH, PtoP
-    cols["src_memory"] = src  # Pageable, Pinned, Device
-    cols["dst_memory"] = dst
-    cols["bytes"] = [_to_int(e.args.bytes) if e.args else None for e in evs]
-    schema = dict(_GPU_SCHEMA) | {
-        "direction": pl.Utf8,
-        "src_memory": pl.Utf8,
-        "dst_memory": pl.Utf8,
-        "bytes": pl.Int64,
-    }
-    return _frame(cols, schema)
-
-
-def _memsets(evs: list[Event]) -> pl.DataFrame:
-    cols = _gpu_cols(evs)
-    cols["bytes"] = [_to_int(e.args.bytes) if e.args else None for e in evs]
-    return _frame(cols, dict(_GPU_SCHEMA) | {"bytes": pl.Int64})
-
-
-def _syncs(evs: list[Event]) -> pl.DataFrame:
-    cols = _gpu_cols(evs)
-    cols["sync_kind"] = [
-        str(e.args.cuda_sync_kind) if e.args and e.args.cuda_sync_kind is not None else None
-        for e in evs
-    ]
-    return _frame(cols, dict(_GPU_SCHEMA) | {"sync_kind": pl.Utf8})
-
-
 _HOST_SCHEMA = {
     "pid": pl.Int64,
     "tid": pl.Int64,
@@ -259,76 +298,312 @@ _HOST_SCHEMA = {
     "name": pl.Utf8,
     "external_id": pl.Int64,
 }
-
-
-def _host_cols(evs: list[Event]) -> dict[str, list]:
-    return {
-        "pid": [_to_int(e.pid) for e in evs],
-        "tid": [_to_int(e.tid) for e in evs],
-        "start_us": [e.ts for e in evs],
-        "duration_us": [e.dur for e in evs],
-        "name": [e.name or "" for e in evs],
-        "external_id": [_ext_id(e.args) for e in evs],
-    }
-
-
-def _launches(evs: list[Event]) -> pl.DataFrame:
-    cols = _host_cols(evs)
-    cols["correlation"] = [_to_int(e.args.correlation) if e.args else None for e in evs]
-    cols["category"] = [e.cat or "" for e in evs]
-    return _frame(cols, dict(_HOST_SCHEMA) | {"correlation": pl.Int64, "category": pl.Utf8})
-
-
-def _ops(evs: list[Event]) -> pl.DataFrame:
-    cols = _host_cols(evs)
-    args = [e.args for e in evs]
-    empty = msgspec.Raw()
-    cols["input_shapes"] = _interned_lists([a.input_dims if a else empty for a in args], _shapes,
-                                           pl.List(pl.List(pl.Int64)))
-    cols["input_dtypes"] = _interned_lists([a.input_type if a else empty for a in args], _strs, pl.List(pl.Utf8))
-    cols["concrete_inputs"] = _interned_lists([a.concrete_inputs if a else empty for a in args], _strs,
-                                              pl.List(pl.Utf8))
-    cols["sequence_number"] = [_to_int(a.sequence_number) if a else None for a in args]
-    cols["fwd_thread_id"] = [_to_int(a.fwd_thread_id) if a else None for a in args]
-    schema = dict(_HOST_SCHEMA) | {
+_KERNEL_SCHEMA = dict(_GPU_SCHEMA)
+for _axis in "xyz":
+    _KERNEL_SCHEMA[f"grid_{_axis}"] = pl.Int64
+    _KERNEL_SCHEMA[f"block_{_axis}"] = pl.Int64
+_KERNEL_SCHEMA |= {
+    "registers_per_thread": pl.Int64,
+    "shared_memory_bytes": pl.Int64,
+    "blocks_per_sm": pl.Float64,
+    "warps_per_sm": pl.Float64,
+    "achieved_occupancy_pct": pl.Float64,
+    "graph_node_id": pl.Int64,
+}
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "kernel": _KERNEL_SCHEMA,
+    "memcpy": dict(_GPU_SCHEMA)
+    | {"direction": pl.Utf8, "src_memory": pl.Utf8, "dst_memory": pl.Utf8, "bytes": pl.Int64},
+    "memset": dict(_GPU_SCHEMA) | {"bytes": pl.Int64},
+    "cuda_sync": dict(_GPU_SCHEMA) | {"sync_kind": pl.Utf8},
+    "runtime": dict(_HOST_SCHEMA) | {"correlation": pl.Int64, "category": pl.Utf8},
+    "cpu_op": dict(_HOST_SCHEMA)
+    | {
         "input_shapes": pl.List(pl.List(pl.Int64)),
         "input_dtypes": pl.List(pl.Utf8),
         "concrete_inputs": pl.List(pl.Utf8),
         "sequence_number": pl.Int64,
         "fwd_thread_id": pl.Int64,
+    },
+    "annotation": dict(_HOST_SCHEMA)
+    | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64},
+    "python_function": dict(_HOST_SCHEMA) | {"python_id": pl.Int64, "python_parent_id": pl.Int64},
+}
+# Interned columns: stored as codes while reading, replaced by their values at the end.
+_INTERNED = {
+    "kernel": {"grid_x": "grid", "block_x": "block", "grid_y": "grid", "block_y": "block",
+               "grid_z": "grid", "block_z": "block"},
+    "cpu_op": {"input_shapes": "dims", "input_dtypes": "types", "concrete_inputs": "concrete"},
+}  # fmt: skip
+
+
+def _ext_col(args: list) -> pl.Series:
+    ext = _get(args, "external_id")
+    lc = _get(args, "external_id_lc")
+    if lc.count(None) != len(lc):  # the lower-case spelling is used only where the other is absent
+        ext = [x if x is not None else y for x, y in zip(ext, lc, strict=True)]
+    return _id_col(ext)
+
+
+def _host_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
+    return {
+        "pid": _id_col(_get(evs, "pid")),
+        "tid": _id_col(_get(evs, "tid")),
+        "start_us": _float_col(_get(evs, "ts")),
+        "duration_us": _float_col(_get(evs, "dur")),
+        "name": _str_col(_get(evs, "name")),
+        "external_id": _ext_col(args),
     }
-    return _frame(cols, schema)
 
 
-def _annotations(evs: list[Event], gpu: list[Event]) -> pl.DataFrame:
-    host = _host_cols(evs)
-    host["category"] = ["user_annotation"] * len(evs)
-    host["device"] = [None] * len(evs)
-    host["stream"] = [None] * len(evs)
-    g = _gpu_cols(gpu)
-    cols = {
-        "pid": host["pid"] + [_to_int(e.pid) for e in gpu],
-        "tid": host["tid"] + [_to_int(e.tid) for e in gpu],
-        "start_us": host["start_us"] + g["start_us"],
-        "duration_us": host["duration_us"] + g["duration_us"],
-        "name": host["name"] + g["name"],
-        "external_id": host["external_id"] + g["external_id"],
-        "category": host["category"] + ["gpu_user_annotation"] * len(gpu),
-        "device": host["device"] + g["device"],
-        "stream": host["stream"] + g["stream"],
+def _gpu_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
+    # device/stream from args, else from pid/tid; legacy lanes ("CUDA functions") and other
+    # unnumbered devices: 0.
+    dev = _id_col(_get(args, "device"))
+    stream = _id_col(_get(args, "stream"))
+    if dev.null_count():
+        dev = dev.fill_null(_id_col(_get(evs, "pid"))).fill_null(0)
+    if stream.null_count():
+        stream = stream.fill_null(_id_col(_get(evs, "tid"))).fill_null(0)
+    return {
+        "device": dev,
+        "stream": stream,
+        "start_us": _float_col(_get(evs, "ts")),
+        "duration_us": _float_col(_get(evs, "dur")),
+        "name": _str_col(_get(evs, "name")),
+        "correlation": _id_col(_get(args, "correlation")),
+        "external_id": _ext_col(args),
     }
-    schema = dict(_HOST_SCHEMA) | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64}
-    return _frame(cols, schema)
 
 
-def _python_frames(evs: list[Event]) -> pl.DataFrame:
-    cols = _host_cols(evs)
-    cols["python_id"] = [_to_int(e.args.python_id) if e.args else None for e in evs]
-    cols["python_parent_id"] = [_to_int(e.args.python_parent_id) if e.args else None for e in evs]
-    return _frame(cols, dict(_HOST_SCHEMA) | {"python_id": pl.Int64, "python_parent_id": pl.Int64})
+class TableBuilder:
+    """Accumulates decoded events chunk by chunk (:meth:`add`) and builds the tables (:meth:`finish`).
+
+    A chunk's events can be freed once :meth:`add` returns: only columns are kept.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[pl.DataFrame]] = {k: [] for k in _KINDS}
+        self._interners = {k: _Interner() for k in ("grid", "block", "dims", "types", "concrete")}
+        self._ph_cache: dict = {}
+        self._cat_cache: dict = {}
+        self._memcpy_cache: dict = {}
+        self.process_names: dict[Any, str] = {}
+        self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.unknown: dict[str, int] = {}
+        self.invalid: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Forget everything added (the reader starts over)."""
+        self.__init__()
+
+    # -- per chunk --------------------------------------------------------------------------
+    def add(self, evs: list[Event], text: bytes | None = None) -> None:
+        """Add a chunk of decoded events; ``text``, the chunk's JSON, lets columns whose key
+        does not occur in it be made without looking at the events."""
+        n = len(evs)
+        if not n:
+            return
+        ph = _codes(list(map(_GET_PH, evs)), self._ph_cache, _ph_code)
+        cats = list(map(_GET_CAT, evs))
+        kind = _codes(cats, self._cat_cache, _cat_code)
+        for i in np.flatnonzero(ph == _PH_M).tolist():
+            self._metadata(evs[i])
+        cand = ph == _PH_X
+        for i in np.flatnonzero(ph == _PH_NONE).tolist():
+            cand[i] = evs[i].dur is not None
+        for i in np.flatnonzero(cand & (kind == _CAT_NONE)).tolist():
+            k = _classify(evs[i])
+            kind[i] = _KIND_CODE.get(k, _UNKNOWN)
+        unknown = self.unknown
+        for i in np.flatnonzero(cand & (kind == _UNKNOWN)).tolist():
+            c = cats[i] if cats[i] is not None else "uncategorised"
+            unknown[c] = unknown.get(c, 0) + 1
+        for code, name in enumerate(_KINDS):
+            idx = np.flatnonzero(cand & (kind == code))
+            if len(idx):
+                sub = list(map(evs.__getitem__, idx.tolist())) if len(idx) < n else evs
+                self._add_kind(name, sub)
+
+    def _metadata(self, e: Event) -> None:
+        a = e.args
+        if a is not None and isinstance(a.name, str):
+            if e.name == "process_name":
+                self.process_names[e.pid] = a.name
+            elif e.name == "thread_name":
+                self.thread_names[(e.pid, e.tid)] = a.name
+
+    def _add_kind(self, kind: str, evs: list[Event]) -> None:
+        args = list(map(_GET_ARGS, evs))
+        if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
+            cols = _gpu_cols(evs, args)
+        else:
+            cols = _host_cols(evs, args)
+        it = self._interners
+        if kind == "kernel":
+            grid = it["grid"].encode(_get(args, "grid"))
+            block = it["block"].encode(_get(args, "block"))
+            for axis in "xyz":
+                cols[f"grid_{axis}"] = grid
+                cols[f"block_{axis}"] = block
+            cols["registers_per_thread"] = _any_int_col(_get(args, "registers_per_thread"))
+            cols["shared_memory_bytes"] = _any_int_col(_get(args, "shared_memory"))
+            cols["blocks_per_sm"] = _any_float_col(_get(args, "blocks_per_sm"))
+            cols["warps_per_sm"] = _any_float_col(_get(args, "warps_per_sm"))
+            cols["achieved_occupancy_pct"] = _any_float_col(_get(args, "occupancy"))
+            cols["graph_node_id"] = _any_int_col(_get(args, "graph_node_id"))
+        elif kind == "memcpy":
+            cache = self._memcpy_cache
+            names = _get(evs, "name")
+            for nm in set(names):
+                if nm not in cache:
+                    cache[nm] = _memcpy_kind(nm)
+            parsed = list(map(cache.__getitem__, names))
+            for j, c in enumerate(("direction", "src_memory", "dst_memory")):
+                cols[c] = pl.Series([p[j] for p in parsed], dtype=pl.Utf8)
+            cols["bytes"] = _any_int_col(_get(args, "bytes"))
+        elif kind == "memset":
+            cols["bytes"] = _any_int_col(_get(args, "bytes"))
+        elif kind == "cuda_sync":
+            vals = _get(args, "cuda_sync_kind")
+            cols["sync_kind"] = pl.Series(
+                [None if v is None else str(v) for v in vals], dtype=pl.Utf8
+            )
+        elif kind == "runtime":
+            cols["correlation"] = _id_col(_get(args, "correlation"))
+            cols["category"] = _str_col(_get(evs, "cat"))
+        elif kind == "cpu_op":
+            cols["input_shapes"] = it["dims"].encode(_get(args, "input_dims"))
+            cols["input_dtypes"] = it["types"].encode(_get(args, "input_type"))
+            cols["concrete_inputs"] = it["concrete"].encode(_get(args, "concrete_inputs"))
+            cols["sequence_number"] = _any_int_col(_get(args, "sequence_number"))
+            cols["fwd_thread_id"] = _any_int_col(_get(args, "fwd_thread_id"))
+        elif kind in ("user_annotation", "gpu_user_annotation"):
+            n = len(evs)
+            if kind == "gpu_user_annotation":
+                cols = {
+                    "pid": _id_col(_get(evs, "pid")),
+                    "tid": _id_col(_get(evs, "tid")),
+                    "start_us": cols["start_us"],
+                    "duration_us": cols["duration_us"],
+                    "name": cols["name"],
+                    "external_id": cols["external_id"],
+                    "category": pl.Series([kind] * n, dtype=pl.Utf8),
+                    "device": cols["device"],
+                    "stream": cols["stream"],
+                }
+            else:
+                cols["category"] = pl.Series([kind] * n, dtype=pl.Utf8)
+                cols["device"] = pl.Series([None] * n, dtype=pl.Int64)
+                cols["stream"] = pl.Series([None] * n, dtype=pl.Int64)
+        elif kind == "python_function":
+            cols["python_id"] = _any_int_col(_get(args, "python_id"))
+            cols["python_parent_id"] = _any_int_col(_get(args, "python_parent_id"))
+        df = pl.DataFrame(cols)
+        ts = cols["start_us"].to_numpy()
+        dur = cols["duration_us"].to_numpy()
+        ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
+        n_bad = len(ok) - int(ok.sum())
+        if n_bad:
+            self.invalid[kind] = self.invalid.get(kind, 0) + n_bad
+            df = df.filter(pl.Series(ok))
+        self._parts[kind].append(df)
+
+    # -- at the end -------------------------------------------------------------------------
+    def finish(self) -> RawTables:
+        frames: dict[str, pl.DataFrame | None] = {
+            k: (pl.concat(v, how="vertical") if len(v) > 1 else v[0]) if v else None
+            for k, v in self._parts.items()
+        }
+        self._parts = {k: [] for k in _KINDS}
+        warnings: list[DataWarning] = []
+        # Gross timestamp outliers (ts written as 0 in part of the trace).
+        all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None]
+        cutoff = _outlier_cutoff(np.concatenate(all_ts) if all_ts else np.empty(0))
+        if cutoff is not None:
+            dropped: dict[str, int] = {}
+            for k, f in frames.items():
+                if f is None:
+                    continue
+                keep = f.filter(pl.col("start_us") >= cutoff)
+                if keep.height != f.height:
+                    dropped[k] = f.height - keep.height
+                frames[k] = keep
+            n = sum(dropped.values())
+            detail = ", ".join(f"{v} {k}" for k, v in sorted(dropped.items()))
+            warnings.append(
+                DataWarning(
+                    "outlier_timestamp",
+                    n,
+                    f"{n} events have timestamps far before the rest of the trace (written as 0?) "
+                    f"and were left out ({detail}): the trace is partly corrupt",
+                )
+            )
+        if self.invalid:
+            n = sum(self.invalid.values())
+            detail = ", ".join(f"{v} {k}" for k, v in sorted(self.invalid.items()))
+            warnings.append(
+                DataWarning(
+                    "invalid_duration",
+                    n,
+                    f"{n} events with a negative or missing duration/timestamp were left out ({detail})",
+                )
+            )
+        if self.unknown:
+            n = sum(self.unknown.values())
+            detail = ", ".join(f"{v} {k}" for k, v in sorted(self.unknown.items()))
+            warnings.append(
+                DataWarning(
+                    "unknown_category", n, f"{n} events of unknown categories kept aside ({detail})"
+                )
+            )
+        annotations = [
+            f for f in (frames["user_annotation"], frames["gpu_user_annotation"]) if f is not None
+        ]
+        return RawTables(
+            kernels=self._final("kernel", frames["kernel"]),
+            memcpys=self._final("memcpy", frames["memcpy"]),
+            memsets=self._final("memset", frames["memset"]),
+            launches=self._final("runtime", frames["runtime"]),
+            ops=self._final("cpu_op", frames["cpu_op"]),
+            annotations=self._final(
+                "annotation", pl.concat(annotations, how="vertical") if annotations else None
+            ),
+            syncs=self._final("cuda_sync", frames["cuda_sync"]),
+            python_frames=self._final("python_function", frames["python_function"]),
+            process_names=self.process_names,
+            thread_names=self.thread_names,
+            unknown_categories=self.unknown,
+            warnings=warnings,
+        )
+
+    def _final(self, kind: str, df: pl.DataFrame | None) -> pl.DataFrame:
+        schema = _SCHEMAS[kind]
+        if df is None:
+            df = pl.DataFrame(schema=schema)
+        else:
+            interned = _INTERNED.get(kind, {})
+            if interned:
+                df = df.with_columns(
+                    self._values(kind, col, source, df[col]) for col, source in interned.items()
+                )
+        return df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+
+    def _values(self, kind: str, col: str, source: str, codes: pl.Series) -> pl.Series:
+        uniq = self._interners[source].decoded()
+        if kind == "kernel":
+            i = "xyz".index(col[-1])
+            values = pl.Series([_dim3(v, i) for v in uniq], dtype=pl.Int64)
+        else:
+            dtype = _SCHEMAS[kind][col]
+            parse = _shapes if col == "input_shapes" else _strs
+            values = pl.Series([parse(v) for v in uniq], dtype=dtype, strict=False)
+        if codes.len() == 0:
+            return pl.Series(col, [], dtype=values.dtype)
+        return values.gather(codes).alias(col)
 
 
-def _outlier_cutoff(ts: list[float]) -> float | None:
+def _outlier_cutoff(ts: np.ndarray) -> float | None:
     """Timestamps written as 0 (or near it) inside a trace that lives far from 0.
 
     Sort the start times and take the largest gap. When the lower group sits at less than
@@ -337,15 +612,13 @@ def _outlier_cutoff(ts: list[float]) -> float | None:
     """
     if len(ts) < 2:
         return None
-    s = sorted(ts)
-    best_gap, best_i = 0.0, -1
-    for i in range(len(s) - 1):
-        g = s[i + 1] - s[i]
-        if g > best_gap:
-            best_gap, best_i = g, i
-    if best_i < 0:
+    s = np.sort(np.asarray(ts, dtype=np.float64))
+    gaps = np.diff(s)
+    best_i = int(np.argmax(gaps))
+    best_gap = float(gaps[best_i])
+    if not best_gap > 0.0:
         return None
-    lower_max, upper_min, upper_max = s[best_i], s[best_i + 1], s[-1]
+    lower_max, upper_min, upper_max = float(s[best_i]), float(s[best_i + 1]), float(s[-1])
     extent = max(upper_max - upper_min, 1.0)
     if upper_min > 0 and lower_max < upper_min * 1e-3 and best_gap > 1000 * extent:
         return upper_min
@@ -360,87 +633,6 @@ def build_tables(events: list[Event]) -> RawTables:
     (cuda_sync: host syncs drawn on the GPU track; waiting, never busy time) and
     python_frames (python_function), plus data-quality warnings.
     """
-    buckets: dict[str, list[Event]] = {}
-    process_names: dict[Any, str] = {}
-    thread_names: dict[tuple[Any, Any], str] = {}
-    unknown: dict[str, int] = {}
-    warnings: list[DataWarning] = []
-    invalid: dict[str, int] = {}
-    for e in events:
-        ph = e.ph
-        if ph == "M":
-            a = e.args
-            if a is not None and isinstance(a.name, str):
-                if e.name == "process_name":
-                    process_names[e.pid] = a.name
-                elif e.name == "thread_name":
-                    thread_names[(e.pid, e.tid)] = a.name
-            continue
-        if ph != "X" and not (ph is None and e.dur is not None):
-            continue
-        kind = _classify(e)
-        if kind in ("flow", "ignore"):
-            continue
-        if kind.startswith("unknown:") or kind == "uncategorised":
-            unknown[kind.split(":", 1)[-1]] = unknown.get(kind.split(":", 1)[-1], 0) + 1
-            continue
-        ts, dur = e.ts, e.dur
-        if ts is None or not math.isfinite(ts) or dur is None or not math.isfinite(dur) or dur < 0:
-            invalid[kind] = invalid.get(kind, 0) + 1
-            continue
-        buckets.setdefault(kind, []).append(e)
-
-    # Gross timestamp outliers (ts written as 0 in part of the trace).
-    all_ts = [e.ts for evs in buckets.values() for e in evs]
-    cutoff = _outlier_cutoff(all_ts)
-    if cutoff is not None:
-        dropped: dict[str, int] = {}
-        for k, evs in buckets.items():
-            keep = [e for e in evs if e.ts >= cutoff]
-            if len(keep) != len(evs):
-                dropped[k] = len(evs) - len(keep)
-            buckets[k] = keep
-        n = sum(dropped.values())
-        detail = ", ".join(f"{v} {k}" for k, v in sorted(dropped.items()))
-        warnings.append(
-            DataWarning(
-                "outlier_timestamp",
-                n,
-                f"{n} events have timestamps far before the rest of the trace (written as 0?) "
-                f"and were left out ({detail}): the trace is partly corrupt",
-            )
-        )
-    if invalid:
-        n = sum(invalid.values())
-        detail = ", ".join(f"{v} {k}" for k, v in sorted(invalid.items()))
-        warnings.append(
-            DataWarning(
-                "invalid_duration",
-                n,
-                f"{n} events with a negative or missing duration/timestamp were left out ({detail})",
-            )
-        )
-    if unknown:
-        n = sum(unknown.values())
-        detail = ", ".join(f"{v} {k}" for k, v in sorted(unknown.items()))
-        warnings.append(
-            DataWarning(
-                "unknown_category", n, f"{n} events of unknown categories kept aside ({detail})"
-            )
-        )
-
-    b = buckets.get
-    return RawTables(
-        kernels=_kernels(b("kernel", [])),
-        memcpys=_memcpys(b("memcpy", [])),
-        memsets=_memsets(b("memset", [])),
-        launches=_launches(b("runtime", [])),
-        ops=_ops(b("cpu_op", [])),
-        annotations=_annotations(b("user_annotation", []), b("gpu_user_annotation", [])),
-        syncs=_syncs(b("cuda_sync", [])),
-        python_frames=_python_frames(b("python_function", [])),
-        process_names=process_names,
-        thread_names=thread_names,
-        unknown_categories=unknown,
-        warnings=warnings,
-    )
+    b = TableBuilder()
+    b.add(events)
+    return b.finish()
