@@ -12,8 +12,10 @@ import contextlib
 import gzip
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -282,6 +284,7 @@ class Browser:
              "--remote-debugging-port=0", "--window-size=1400,2400", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: close() ends Chromium's children
         )  # fmt: skip
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.time() + 60
@@ -362,11 +365,14 @@ class Browser:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.ws.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)  # the group this test started, by its id
+            try:
+                self.proc.wait(10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
