@@ -153,16 +153,7 @@ def check(path: Path, why: str, *extra: str) -> str | None:
 
 # Failures already pinned by a strict xfail elsewhere, by a fragment of their one-line message.
 # A run whose failures are ALL known is reported as xfail; any other failure fails the test.
-KNOWN_BUGS = {
-    "float() argument must be a string or a real number, not 'NoneType'": (
-        "diagnosis._verdict on a zero-length step window (idle fraction n/a): "
-        "test_robustness.py::test_zero_length_step_is_answered"
-    ),
-    "ZeroDivisionError": (
-        "findings.amdahl with a predicted step of 0: "
-        "test_robustness.py::test_fusion_estimate_on_two_streams_and_two_threads_does_not_crash"
-    ),
-}
+KNOWN_BUGS = {}
 
 
 def report(failures: list[str]) -> None:

@@ -178,12 +178,6 @@ def test_invariants_on_random_traces(steps, multi_gpu, no_markers):
                 assert f.estimated_step_ms * 1e3 >= busy - 1e-6, (f.fix, f.estimated_step_ms, busy)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="findings.make_finding divides the MEDIAN step by a speedup computed on MEAN times, "
-    "so with uneven steps the printed per-step estimate can fall below the GPU busy time "
-    "(tracedx/analysis/findings.py, owned elsewhere)",
-)
 def test_estimate_never_below_busy_with_uneven_steps(tmp_path):
     b = TraceBuilder()
     # steps 1 and 2: GPU-bound, one 90 us kernel each; step 3: a 1000 us host-bound step with
