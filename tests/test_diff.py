@@ -468,5 +468,17 @@ def test_sample_pair(pair):
     assert p.after_step_ms == pytest.approx(ta)
     ub = b.metadata["tracedx"]["unprofiled_step_ms"]["median"]
     ua = a.metadata["tracedx"]["unprofiled_step_ms"]["median"]
+    assert p.before_unprofiled_ms == pytest.approx(ub)
+    assert p.after_unprofiled_ms == pytest.approx(ua)
     assert p.achieved_unprofiled == pytest.approx(ub / ua)
     assert p.achieved_traced == pytest.approx(tb / ta)
+    # pairs.json rounds the medians to 3 decimals and the speedup to 2
+    assert ub == pytest.approx(pair["before_unprofiled_ms"], abs=5e-4)
+    assert ua == pytest.approx(pair["after_unprofiled_ms"], abs=5e-4)
+    assert p.achieved_unprofiled == pytest.approx(pair["measured_speedup"], abs=0.006)
+    f = next((f for f in td.before.findings if f.fix == pair["fix"]), None)
+    if f is not None:
+        assert p.estimated_speedup == pytest.approx(f.estimated_speedup)
+        assert p.ratio_unprofiled == pytest.approx(f.estimated_speedup / p.achieved_unprofiled)
+    assert p.verdict in ("on target", "over-estimate", "under-estimate", "no estimate")
+    assert p.explanation and "\n" not in p.explanation
