@@ -612,3 +612,45 @@ def test_legacy_profiler_step_as_cpu_op(tmp_path):
     t = tracedx.load(main_trace(legacy=True).write(tmp_path / "l.json"))
     assert t.steps["step"].to_list() == [1, 2]
     assert (t.steps["duration_us"]).to_list() == [100, 100]
+
+
+# --- real H200 traces (sample_traces/, made by `tracedx capture`; see its README) -------------
+def sample(name: str):
+    from tests.conftest import SAMPLES
+
+    p = SAMPLES / f"{name}.json.gz"
+    if not p.exists():
+        pytest.skip(f"sample_traces/{p.name} is not present")
+    return tracedx.load(p)
+
+
+@pytest.mark.parametrize("name", ["matmul-bf16", "matmul-fp32"])
+def test_real_compute_bound_matmul_loop_busy_over_95_percent(name):
+    t = sample(name)
+    w = step_windows(t)
+    assert w.height >= 3
+    for busy, step in w.select("gpu_busy_us", "step_time_us").rows():
+        assert busy / step > 0.95
+    # GUIDE 2.1 on a real trace: the kernels queued during warm-up (no launch record in the
+    # window) run first, before any kernel of the first recorded step
+    orphans = t.kernels.filter(pl.col("launch_name").is_null())
+    first_attributed = t.kernels.filter(pl.col("step").is_not_null())["start_us"].min()
+    assert orphans.height >= 1 and orphans["end_us"].max() <= first_attributed + 1e-3
+
+
+def test_real_mlp_train_batch_64_gpu_idle_most_of_the_step():
+    w = step_windows(sample("mlp_train-eager"))
+    assert w.height >= 3 and (w["idle_fraction"] > 0.5).all()
+
+
+@pytest.mark.parametrize("name", ["mlp_train-eager", "resnet_train-fp32", "mlp_large-fp32"])
+def test_real_training_step_every_kernel_lands_in_a_step_backward_included(name):
+    t = sample(name)
+    lo, hi = t.steps["start_us"].min(), t.steps["end_us"].max()
+    launched_inside = t.kernels.filter(pl.col("launch_start_us").is_between(lo, hi, closed="left"))
+    assert launched_inside.height > 0 and launched_inside["step"].null_count() == 0
+    # backward kernels: launched from a thread other than the one that holds ProfilerStep#N
+    main_tid = t.steps["tid"][0]
+    bwd = t.kernels.filter(pl.col("launch_tid").is_not_null() & (pl.col("launch_tid") != main_tid))
+    assert bwd.height > 0 and bwd["step"].null_count() == 0
+    assert bwd.filter(pl.col("top_op_name").str.contains("(?i)backward")).height > 0
