@@ -419,13 +419,19 @@ def _step_model(
     """
     from tracedx.analysis.intervals import union
 
+    def per_step_median(df: pl.DataFrame, value: str) -> float:
+        # median over the analysed steps, counting steps where df has no row as 0
+        got = dict(df.group_by("step").agg(pl.col(value).sum()).rows()) if df.height else {}
+        return float(np.median([got.get(s, 0.0) for s in steps])) if steps else 0.0
+
     idle = {
-        c: float(v) / n for c, v in causes.group_by("cause").agg(pl.col("idle_us").sum()).rows()
+        c: per_step_median(causes.filter(pl.col("cause") == c), "idle_us")
+        for c in causes["cause"].unique().to_list()
     }
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
     pageable = pl.col("blocking_reason") == "pageable memcpy"
-    sync_us = float(sc.filter(~pageable)["duration_us"].sum()) / n
-    page_us = float(sc.filter(pageable)["duration_us"].sum()) / n
+    sync_us = per_step_median(sc.filter(~pageable), "duration_us")
+    page_us = per_step_median(sc.filter(pageable), "duration_us")
     # DataLoader __next__ windows inside the analysed steps
     dl = trace.annotations.filter(
         (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
@@ -466,18 +472,20 @@ def _step_model(
     no_gpu_events = ops.filter(~in_gpu_tree | pl.col("in_dl")).height / n + float(la_dl.sum()) / n
     graphs = la.filter(pl.col("api_kind") == "graph").height / n
     kernels = float(w["kernels"].mean() or 0.0)
-    cpu = float(w["cpu_time_us"].mean() or 0.0)
+    cpu = float(w["cpu_time_us"].median() or 0.0)
     gpu_tops = ops.filter(pl.col("parent_id").is_null() & in_gpu_tree & ~pl.col("in_dl"))
     gpu_top_host = float(gpu_tops["duration_us"].sum()) / n
     gpu_tree_events = (
         ops.filter(in_gpu_tree & ~pl.col("in_dl")).height / n
         + la.filter(pl.col("op_id").is_not_null()).height / n
     )
-    per_k = gpu_top_host / kernels if kernels else None
+    # host time per kernel: launching threads can overlap (autograd), so never more than H / K
+    h_total = max(cpu - sync_us - page_us, 0.0)
+    per_k = min(gpu_top_host, h_total) / kernels if kernels else None
     model = fx.StepModel(
         step_us=float(w["step_time_us"].median()),
         mean_step_us=float(w["step_time_us"].mean()),
-        busy_us=float(w["gpu_busy_us"].mean() or 0.0),
+        busy_us=float(w["gpu_busy_us"].median() or 0.0),
         cpu_us=cpu,
         sync_us=sync_us,
         pageable_block_us=page_us,
@@ -500,7 +508,7 @@ def _step_model(
         model.unprofiled_step_us = t_u
         if host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
-            model.tax_us = min(max(model.mean_step_us - t_u, 0.0), model.host_us) / host_events
+            model.tax_us = min(max(model.step_us - t_u, 0.0), model.host_us) / host_events
     return model
 
 

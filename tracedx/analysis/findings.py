@@ -57,7 +57,13 @@ FUSED_ATTENTION_EFFICIENCY = 0.5
 
 @dataclass
 class StepModel:
-    """The typical analysed step of one device (per-step means, us; ``step_us`` is the median)."""
+    """The typical analysed step of one device (us).
+
+    Times that make up the step (``step_us``, ``busy_us``, ``cpu_us``, ``sync_us``,
+    ``pageable_block_us`` and ``idle_us`` per cause) are medians over the analysed steps, so a
+    fix's estimate for the median step never falls below that step's GPU busy time; counts and
+    per-fix inputs (kernels, events, DataLoader time) are means. ``mean_step_us`` is for display.
+    """
 
     step_us: float
     mean_step_us: float
@@ -93,7 +99,7 @@ class StepModel:
 
     @property
     def serial_us(self) -> float:
-        return max(self.mean_step_us - max(self.host_us, self.gpu_us), 0.0)
+        return max(self.step_us - max(self.host_us, self.gpu_us), 0.0)
 
     def predict(
         self,
@@ -204,21 +210,21 @@ def make_finding(
 ) -> Finding:
     """Express a predicted new step time as Amdahl's (f, s) over the region the fix acts on.
 
-    T is the model's current step (``model.predict()``); f = region / T; s = region /
-    (region - saved), so that 1/((1-f)+f/s) = T / T'. The region is widened to the saving when
-    the model saves more than the named region. The estimated step time scales the reference
-    step (unprofiled when known, else the traced median) by T'/T.
+    T is the reference step (unprofiled when known, else the traced median) and T' the model's
+    step after the change (never above T); f = region / T; s = region / (region - saved), so
+    that 1/((1-f)+f/s) = T / T'. The region is widened to the saving when the model saves more
+    than the named region.
     """
-    t = model.predict()
-    new_mean_us = apply(model, change) if isinstance(change, Change) else change
-    new_mean_us = min(max(new_mean_us, 1e-9), t)
-    saved = t - new_mean_us
+    t = model.reference_step_us
+    new_us = apply(model, change) if isinstance(change, Change) else change
+    new_us = min(max(new_us, 1e-3 * t), t)
+    saved = t - new_us
     region = min(max(region_us, saved), t)
     f = region / t if t > 0 else 0.0
     rest = region - saved
     s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
-    sp = amdahl(f, s)
-    est_ms = model.reference_step_us / sp / 1e3
+    sp = t / new_us
+    est_ms = new_us / 1e3
     return Finding(
         fix,
         title,
@@ -258,7 +264,7 @@ def cuda_graphs(m: StepModel) -> Finding | None:
         host_events=m.no_gpu_events + 1 - m.host_events,
     )
     ev = [
-        f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.mean_step_us)} step",
+        f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
         f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
     ]
     if m.per_kernel_host_us:
@@ -305,12 +311,12 @@ def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:
 
 def dataloader_workers(m: StepModel) -> Finding | None:
     """Load batches in worker processes: the main process no longer spends DataLoader time."""
-    if m.dataloader_us <= 0.05 * m.mean_step_us:
+    if m.dataloader_us <= 0.05 * m.step_us:
         return None
     new = Change(host_us=-m.dataloader_us, host_events=-m.dataloader_events)
     ev = [
         f"DataLoader __next__ on the main thread: {_ms(m.dataloader_us)} per step "
-        f"({m.dataloader_us / m.mean_step_us:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
+        f"({m.dataloader_us / m.step_us:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
     ]
     deriv = (
         "overlap: batches prepared by workers while the step runs; host time minus DataLoader time"
@@ -397,6 +403,8 @@ def torch_compile(
         return None
     per_k = m.per_kernel_host_us or 0.0
     h2 = m.host_us - kernels_removed * per_k
+    # kernels on several streams overlap: the saving cannot exceed what the busy union allows
+    chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
     new = Change(
         host_us=h2 - m.host_us,
         gpu_us=-chain_saved_us,
@@ -434,7 +442,7 @@ def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
         m,
         "larger-batch",
         "Increase the batch size (2x) to fill the idle GPU",
-        m.mean_step_us - m.busy_us,
+        m.step_us - m.busy_us,
         new_per_batch,
         deriv,
         ev,
