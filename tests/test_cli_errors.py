@@ -187,3 +187,17 @@ def test_internal_error_is_one_line_exit_1(monkeypatch):
     monkeypatch.setenv("TRACEDX_DEBUG", "1")
     r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json")])
     assert isinstance(r.exception, ValueError)
+
+
+@pytest.mark.parametrize("name,path,words", CASES, ids=IDS)
+def test_bad_input_to_report_and_diff_exits_2(name, path, words, tmp_path):
+    """The other commands that read traces refuse the same inputs the same way."""
+    tiny = str(BAD.parent / "tiny.json")
+    for argv in (
+        ["report", str(path), "-o", str(tmp_path / "r.html")],
+        ["diff", str(path), tiny],
+        ["diff", tiny, str(path)],
+    ):
+        r = CliRunner().invoke(main, argv)
+        assert r.exit_code == 2, (argv, r.exception, r.stderr)
+        check_one_line(r.stderr, path, words)
