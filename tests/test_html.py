@@ -439,6 +439,25 @@ def test_crafted_kernel_name_runs_no_script_in_chromium(browser, tmp_path):
         ".data.map(t => (t.hovertext || []).join(' ')).join(' ')"
     )
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in texts
+    where = browser.eval(
+        "(() => { const out = []; document.getElementById('fig-timeline').data.forEach((t, i) =>"
+        " (t.hovertext || []).forEach((h, j) => { if (h.includes('alert')) out.push([i, j]); }));"
+        " return out; })()"
+    )
+    labels = []
+    for c, p in where:
+        browser.eval(
+            f"Plotly.Fx.hover(document.getElementById('fig-timeline'), "
+            f"[{{curveNumber: {c}, pointNumber: {p}}}])"
+        )
+        browser.pump(0.3)
+        labels.append(
+            browser.eval("document.querySelector('#fig-timeline .hoverlayer').textContent")
+        )
+    # drawn as text in the hover labels, exactly as the trace spells them
+    assert any(XSS_KERNEL in x for x in labels) and any(XSS_OP in x for x in labels)
+    assert browser.eval("document.querySelectorAll('.hoverlayer script, img').length") == 0
+    assert browser.dialogs == [] and browser.errors == []
 
 
 def test_the_browser_harness_sees_errors_and_dialogs(browser, tmp_path):

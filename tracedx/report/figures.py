@@ -81,8 +81,10 @@ FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "siz
 
 
 def esc(s: Any) -> str:
-    """HTML-escape any value for plotly text (plotly renders a subset of HTML)."""
-    return html.escape("" if s is None else str(s), quote=True)
+    """Escape ``&``, ``<``, ``>`` for plotly text, which renders a subset of HTML tags and
+    decodes ``&lt;``/``&gt;``/``&amp;`` (not ``&quot;``: quotes stay as they are, harmless
+    outside tags)."""
+    return html.escape("" if s is None else str(s), quote=False)
 
 
 def hover_name(name: Any, width: int = 100) -> str:
