@@ -300,7 +300,10 @@ def _roofline_points(fig: go.Figure, pts: pl.DataFrame) -> None:
     t_max = float(pts["device_time_us"].max() or 1.0) or 1.0
     present = set(pts["_kind"].to_list())
     top = pts.sort("device_time_us", descending=True).head(LABELLED_OPS)
-    labelled = set(zip(top["name"].to_list(), top["device_time_us"].to_list(), strict=True))
+    # the largest ops get a label; neighbours alternate sides so labels overlap less
+    sides = ("top center", "bottom center", "middle right", "middle left")
+    keys = zip(top["name"].to_list(), top["device_time_us"].to_list(), strict=True)
+    labelled = {key: sides[i % len(sides)] for i, key in enumerate(keys)}
     for k in [k for k in KINDS if k in present] + sorted(present - set(KINDS)):
         g = pts.filter(pl.col("_kind") == k)
         rows = g.to_dicts()
@@ -315,7 +318,9 @@ def _roofline_points(fig: go.Figure, pts: pl.DataFrame) -> None:
                     else ""
                     for r in rows
                 ],
-                textposition="top center",
+                textposition=[
+                    labelled.get((r["name"], r["device_time_us"]), "top center") for r in rows
+                ],
                 textfont={"size": 10, "color": "#333"},
                 name=esc(k),
                 marker={
