@@ -317,6 +317,7 @@ def _quality(
                 "correlation",
                 "launch_name",
                 "launch_start_us",
+                "launch_duration_us",
             )
             for t in (kernels, memcpys, memsets)
         ],
@@ -378,6 +379,48 @@ def _quality(
         out.append(
             DataWarning(
                 "stream_overlap", ov, f"{ov} GPU events overlap an earlier event on the same stream"
+            )
+        )
+    # A stream runs its work in launch order. An event that starts before another event of its
+    # stream whose launch call had already returned when this one's began is out of order: the
+    # timestamps (or the correlation ids) are inconsistent.
+    g = gpu.filter(pl.col("launch_start_us").is_not_null()).with_columns(
+        __k=pl.col("launch_start_us"),
+        __end=pl.col("launch_start_us") + pl.col("launch_duration_us").fill_null(0.0),
+    )
+    done = (
+        g.sort("__end")
+        .select(
+            "device",
+            "stream",
+            pl.col("__end").alias("__k"),
+            pl.col("start_us").cum_max().over("device", "stream").alias("__max_start"),
+        )
+        .sort("__k")
+    )
+    ooo = (
+        g.select("device", "stream", "__k", "start_us")
+        .sort("__k")
+        .join_asof(
+            done,
+            on="__k",
+            by=["device", "stream"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,  # both sides are sorted by __k above
+        )
+        .filter(pl.col("start_us") < pl.col("__max_start") - 1e-3)
+        .height
+        if g.height
+        else 0
+    )
+    if ooo:
+        out.append(
+            DataWarning(
+                "gpu_out_of_order",
+                ooo,
+                f"{ooo} GPU events ran before work launched earlier on the same stream (a stream "
+                "runs in launch order: timestamps or correlation ids are inconsistent)",
             )
         )
     return out
