@@ -183,6 +183,11 @@ def dq_trace(kind: str) -> tuple[TraceBuilder, int, float]:
         c = b.launch(T0 + 70, 3, ext=e)
         b.kernel(T0 + 65, 10, c, "early")  # [65,75) but launched at 70: clocks disagree
         return b, 1, 30
+    if kind == "gpu_out_of_order":
+        # launched at 40 (returns at 43), then at 50: on one stream the second cannot run first
+        b.launched_kernel("aten::add", T0 + 39, 5, T0 + 90, 10)  # [90,100)
+        b.launched_kernel("aten::mul", T0 + 49, 5, T0 + 60, 10)  # [60,70): before [90,100)
+        return b, 1, 40  # 20 + 10 + 10
     if kind == "stream_overlap":
         b.launched_kernel("aten::add", T0 + 16, 5, T0 + 25, 10)  # [25,35) on stream 7 too
         return b, 1, 25  # union [10,35)
@@ -197,6 +202,7 @@ DQ_KINDS = [
     "invalid_duration",
     "gpu_before_launch",
     "stream_overlap",
+    "gpu_out_of_order",
 ]
 
 
