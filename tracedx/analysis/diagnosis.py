@@ -78,6 +78,7 @@ class Diagnosis:
     findings: list[fx.Finding]
     model: fx.StepModel | None
     notes: list[str] = field(default_factory=list)
+    decode: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract ``tracedx.diagnosis/1`` (see README). Non-finite numbers become null."""
@@ -373,6 +374,15 @@ def diagnose(
     unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
     if isinstance(unprof, dict) and unprof.get("median"):
         summary["unprofiled_step_ms"] = unprof
+    decode = decode_ceiling_info(ops_tbl, spec, model, len(chosen))
+    if decode:
+        evidence.append(
+            f"decode-shaped step (batch-1 matmuls): reads {decode['weight_bytes_per_token'] / 1e9:.3f} GB of "
+            f"weights + {decode['kv_bytes_per_token'] / 1e9:.4f} GB of KV cache per token; at "
+            f"{decode['bandwidth_gbs']:.0f} GB/s the ceiling is {decode['ceiling_step_ms']:.3f} ms per token "
+            f"({decode['ceiling_tokens_per_s']:.0f} tokens/s); this step reaches "
+            f"{decode['achieved_fraction']:.1%} of it"
+        )
     return Diagnosis(
         trace=trace,
         steps=chosen,
@@ -395,6 +405,7 @@ def diagnose(
         findings=found,
         model=model,
         notes=notes,
+        decode=decode,
     )
 
 
@@ -633,20 +644,119 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
     else:
         ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
     hd_share = hd / busy
+    # Matrix kernels with fewer blocks than SMs (skinny GEMMs, GEMV in decode) cannot be
+    # bound by the math units: count them with the memory side.
+    small = _underfilled_matrix_share(trace, w, primary) / busy
+    if small >= 0.05:
+        ev.append(
+            f"{small:.0%} of device time is in GEMM/conv/attention kernels with fewer blocks than "
+            "SMs (skinny or batch-1 shapes: bound by memory and latency, not math)"
+        )
     groups = {
         ("compute-bound", "tensor-core math"): sum(
             share.get(k, 0) for k in ("gemm", "convolution", "attention")
-        ),
+        )
+        - small,
         ("bandwidth-bound", "device memory"): sum(
             share.get(k, 0) for k in ("elementwise", "reduction", "normalization", "copy")
         )
-        - hd_share,
+        - hd_share
+        + small,
         ("bandwidth-bound", "communication"): share.get("communication", 0),
         ("bandwidth-bound", "host-device transfer"): hd_share,
     }
     (regime, bott), v = max(groups.items(), key=lambda kv: kv[1])
     ev.append(f"largest share of device time: {bott} ({v:.0%})")
     return regime, bott, ev
+
+
+def _tensor_bytes(shape: list[int] | None, dtype: str | None) -> float:
+    from tracedx.analysis.intensity import DTYPE_BYTES
+
+    if not shape or dtype not in DTYPE_BYTES:
+        return 0.0
+    return float(np.prod(shape, dtype=np.float64)) * DTYPE_BYTES[dtype]
+
+
+def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str, Any] | None:
+    """The decode ceiling when the step looks like batch-1 decode (GEMV-shaped matmuls).
+
+    Decode-like: GEMM ops whose activation has at most 8 rows hold >= 50% of GEMM device time.
+    Bytes read per token = weights (the largest input of each GEMM) + KV cache (the key and
+    value inputs of attention ops), per step; ceiling = bandwidth / bytes per token (seed 004;
+    GUIDE.md section 5). Returns None when the trace is not decode-like or has no shapes/peaks.
+    """
+    if spec is None or model is None or "family" not in ops_tbl.columns or ops_tbl.height == 0:
+        return None
+    gem = ops_tbl.filter(pl.col("family") == "gemm")
+    if gem.height == 0:
+        return None
+    skinny_us = total_us = weights = 0.0
+    for r in gem.iter_rows(named=True):
+        shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
+        total_us += r["device_time_us"]
+        tensors = [(sh, dt) for sh, dt in zip(shapes, dtypes, strict=False) if len(sh) >= 2]
+        if len(tensors) < 2:
+            continue
+        act = min(tensors, key=lambda x: _tensor_bytes(*x))
+        rows = float(np.prod(act[0][:-1]))
+        if rows <= 8:
+            skinny_us += r["device_time_us"]
+        weights += max(_tensor_bytes(*x) for x in tensors) * r["count"] / n
+    if total_us <= 0 or skinny_us / total_us < 0.5:
+        return None
+    kv = 0.0
+    for r in ops_tbl.filter(pl.col("family") == "attention").iter_rows(named=True):
+        shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
+        kv += (
+            sum(_tensor_bytes(sh, dt) for sh, dt in list(zip(shapes, dtypes, strict=False))[1:3])
+            * r["count"]
+            / n
+        )
+    from tracedx.analysis.roofline import decode_ceiling
+
+    tokens_s = decode_ceiling(weights, kv, spec.bandwidth_gbs)
+    ceiling_ms = 1e3 / tokens_s
+    step_ms = model.reference_step_us / 1e3
+    return {
+        "weight_bytes_per_token": weights,
+        "kv_bytes_per_token": kv,
+        "bandwidth_gbs": spec.bandwidth_gbs,
+        "ceiling_tokens_per_s": tokens_s,
+        "ceiling_step_ms": ceiling_ms,
+        "achieved_tokens_per_s": 1e3 / step_ms if step_ms > 0 else None,
+        "achieved_fraction": ceiling_ms / step_ms if step_ms > 0 else None,
+    }
+
+
+def _num_sms(trace: Trace, device: int | None) -> int | None:
+    for p in trace.metadata.get("device_properties") or []:
+        if (
+            isinstance(p, dict)
+            and p.get("id", 0) == (device or 0)
+            and isinstance(p.get("numSms"), int)
+        ):
+            return p["numSms"]
+    return None
+
+
+def _underfilled_matrix_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float:
+    """Device time (us, all analysed steps) of matrix kernels whose grid has fewer blocks than SMs."""
+    sms = _num_sms(trace, device)
+    if not sms or device is None:
+        return 0.0
+    k = trace.kernels.filter(
+        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+    ).with_columns(
+        blocks=pl.col("grid_x").fill_null(1)
+        * pl.col("grid_y").fill_null(1)
+        * pl.col("grid_z").fill_null(1),
+        kk=kind_expr("name"),
+    )
+    small = k.filter(
+        pl.col("kk").is_in(["gemm", "convolution", "attention"]) & (pl.col("blocks") < sms)
+    )
+    return float(small["duration_us"].sum())
 
 
 def _frac(x) -> str:

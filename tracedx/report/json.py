@@ -145,6 +145,7 @@ def diagnosis_dict(diag) -> dict[str, Any]:
         "evidence": diag.evidence,
         "findings": [f.to_dict() for f in diag.findings],
         "estimates_against": _reference(diag),
+        "decode": diag.decode,
         "ops": _ops(diag),
         "idle_causes": idle,
         "largest_gaps": _records(diag.largest_gaps),

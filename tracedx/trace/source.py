@@ -281,7 +281,7 @@ _META_FIELDS = tuple(f for f in FastPart.__struct_fields__ if f != "traceEvents"
 class EventSink(Protocol):
     """Where the reader puts decoded events (``tables.TableBuilder``)."""
 
-    def add(self, events: list, text: bytes | None = None) -> None: ...
+    def add(self, events: list) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -401,11 +401,12 @@ def _find_cut(buf: bytes, lo: int) -> int:
     return -1
 
 
-def _check_text(buf: bytes, end: int | None = None) -> None:
-    """Refuse invalid UTF-8 in ``buf[:end]`` (the reference reader's rule)."""
+def _check_text(buf: bytes) -> None:
+    """Refuse invalid UTF-8 (the reference reader's rule). Chunks are cut before ``{``, so a
+    multi-byte character is never split between two chunks."""
     if not buf.isascii():
         try:
-            (buf if end is None else buf[:end]).decode("utf-8")
+            buf.decode("utf-8")
         except UnicodeDecodeError:
             raise _NotFast("invalid UTF-8") from None
 
@@ -426,49 +427,50 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
         raise _NotFast("not a file")
     reader = _Reader(p)
     try:
-        pending: list[bytes] = []
+        pending: list = []  # blocks (or the tail of one) not decoded yet
         size = 0
         head: FastPart | None = None
-        key_at = -1
         for block in reader:
             pending.append(block)
             size += len(block)
             if size < CHUNK_BYTES:
                 continue
-            buf = b"".join(pending)
+            if head is None and len(pending) > 1:
+                pending = [b"".join(pending)]
+            last = pending[-1]
+            lo = 0
             if head is None:
-                key_at = buf.find(_KEY)
-                if key_at < 0:
+                lo = last.find(_KEY)
+                if lo < 0:
                     if size > _KEY_SEARCH_LIMIT:
                         raise _NotFast("no traceEvents key near the start")
-                    pending = [buf]
                     continue
-            cut = _find_cut(buf, key_at if head is None else 0)
+            cut = _find_cut(last, lo)
             if cut < 0:
-                pending = [buf]
                 continue
-            _check_text(buf, cut)
-            text = memoryview(buf)[:cut]
+            parts = [*pending[:-1], memoryview(last)[:cut]]
             if head is None:
-                payload = b"".join((text, _SENTINEL, b"]}"))
+                payload = b"".join((*parts, _SENTINEL, b"]}"))
+                del parts
+                _check_text(payload)
                 head = _decode_part(payload, _FAST_PART, "first chunk")
                 events = head.traceEvents
                 if not events or not _is_sentinel(events[-1]):
                     raise _NotFast("first cut is not inside traceEvents")
-                events.pop()
                 head.traceEvents = None
             else:
-                payload = b"".join((b"[", text, _SENTINEL, b"]"))
+                payload = b"".join((b"[", *parts, _SENTINEL, b"]"))
+                del parts
+                _check_text(payload)
                 events = _decode_part(payload, _FAST_LIST, "chunk")
                 if not events or not _is_sentinel(events[-1]):
                     raise _NotFast("cut is not between events")
-                events.pop()
-            del payload, text
-            sink.add(events, buf)
+            del payload
+            events.pop()
+            sink.add(events)
             del events
-            pending = [buf[cut:]]
+            pending = [memoryview(last)[cut:]]
             size = len(pending[0])
-            del buf
         rest = b"".join(pending)
         del pending
         if head is None:  # one chunk: the whole document
@@ -479,17 +481,19 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
             if doc.traceEvents is None:
                 raise _NotFast("no traceEvents")
             events, doc.traceEvents = doc.traceEvents, None
-            sink.add(events, rest)
+            sink.add(events)
             return _tracefile(doc, None)
-        _check_text(rest)
         payload = b"".join((b'{"traceEvents":[', _SENTINEL, b",", rest))
+        del rest
+        _check_text(payload)
         tail = _decode_part(payload, _FAST_PART, "last chunk")
         del payload
         events = tail.traceEvents
         if not events or not _is_sentinel(events[0]):
             raise _NotFast("last chunk")
-        sink.add(events[1:], rest)
         tail.traceEvents = None
+        events[0:1] = []
+        sink.add(events)
         return _tracefile(head, tail)
     finally:
         reader.close()

@@ -204,20 +204,30 @@ def _float_col(vals: list) -> pl.Series:
 
 def _str_col(vals: list) -> pl.Series:
     """``name or ""``."""
-    return pl.Series(vals, dtype=pl.Utf8).fill_null("")
+    s = pl.Series(vals, dtype=pl.Utf8)
+    return s.fill_null("") if s.null_count() else s
 
 
 class _Interner:
-    """Distinct raw JSON values -> small integer codes, decoded once each at the end."""
+    """Distinct tuples of raw JSON values -> small integer codes, decoded once each at the end.
 
-    def __init__(self) -> None:
+    The key of an event is its raw values joined by NUL, which never occurs in JSON text: one
+    bytes object per event whatever the number of fields (``bytes(raw)`` is the costly part).
+    """
+
+    def __init__(self, n_fields: int) -> None:
+        self.n_fields = n_fields
         self.codes: dict[bytes, int] = {}
 
-    def encode(self, raws: list) -> pl.Series:
+    def encode(self, columns: list[list]) -> pl.Series:
+        """``columns``: one list of ``msgspec.Raw`` (or None) per field, all of one length."""
+        join = b"\x00".join
         try:
-            keys = list(map(bytes, raws))
+            keys = list(map(join, zip(*columns, strict=True)))
         except TypeError:  # None: an event without args
-            keys = [b"" if r is None else bytes(r) for r in raws]
+            keys = [
+                join(b"" if r is None else r for r in vals) for vals in zip(*columns, strict=True)
+            ]
         codes = self.codes
         for k in dict.fromkeys(keys):
             if k not in codes:
@@ -227,12 +237,13 @@ class _Interner:
             dtype=pl.UInt32,
         )
 
-    def decoded(self) -> list:
-        """The distinct values in code order, decoded (None for the empty key and bad JSON)."""
+    def decoded(self, field: int) -> list:
+        """Field ``field`` of each distinct key, in code order, decoded (None when absent or bad)."""
         out = []
         for key in self.codes:
+            raw = key.split(b"\x00")[field]
             try:
-                out.append(msgspec.json.decode(key) if key else None)
+                out.append(msgspec.json.decode(raw) if raw else None)
             except msgspec.DecodeError:
                 out.append(None)
         return out
@@ -330,11 +341,11 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "python_function": dict(_HOST_SCHEMA) | {"python_id": pl.Int64, "python_parent_id": pl.Int64},
 }
 # Interned columns: stored as codes while reading, replaced by their values at the end.
+# column -> field of the interned key (kernels: grid, block; ops: dims, types, concrete inputs)
 _INTERNED = {
-    "kernel": {"grid_x": "grid", "block_x": "block", "grid_y": "grid", "block_y": "block",
-               "grid_z": "grid", "block_z": "block"},
-    "cpu_op": {"input_shapes": "dims", "input_dtypes": "types", "concrete_inputs": "concrete"},
-}  # fmt: skip
+    "kernel": {"grid_x": 0, "block_x": 1, "grid_y": 0, "block_y": 1, "grid_z": 0, "block_z": 1},
+    "cpu_op": {"input_shapes": 0, "input_dtypes": 1, "concrete_inputs": 2},
+}
 
 
 def _ext_col(args: list) -> pl.Series:
@@ -384,7 +395,7 @@ class TableBuilder:
 
     def __init__(self) -> None:
         self._parts: dict[str, list[pl.DataFrame]] = {k: [] for k in _KINDS}
-        self._interners = {k: _Interner() for k in ("grid", "block", "dims", "types", "concrete")}
+        self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         self._ph_cache: dict = {}
         self._cat_cache: dict = {}
         self._memcpy_cache: dict = {}
@@ -398,9 +409,8 @@ class TableBuilder:
         self.__init__()
 
     # -- per chunk --------------------------------------------------------------------------
-    def add(self, evs: list[Event], text: bytes | None = None) -> None:
-        """Add a chunk of decoded events; ``text``, the chunk's JSON, lets columns whose key
-        does not occur in it be made without looking at the events."""
+    def add(self, evs: list[Event]) -> None:
+        """Add a chunk of decoded events (they are not kept)."""
         n = len(evs)
         if not n:
             return
@@ -441,11 +451,10 @@ class TableBuilder:
             cols = _host_cols(evs, args)
         it = self._interners
         if kind == "kernel":
-            grid = it["grid"].encode(_get(args, "grid"))
-            block = it["block"].encode(_get(args, "block"))
+            launch = it["kernel"].encode([_get(args, "grid"), _get(args, "block")])
             for axis in "xyz":
-                cols[f"grid_{axis}"] = grid
-                cols[f"block_{axis}"] = block
+                cols[f"grid_{axis}"] = launch
+                cols[f"block_{axis}"] = launch
             cols["registers_per_thread"] = _any_int_col(_get(args, "registers_per_thread"))
             cols["shared_memory_bytes"] = _any_int_col(_get(args, "shared_memory"))
             cols["blocks_per_sm"] = _any_float_col(_get(args, "blocks_per_sm"))
@@ -473,9 +482,10 @@ class TableBuilder:
             cols["correlation"] = _id_col(_get(args, "correlation"))
             cols["category"] = _str_col(_get(evs, "cat"))
         elif kind == "cpu_op":
-            cols["input_shapes"] = it["dims"].encode(_get(args, "input_dims"))
-            cols["input_dtypes"] = it["types"].encode(_get(args, "input_type"))
-            cols["concrete_inputs"] = it["concrete"].encode(_get(args, "concrete_inputs"))
+            shapes = it["cpu_op"].encode(
+                [_get(args, "input_dims"), _get(args, "input_type"), _get(args, "concrete_inputs")]
+            )
+            cols["input_shapes"] = cols["input_dtypes"] = cols["concrete_inputs"] = shapes
             cols["sequence_number"] = _any_int_col(_get(args, "sequence_number"))
             cols["fwd_thread_id"] = _any_int_col(_get(args, "fwd_thread_id"))
         elif kind in ("user_annotation", "gpu_user_annotation"):
@@ -585,12 +595,12 @@ class TableBuilder:
             interned = _INTERNED.get(kind, {})
             if interned:
                 df = df.with_columns(
-                    self._values(kind, col, source, df[col]) for col, source in interned.items()
+                    self._values(kind, col, field, df[col]) for col, field in interned.items()
                 )
         return df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
 
-    def _values(self, kind: str, col: str, source: str, codes: pl.Series) -> pl.Series:
-        uniq = self._interners[source].decoded()
+    def _values(self, kind: str, col: str, field: int, codes: pl.Series) -> pl.Series:
+        uniq = self._interners[kind].decoded(field)
         if kind == "kernel":
             i = "xyz".index(col[-1])
             values = pl.Series([_dim3(v, i) for v in uniq], dtype=pl.Int64)
