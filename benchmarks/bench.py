@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "out"
 FALLBACK_SOURCE = ROOT.parent / "shared/public_traces/hta/trace_diff__control__control.json.gz"
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 MB = 1_000_000
 
 # --------------------------------------------------------------------------------------------
@@ -97,7 +97,8 @@ def _steps_of(events: list[dict]) -> tuple[list[float], list[float], list[int]]:
     wins = []
     for e in events:
         m = _STEP_RE.match(str(e.get("name", "")))
-        if m and e.get("ph") == "X" and e.get("dur") is not None:
+        host = e.get("cat") != "gpu_user_annotation"  # the GPU-side copy of the step marker
+        if m and host and e.get("ph") == "X" and e.get("dur") is not None:
             wins.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), int(m.group(1))))
     wins.sort()
     return [w[0] for w in wins], [w[1] for w in wins], [w[2] for w in wins]
@@ -549,7 +550,13 @@ def _mem_gib() -> float:
         return 0.0
 
 
+PREFERRED_SOURCE = ROOT / "sample_traces" / "resnet_train-bf16-cl.json.gz"
+
+
 def _default_source() -> Path:
+    """A real H200 training trace (forward, backward, optimizer; shapes recorded) when present."""
+    if PREFERRED_SOURCE.exists():
+        return PREFERRED_SOURCE
     for p in sorted((ROOT / "sample_traces").glob("*.json*")):
         try:
             with gzip.open(p) if p.suffix == ".gz" else open(p, "rb") as fh:
