@@ -210,13 +210,17 @@ def make_finding(
 ) -> Finding:
     """Express a predicted new step time as Amdahl's (f, s) over the region the fix acts on.
 
-    T is the reference step (unprofiled when known, else the traced median) and T' the model's
-    step after the change (never above T); f = region / T; s = region / (region - saved), so
-    that 1/((1-f)+f/s) = T / T'. The region is widened to the saving when the model saves more
-    than the named region.
+    T is the traced median step (or, with an unprofiled timing, the model's own step with the
+    profiler cost removed) and T' the model's step after the change (never above T);
+    f = region / T; s = region / (region - saved), so that 1/((1-f)+f/s) = T / T'. The region
+    is widened to the saving when the model saves more than the named region. The estimated
+    step time is the reference step (unprofiled when known, else the traced median) / speedup.
     """
-    t = model.reference_step_us
     new_us = apply(model, change) if isinstance(change, Change) else change
+    # Traced reference: T is the traced median step and T' the model's new step, in the same
+    # units. Unprofiled reference: the model (profiler cost removed) gives the ratio T'/T on its
+    # own scale, applied to the measured unprofiled step.
+    t = model.predict() if model.unprofiled_step_us else model.reference_step_us
     new_us = min(max(new_us, 1e-3 * t), t)
     saved = t - new_us
     region = min(max(region_us, saved), t)
@@ -224,7 +228,7 @@ def make_finding(
     rest = region - saved
     s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
     sp = t / new_us
-    est_ms = new_us / 1e3
+    est_ms = model.reference_step_us / sp / 1e3
     return Finding(
         fix,
         title,

@@ -1,0 +1,144 @@
+"""Real H200 traces in sample_traces/: verdicts and estimates a performance engineer would sign.
+
+The traces and their unprofiled timings are described in sample_traces/README.md; the
+before/after pairs and their measured unprofiled speedups in sample_traces/pairs.json.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+import tracedx
+from tests.conftest import SAMPLES
+from tracedx.analysis.diagnosis import diagnose
+from tracedx.analysis.timeline import step_windows
+
+CAL = SAMPLES / "calibration-h200.json"
+PAIRS = (
+    json.loads((SAMPLES / "pairs.json").read_text()) if (SAMPLES / "pairs.json").exists() else []
+)
+
+_cache: dict[str, object] = {}
+
+
+def diag(name: str, **kw):
+    p = SAMPLES / name
+    if not p.exists():
+        pytest.skip(f"{p} missing")
+    key = (name, tuple(sorted(kw.items())))
+    if key not in _cache:
+        _cache[key] = diagnose(tracedx.load(p), **kw)
+    return _cache[key]
+
+
+def fixes(d) -> dict:
+    return {f.fix: f for f in d.findings}
+
+
+def test_bf16_matmul_loop_is_compute_bound_near_peak():
+    d = diag("matmul-bf16.json.gz", calibration=str(CAL))
+    assert (d.regime, d.bottleneck) == ("compute-bound", "tensor-core math")
+    w = d.windows
+    assert (w["gpu_busy_us"] / w["step_time_us"]).min() > 0.95  # issue 2: busy over 95%
+    mm = d.op_table.filter(pl.col("name") == "aten::mm").row(0, named=True)
+    assert mm["regime"] == "compute"
+    peak = d.device.peak_tflops["bf16"]
+    assert mm["achieved_tflops"] / peak > 0.70  # issue 4: over 70% of the bf16 peak
+    assert not [f for f in d.findings if f.recommended]  # nothing worth doing
+
+
+def test_elementwise_chain_is_bandwidth_bound_near_the_roof():
+    d = diag("elementwise-eager.json.gz", calibration=str(CAL))
+    assert (d.regime, d.bottleneck) == ("bandwidth-bound", "device memory")
+    ew = d.op_table.filter(pl.col("family") == "elementwise")
+    assert set(ew["regime"].to_list()) == {"bandwidth"}
+    # near the (calibrated) bandwidth roof: device-time weighted fraction of the bound
+    frac = (ew["bound_fraction"] * ew["device_time_us"]).sum() / ew["device_time_us"].sum()
+    assert frac > 0.8
+    assert d.findings[0].fix == "torch-compile"
+
+
+def test_fp32_matmul_without_tf32_is_bound_by_fp32_math_and_tf32_is_proposed():
+    d = diag("matmul-fp32.json.gz", calibration=str(CAL))
+    assert (d.regime, d.bottleneck) == ("compute-bound", "fp32 math")
+    f = fixes(d)["tf32"]
+    cal = json.loads(CAL.read_text())["matmul_tflops"]
+    # the local speedup is the ceiling ratio tf32 / fp32 (memory never binds a 4096^3 GEMM)
+    assert f.local_speedup == pytest.approx(cal["tf32"] / cal["fp32"], rel=1e-6)
+    assert f.recommended
+
+
+def test_mlp_training_step_is_overhead_bound_and_every_kernel_lands_in_a_step():
+    t = tracedx.load(SAMPLES / "mlp_train-eager.json.gz")
+    w = step_windows(t)
+    assert w["idle_fraction"].min() > 0.5  # issue 2: GPU idle most of the step at batch 64
+    # backward kernels are launched from the autograd thread, and still land in their step
+    assert t.kernels["launch_tid"].n_unique() == 2
+    assert t.kernels["step"].null_count() == 0
+    d = diag("mlp_train-eager.json.gz")
+    assert (d.regime, d.bottleneck) == ("overhead-bound", "kernel launch")
+    assert d.findings[0].fix == "cuda-graphs"
+
+
+def test_decode_eager_is_launch_bound_and_graphs_are_worth_tens_of_x():
+    d = diag("decode-eager.json.gz")
+    assert (d.regime, d.bottleneck) == ("overhead-bound", "kernel launch")
+    f = fixes(d)["cuda-graphs"]
+    assert f.estimated_speedup > 12  # GUIDE.md: ~12x on its machine; 36x measured here
+    assert d.decode is not None
+    # GPT-2-medium-shaped: ~355 M bf16 parameters read per token
+    assert 0.6e9 < d.decode["weight_bytes_per_token"] < 0.8e9
+
+
+def test_overhead_bound_resnet_gains_nothing_from_bf16():
+    # GUIDE.md 2.8: bf16 on an overhead-bound ResNet step is worth (almost) nothing
+    d = diag("resnet_train-fp32.json.gz")
+    assert d.regime == "overhead-bound"
+    f = fixes(d)
+    assert "bf16-autocast" not in f or not f["bf16-autocast"].recommended
+
+
+def test_item_loop_sync_removal_is_a_small_gain_and_graphs_rank_higher():
+    d = diag("item_loop-sync.json.gz")
+    assert d.regime == "overhead-bound"
+    f = fixes(d)
+    assert 1.0 <= f["remove-host-sync"].estimated_speedup < 1.5
+    assert f["cuda-graphs"].estimated_speedup > f["remove-host-sync"].estimated_speedup
+    assert any(
+        "_local_scalar_dense" in s or "item" in s for s in f["remove-host-sync"].evidence[1:2]
+    )
+
+
+def test_pageable_copy_is_a_transfer_problem():
+    d = diag("h2d_copy-pageable.json.gz")
+    assert (d.regime, d.bottleneck) == ("bandwidth-bound", "host-device transfer")
+    assert d.findings[0].fix == "pinned-memory"
+
+
+def test_dataloader_in_main_process_is_found():
+    d = diag("convnet_dataloader-main.json.gz")
+    assert (d.regime, d.bottleneck) == ("overhead-bound", "host work")
+    assert d.findings[0].fix == "dataloader-workers"
+
+
+# Known misses, with the reason (see README, "Estimates against measurements").
+KNOWN_MISSES = {
+    "add_loop": "500 one-element kernels: the profiler inflates each tiny kernel's GPU time, which the "
+    "graph estimate keeps (6.1x estimated, 10.4x measured)",
+    "convnet_dataloader": "the profiler's cost per host event is far lower inside the DataLoader's long CPU "
+    "ops than in the training step's short ops; one average cost per event under-deflates what remains",
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=[p["pair"] for p in PAIRS])
+def test_applied_fix_estimate_within_1_5x_of_measured(pair, request):
+    if pair["pair"] in KNOWN_MISSES:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[pair["pair"]]))
+    d = diag(pair["before"])
+    f = fixes(d).get(pair["fix"])
+    est = f.estimated_speedup if f else 1.0  # no finding: the tool says the fix is worth nothing
+    ratio = est / pair["measured_speedup"]
+    assert 1 / 1.5 <= ratio <= 1.5, (pair["pair"], est, pair["measured_speedup"])
