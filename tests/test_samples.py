@@ -142,3 +142,12 @@ def test_applied_fix_estimate_within_1_5x_of_measured(pair, request):
     est = f.estimated_speedup if f else 1.0  # no finding: the tool says the fix is worth nothing
     ratio = est / pair["measured_speedup"]
     assert 1 / 1.5 <= ratio <= 1.5, (pair["pair"], est, pair["measured_speedup"])
+
+
+def test_costly_sync_is_attributed_to_its_python_line():
+    d = diag("item_loop-sync-stack.json.gz")
+    top = d.sync_sites.row(0, named=True)
+    assert top["op"] == "aten::item" and top["call"] == "cudaStreamSynchronize"
+    assert top["site"].startswith("capture/item_loop.py(35)")  # `total += s.item()`
+    f = fixes(d)["remove-host-sync"]
+    assert any("capture/item_loop.py(35)" in e for e in f.evidence)

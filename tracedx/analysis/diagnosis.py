@@ -177,7 +177,8 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
         user = pf.filter(
             ~pl.col("name").str.starts_with("<")
             & ~pl.col("name").str.contains(
-                r"site-packages|dist-packages|/torch/|\\torch\\|/lib/python|<frozen"
+                r"site-packages|dist-packages|/torch/|\\torch\\|/lib/python|<frozen|"
+                r"^(torch|click|tracedx|runpy|typing|threading|contextlib|functools|importlib)[/\\.(]"
             )
         )
         for i, (tid, t) in enumerate(
