@@ -157,7 +157,12 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
 
 
 def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
-    """Blocking host calls grouped by the op that issued them and, with Python stacks, file:line."""
+    """Blocking host calls grouped by the op that issued them and, with Python stacks, the site.
+
+    The site is the innermost user frame holding the call (``file(line): function``; PyTorch
+    records Python frames per function, so the line is the function's line, or where it stood
+    when profiling began) and the Python call it made (e.g. ``<built-in method item ...>``).
+    """
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
     schema = {
         "site": pl.Utf8,
@@ -188,7 +193,14 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
                 (pl.col("tid") == tid) & (pl.col("start_us") <= t) & (pl.col("end_us") >= t)
             )
             if hit.height:
-                sites[i] = hit.sort("start_us")["name"][-1]
+                site = hit.sort("start_us")["name"][-1]
+                # the Python call made from that frame (e.g. <built-in method item of Tensor object>)
+                inner = pf.filter(
+                    (pl.col("tid") == tid) & (pl.col("start_us") <= t) & (pl.col("end_us") >= t)
+                ).sort("start_us")
+                if inner.height and inner["name"][-1] != site:
+                    site += f" -> {inner['name'][-1]}"
+                sites[i] = site
     sc = sc.with_columns(
         site=pl.Series(sites, dtype=pl.Utf8),
         op=pl.coalesce(pl.col("top_op"), pl.col("op"), pl.lit("(no op)")),

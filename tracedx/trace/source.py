@@ -265,7 +265,10 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 # by :func:`read_document`, whose messages and repair mode are the reference. So the fast
 # reader changes speed and memory, never a result or an error message.
 
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 16 << 20
+# A second process decodes every other chunk when the JSON is at least this big (its start-up,
+# a fresh interpreter importing polars, costs a few tenths of a second).
+PARALLEL_MIN_BYTES = 64 << 20
 _READ_BYTES = 8 << 20
 _GZIP_IN = 1 << 20
 _KEY = b'"traceEvents"'
@@ -282,6 +285,10 @@ class EventSink(Protocol):
     """Where the reader puts decoded events (``tables.TableBuilder``)."""
 
     def add(self, events: list) -> None: ...
+
+    def reserve(self) -> int: ...
+
+    def fill(self, slot: int, columns) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -415,6 +422,35 @@ def _is_sentinel(ev) -> bool:
     return getattr(ev, "ph", None) == "M" and getattr(ev, "name", None) == _SENTINEL_NAME
 
 
+def decode_middle_chunk(payload: bytes) -> list:
+    """Events of a middle chunk, ``[`` events sentinel ``]`` (also run by the worker process)."""
+    _check_text(payload)
+    events = _decode_part(payload, _FAST_LIST, "chunk")
+    if not events or not _is_sentinel(events[-1]):
+        raise _NotFast("cut is not between events")
+    events.pop()
+    return events
+
+
+def _json_size(p: Path) -> int:
+    """The size of the JSON: the file's, or for gzip the size its trailer records (mod 4 GiB)."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        if f.read(2) != _GZIP_MAGIC:
+            return size
+        f.seek(max(size - 4, 0))
+        return max(int.from_bytes(f.read(4), "little"), size)
+
+
+def _start_worker():
+    from tracedx.trace.parallel import Worker
+
+    try:
+        return Worker()
+    except OSError:
+        return None
+
+
 def _decode_part(payload: bytes, decoder, where: str):
     try:
         return decoder.decode(payload)
@@ -425,78 +461,113 @@ def _decode_part(payload: bytes, decoder, where: str):
 def _read_fast(p: Path, sink: EventSink) -> TraceFile:
     if not p.is_file():
         raise _NotFast("not a file")
+    worker = _start_worker() if _json_size(p) >= PARALLEL_MIN_BYTES else None
     reader = _Reader(p)
+    ok = False
     try:
-        pending: list = []  # blocks (or the tail of one) not decoded yet
-        size = 0
-        head: FastPart | None = None
-        for block in reader:
-            pending.append(block)
-            size += len(block)
-            if size < CHUNK_BYTES:
+        doc = _read_chunks(reader, sink, worker)
+        ok = True
+        return doc
+    finally:
+        reader.close()
+        if worker is not None:
+            worker.close(abandon=not ok)
+
+
+def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
+    from tracedx.trace.parallel import WorkerError
+
+    def collect(block: bool) -> None:
+        nonlocal worker
+        try:
+            while worker is not None and (r := worker.poll(block)) is not None:
+                sink.fill(*r)
+        except WorkerError as e:
+            raise _NotFast(f"worker: {e}") from None
+
+    pending: list = []  # blocks (or the tail of one) not decoded yet
+    size = 0
+    head: FastPart | None = None
+    for block in reader:
+        pending.append(block)
+        size += len(block)
+        if size < CHUNK_BYTES:
+            continue
+        if head is None and len(pending) > 1:
+            pending = [b"".join(pending)]
+        last = pending[-1]
+        lo = 0
+        if head is None:
+            lo = last.find(_KEY)
+            if lo < 0:
+                if size > _KEY_SEARCH_LIMIT:
+                    raise _NotFast("no traceEvents key near the start")
                 continue
-            if head is None and len(pending) > 1:
-                pending = [b"".join(pending)]
-            last = pending[-1]
-            lo = 0
-            if head is None:
-                lo = last.find(_KEY)
-                if lo < 0:
-                    if size > _KEY_SEARCH_LIMIT:
-                        raise _NotFast("no traceEvents key near the start")
-                    continue
-            cut = _find_cut(last, lo)
-            if cut < 0:
-                continue
-            parts = [*pending[:-1], memoryview(last)[:cut]]
-            if head is None:
-                payload = b"".join((*parts, _SENTINEL, b"]}"))
-                del parts
-                _check_text(payload)
-                head = _decode_part(payload, _FAST_PART, "first chunk")
-                events = head.traceEvents
-                if not events or not _is_sentinel(events[-1]):
-                    raise _NotFast("first cut is not inside traceEvents")
-                head.traceEvents = None
-            else:
-                payload = b"".join((b"[", *parts, _SENTINEL, b"]"))
-                del parts
-                _check_text(payload)
-                events = _decode_part(payload, _FAST_LIST, "chunk")
-                if not events or not _is_sentinel(events[-1]):
-                    raise _NotFast("cut is not between events")
+        cut = _find_cut(last, lo)
+        if cut < 0:
+            continue
+        parts = [*pending[:-1], memoryview(last)[:cut]]
+        if head is None:
+            payload = b"".join((*parts, _SENTINEL, b"]}"))
+            del parts
+            _check_text(payload)
+            head = _decode_part(payload, _FAST_PART, "first chunk")
             del payload
+            events = head.traceEvents
+            if not events or not _is_sentinel(events[-1]):
+                raise _NotFast("first cut is not inside traceEvents")
+            head.traceEvents = None
             events.pop()
             sink.add(events)
             del events
-            pending = [memoryview(last)[cut:]]
-            size = len(pending[0])
-        rest = b"".join(pending)
-        del pending
-        if head is None:  # one chunk: the whole document
-            if not rest.strip():
-                raise _NotFast("empty")
-            _check_text(rest)
-            doc = _decode_part(rest, _FAST_PART, "document")
-            if doc.traceEvents is None:
-                raise _NotFast("no traceEvents")
-            events, doc.traceEvents = doc.traceEvents, None
-            sink.add(events)
-            return _tracefile(doc, None)
-        payload = b"".join((b'{"traceEvents":[', _SENTINEL, b",", rest))
-        del rest
-        _check_text(payload)
-        tail = _decode_part(payload, _FAST_PART, "last chunk")
-        del payload
-        events = tail.traceEvents
-        if not events or not _is_sentinel(events[0]):
-            raise _NotFast("last chunk")
-        tail.traceEvents = None
-        events[0:1] = []
+        else:
+            payload = b"".join((b"[", *parts, _SENTINEL, b"]"))
+            del parts
+            if worker is not None:
+                try:
+                    use_worker = worker.can_take()
+                except WorkerError:  # it did not start: carry on alone
+                    worker.close(abandon=True)
+                    worker, use_worker = None, False
+            else:
+                use_worker = False
+            if use_worker:
+                worker.submit(sink.reserve(), payload)
+                del payload
+            else:
+                events = decode_middle_chunk(payload)
+                del payload
+                sink.add(events)
+                del events
+        collect(False)
+        pending = [memoryview(last)[cut:]]
+        size = len(pending[0])
+    rest = b"".join(pending)
+    del pending
+    if head is None:  # one chunk: the whole document
+        if not rest.strip():
+            raise _NotFast("empty")
+        _check_text(rest)
+        doc = _decode_part(rest, _FAST_PART, "document")
+        if doc.traceEvents is None:
+            raise _NotFast("no traceEvents")
+        events, doc.traceEvents = doc.traceEvents, None
         sink.add(events)
-        return _tracefile(head, tail)
-    finally:
-        reader.close()
+        return _tracefile(doc, None)
+    payload = b"".join((b'{"traceEvents":[', _SENTINEL, b",", rest))
+    del rest
+    _check_text(payload)
+    tail = _decode_part(payload, _FAST_PART, "last chunk")
+    del payload
+    events = tail.traceEvents
+    if not events or not _is_sentinel(events[0]):
+        raise _NotFast("last chunk")
+    tail.traceEvents = None
+    events[0:1] = []
+    sink.add(events)  # after the slots reserved for the worker's chunks: order is kept
+    del events
+    collect(True)
+    return _tracefile(head, tail)
 
 
 def _tracefile(head: FastPart, tail: FastPart | None) -> TraceFile:

@@ -237,6 +237,14 @@ class _Interner:
             dtype=pl.UInt32,
         )
 
+    def remap(self, keys: list[bytes]) -> pl.Series:
+        """Codes in this interner for another interner's keys (listed in its code order)."""
+        codes = self.codes
+        for k in keys:
+            if k not in codes:
+                codes[k] = len(codes)
+        return pl.Series([codes[k] for k in keys], dtype=pl.UInt32)
+
     def decoded(self, field: int) -> list:
         """Field ``field`` of each distinct key, in code order, decoded (None when absent or bad)."""
         out = []
@@ -387,45 +395,49 @@ def _gpu_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
     }
 
 
-class TableBuilder:
-    """Accumulates decoded events chunk by chunk (:meth:`add`) and builds the tables (:meth:`finish`).
+@dataclass
+class ChunkColumns:
+    """The columns of one chunk of events, ready to be merged (picklable: a worker process of
+    :mod:`tracedx.trace.parallel` sends it back). Interned columns hold codes into ``keys``."""
 
-    A chunk's events can be freed once :meth:`add` returns: only columns are kept.
-    """
+    frames: dict[str, pl.DataFrame]
+    keys: dict[str, list[bytes]]
+    invalid: dict[str, int]
+    unknown: dict[str, int]
+    process_names: dict[Any, str]
+    thread_names: dict[tuple[Any, Any], str]
+
+
+class Converter:
+    """Decoded events -> :class:`ChunkColumns`; keeps only caches between chunks."""
 
     def __init__(self) -> None:
-        self._parts: dict[str, list[pl.DataFrame]] = {k: [] for k in _KINDS}
-        self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         self._ph_cache: dict = {}
         self._cat_cache: dict = {}
         self._memcpy_cache: dict = {}
-        self.process_names: dict[Any, str] = {}
-        self.thread_names: dict[tuple[Any, Any], str] = {}
-        self.unknown: dict[str, int] = {}
-        self.invalid: dict[str, int] = {}
 
-    def reset(self) -> None:
-        """Forget everything added (the reader starts over)."""
-        self.__init__()
-
-    # -- per chunk --------------------------------------------------------------------------
-    def add(self, evs: list[Event]) -> None:
-        """Add a chunk of decoded events (they are not kept)."""
+    def convert(self, evs: list[Event]) -> ChunkColumns:
+        out = ChunkColumns({}, {}, {}, {}, {}, {})
+        interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         n = len(evs)
-        if not n:
-            return
+        if n:
+            self._convert(evs, n, out, interners)
+        out.keys = {k: list(it.codes) for k, it in interners.items()}
+        return out
+
+    def _convert(self, evs: list[Event], n: int, out: ChunkColumns, interners: dict) -> None:
         ph = _codes(list(map(_GET_PH, evs)), self._ph_cache, _ph_code)
         cats = list(map(_GET_CAT, evs))
         kind = _codes(cats, self._cat_cache, _cat_code)
         for i in np.flatnonzero(ph == _PH_M).tolist():
-            self._metadata(evs[i])
+            _metadata(evs[i], out)
         cand = ph == _PH_X
         for i in np.flatnonzero(ph == _PH_NONE).tolist():
             cand[i] = evs[i].dur is not None
         for i in np.flatnonzero(cand & (kind == _CAT_NONE)).tolist():
             k = _classify(evs[i])
             kind[i] = _KIND_CODE.get(k, _UNKNOWN)
-        unknown = self.unknown
+        unknown = out.unknown
         for i in np.flatnonzero(cand & (kind == _UNKNOWN)).tolist():
             c = cats[i] if cats[i] is not None else "uncategorised"
             unknown[c] = unknown.get(c, 0) + 1
@@ -433,23 +445,14 @@ class TableBuilder:
             idx = np.flatnonzero(cand & (kind == code))
             if len(idx):
                 sub = list(map(evs.__getitem__, idx.tolist())) if len(idx) < n else evs
-                self._add_kind(name, sub)
+                self._kind(name, sub, out, interners)
 
-    def _metadata(self, e: Event) -> None:
-        a = e.args
-        if a is not None and isinstance(a.name, str):
-            if e.name == "process_name":
-                self.process_names[e.pid] = a.name
-            elif e.name == "thread_name":
-                self.thread_names[(e.pid, e.tid)] = a.name
-
-    def _add_kind(self, kind: str, evs: list[Event]) -> None:
+    def _kind(self, kind: str, evs: list[Event], out: ChunkColumns, it: dict) -> None:
         args = list(map(_GET_ARGS, evs))
         if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
             cols = _gpu_cols(evs, args)
         else:
             cols = _host_cols(evs, args)
-        it = self._interners
         if kind == "kernel":
             launch = it["kernel"].encode([_get(args, "grid"), _get(args, "block")])
             for axis in "xyz":
@@ -515,17 +518,77 @@ class TableBuilder:
         ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
         n_bad = len(ok) - int(ok.sum())
         if n_bad:
-            self.invalid[kind] = self.invalid.get(kind, 0) + n_bad
+            out.invalid[kind] = out.invalid.get(kind, 0) + n_bad
             df = df.filter(pl.Series(ok))
-        self._parts[kind].append(df)
+        out.frames[kind] = df
+
+
+def _metadata(e: Event, out: ChunkColumns) -> None:
+    a = e.args
+    if a is not None and isinstance(a.name, str):
+        if e.name == "process_name":
+            out.process_names[e.pid] = a.name
+        elif e.name == "thread_name":
+            out.thread_names[(e.pid, e.tid)] = a.name
+
+
+class TableBuilder:
+    """Accumulates decoded events chunk by chunk (:meth:`add`) and builds the tables (:meth:`finish`).
+
+    A chunk's events can be freed once :meth:`add` returns: only columns are kept. Chunks
+    converted elsewhere (a worker process) go in with :meth:`reserve` and :meth:`fill`; they
+    are merged in chunk order, so the tables do not depend on who converted what.
+    """
+
+    def __init__(self) -> None:
+        self.converter = Converter()
+        self._chunks: list[ChunkColumns | None] = []
+
+    def reset(self) -> None:
+        """Forget everything added (the reader starts over)."""
+        self._chunks = []
+
+    def add(self, evs: list[Event]) -> None:
+        """Add a chunk of decoded events (they are not kept)."""
+        self._chunks.append(self.converter.convert(evs))
+
+    def reserve(self) -> int:
+        """A place for the next chunk, filled later by :meth:`fill`."""
+        self._chunks.append(None)
+        return len(self._chunks) - 1
+
+    def fill(self, slot: int, columns: ChunkColumns) -> None:
+        self._chunks[slot] = columns
 
     # -- at the end -------------------------------------------------------------------------
     def finish(self) -> RawTables:
+        parts: dict[str, list[pl.DataFrame]] = {k: [] for k in _KINDS}
+        self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
+        self.process_names: dict[Any, str] = {}
+        self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.unknown: dict[str, int] = {}
+        self.invalid: dict[str, int] = {}
+        for c in self._chunks:
+            if c is None:
+                raise RuntimeError("a reserved chunk was never filled")
+            for kind, df in c.frames.items():
+                if kind in _INTERNED:
+                    remap = self._interners[kind].remap(c.keys[kind])
+                    code = remap.gather(df[next(iter(_INTERNED[kind]))])
+                    df = df.with_columns(code.alias(col) for col in _INTERNED[kind])
+                parts[kind].append(df)
+            for k, v in c.invalid.items():
+                self.invalid[k] = self.invalid.get(k, 0) + v
+            for k, v in c.unknown.items():
+                self.unknown[k] = self.unknown.get(k, 0) + v
+            self.process_names.update(c.process_names)
+            self.thread_names.update(c.thread_names)
+        self._chunks = []
         frames: dict[str, pl.DataFrame | None] = {
             k: (pl.concat(v, how="vertical") if len(v) > 1 else v[0]) if v else None
-            for k, v in self._parts.items()
+            for k, v in parts.items()
         }
-        self._parts = {k: [] for k in _KINDS}
+        del parts
         warnings: list[DataWarning] = []
         # Gross timestamp outliers (ts written as 0 in part of the trace).
         all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None]
