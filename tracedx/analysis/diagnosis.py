@@ -199,7 +199,8 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
                     (pl.col("tid") == tid) & (pl.col("start_us") <= t) & (pl.col("end_us") >= t)
                 ).sort("start_us")
                 if inner.height and inner["name"][-1] != site:
-                    site += f" -> {inner['name'][-1]}"
+                    call = re.sub(r" at 0x[0-9a-fA-F]+", "", inner["name"][-1])
+                    site += f" -> {call}"
                 sites[i] = site
     sc = sc.with_columns(
         site=pl.Series(sites, dtype=pl.Utf8),
