@@ -137,9 +137,10 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 gpu_longer=pl.col("gpu_window_us").fill_null(-1.0) > pl.col("cpu_time_us"),
             )
             .with_columns(
-                window_start_us=pl.coalesce("gpu_start_us", "cpu_start_us"),
-                window_end_us=pl.coalesce("gpu_start_us", "cpu_start_us")
-                + pl.max_horizontal(pl.col("gpu_window_us").fill_null(0.0), "cpu_time_us"),
+                window_start_us=pl.when("gpu_longer")
+                .then("gpu_start_us")
+                .otherwise("cpu_start_us"),
+                window_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
             )
         )
         busy = overlap(
