@@ -162,20 +162,14 @@ def test_invariants_on_random_traces(steps, multi_gpu, no_markers):
     if d.model is None:
         assert not t.has_gpu_activity
         return
-    m = d.model
+    # the estimates are stated per typical (median) step of the verdict's GPU
+    busy = float(d.windows.filter(pl.col("device") == d.primary_device)["gpu_busy_us"].median())
     for f in d.findings:
         assert f.estimated_speedup >= 1.0 - EPS
         assert 0.0 <= f.fraction <= 1.0 + EPS
         if f.fix in LAUNCH_GAP_FIXES:
-            # The model's own promise: the new mean step is never below the mean GPU busy time.
-            new_mean = m.mean_step_us / f.estimated_speedup
-            assert new_mean >= m.busy_us - 1e-6, (f.fix, new_mean, m.busy_us)
-            if len(d.steps) == 1:
-                # one step: the printed estimate is that step's, against its own busy time
-                busy = float(
-                    d.windows.filter(pl.col("device") == d.primary_device)["gpu_busy_us"][0]
-                )
-                assert f.estimated_step_ms * 1e3 >= busy - 1e-6, (f.fix, f.estimated_step_ms, busy)
+            # removing launch gaps never makes the step faster than its GPU busy time
+            assert f.estimated_step_ms * 1e3 >= busy - 1e-6, (f.fix, f.estimated_step_ms, busy)
 
 
 def test_estimate_never_below_busy_with_uneven_steps(tmp_path):
