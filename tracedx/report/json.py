@@ -122,8 +122,14 @@ def diagnosis_dict(diag) -> dict[str, Any]:
             .group_by("cause")
             .agg(pl.col("idle_us").sum(), pl.col("gaps").sum())
         )
+        med = diag.model.idle_us if diag.model is not None else {}
         idle = {
-            r["cause"]: {"ms_per_step": _ms(r["idle_us"] / len(diag.steps)), "gaps": r["gaps"]}
+            r["cause"]: {
+                # median over the analysed steps (the step model's figure), and totals
+                "ms_per_step": _ms(med.get(r["cause"], r["idle_us"] / len(diag.steps))),
+                "total_ms": _ms(r["idle_us"]),
+                "gaps": r["gaps"],
+            }
             for r in per.iter_rows(named=True)
         }
     else:

@@ -71,36 +71,60 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     tid = srt["tid"].fill_null(-1).to_numpy()
     start = srt["start_us"].to_numpy()
     end = srt["end_us"].to_numpy()
-    n = len(ids)
-    parent = np.full(n, -1, dtype=np.int64)
-    top = np.empty(n, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int32)
-    stack: list[int] = []  # positions in sorted order
-    bad = 0
-    prev_key = None
-    for i in range(n):
-        key = (pid[i], tid[i])
-        if key != prev_key:
-            stack.clear()
-            prev_key = key
-        s = start[i]
-        while stack and end[stack[-1]] <= s:
-            stack.pop()
-        if stack:
-            p = stack[-1]
-            parent[i] = ids[p]
-            top[i] = top[p]
-            depth[i] = depth[p] + 1
-            if end[i] > end[p] + 1e-6:
-                bad += 1
-        else:
-            top[i] = ids[i]
-        stack.append(i)
+    parent_pos, depth, root_pos = _nest(pid, tid, start, end)
+    has = parent_pos >= 0
+    pp = np.where(has, parent_pos, 0)
+    parent = np.where(has, ids[pp], -1)
+    top = ids[root_pos]
+    bad = int(np.count_nonzero(has & (end > end[pp] + 1e-6)))
     tree = pl.DataFrame(
         {"op_id": ids, "parent_id": parent, "top_op_id": top, "depth": depth},
         schema={"op_id": pl.Int64, "parent_id": pl.Int64, "top_op_id": pl.Int64, "depth": pl.Int32},
     ).with_columns(pl.when(pl.col("parent_id") >= 0).then(pl.col("parent_id")).alias("parent_id"))
     return ops.join(tree, on="op_id", how="left"), bad
+
+
+def _nest(
+    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parent position, depth and root position of each interval (sorted by group, start, -end).
+
+    The same answer as a stack walked in order (pop while the top ends at or before the start;
+    the top left is the parent) without a Python loop: the top left is always the last earlier
+    interval of the group that ends after the start, found for all intervals at once by binary
+    lifting over a sparse table of running maxima of ``end``. Depth and root then come from
+    pointer jumping along the parents. Returns parent positions (-1 for none), depths, roots.
+    """
+    n = len(start)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    group = np.cumsum(new)
+    # levels[k][j] = max(end[j : j + 2**k])
+    levels = [end]
+    while (1 << len(levels)) <= n:
+        h = 1 << (len(levels) - 1)
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-h], prev[h:]))
+    p = np.arange(n)  # exclusive bound: all of [p, i) end at or before start[i]
+    for k in range(len(levels) - 1, -1, -1):
+        cand = p - (1 << k)
+        ok = cand >= 0
+        skip = ok & (levels[k][np.where(ok, cand, 0)] <= start)
+        p = np.where(skip, cand, p)
+    del levels
+    j = p - 1
+    jj = np.maximum(j, 0)
+    has = (j >= 0) & (group[jj] == group)
+    parent = np.where(has, j, -1)
+    up = np.where(has, j, np.arange(n))
+    depth = has.astype(np.int32)
+    while True:
+        nxt = up[up]
+        if np.array_equal(nxt, up):
+            break
+        depth = depth + depth[up]
+        up = nxt
+    return parent, depth, up
 
 
 def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.DataFrame:
