@@ -506,6 +506,8 @@ class Prediction:
     verdict: str  # "on target", "over-estimate", "under-estimate", "no estimate", "unknown fix"
     explanation: str
     batch_scale: float | None = None
+    combined_fixes: list[str] | None = None
+    combined_estimated_speedup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -524,6 +526,8 @@ class Prediction:
             "estimate_over_achieved_traced": _r(self.ratio_traced),
             "estimate_over_achieved_unprofiled": _r(self.ratio_unprofiled),
             "batch_scale": self.batch_scale,
+            "combined_fixes": self.combined_fixes,
+            "combined_estimated_speedup": _r(self.combined_estimated_speedup),
             "verdict": self.verdict,
             "explanation": self.explanation,
         }
@@ -1060,13 +1064,29 @@ def diff(
             + ", ".join(c.fix for c in strong)
             + f"; the estimate checked is {chosen}'s alone"
         )
+        both = [f for f in (_find(before, c.fix) for c in strong) if f is not None]
+        if len(both) > 1 and before.model is not None:
+            comb = fx.combined_speedup(before.model, both)
+            pred.combined_fixes = [f.fix for f in both]
+            pred.combined_estimated_speedup = comb
+            ach = pred.achieved_unprofiled or pred.achieved_traced
+            notes.append(
+                f"together ({' + '.join(pred.combined_fixes)}) BEFORE's step model estimates "
+                f"{comb:.2f}x" + (f" against {ach:.2f}x achieved" if ach else "")
+            )
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:
             notes.append(f"{side} has no ProfilerStep markers: the whole trace is one step")
-    notes.append(
-        "estimates are against the traced step time; the profiler slows the host "
-        "(GUIDE.md 2.7), so the unprofiled speedup is the one that counts"
-    )
+    if before.model is not None and before.model.unprofiled_step_us:
+        notes.append(
+            "BEFORE's estimates are against its unprofiled step (profiler cost per host event "
+            "taken out); the unprofiled speedup is the one to compare"
+        )
+    else:
+        notes.append(
+            "estimates are against the traced step time; the profiler slows the host "
+            "(GUIDE.md 2.7), so the unprofiled speedup is the one that counts"
+        )
     verdicts = {
         "regime": (before.regime, after.regime),
         "bottleneck": (before.bottleneck, after.bottleneck),
