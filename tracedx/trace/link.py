@@ -19,7 +19,10 @@ from tracedx.trace.tables import DataWarning
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 # Host API names -> kind. Matched case-sensitively on substrings, CUDA and HIP spellings.
+# First match wins. A host function (cudaLaunchHostFunc / cuLaunchHostFunc) runs on the host:
+# it never has a GPU event, so it is not a kernel launch.
 _API_KINDS = [
+    ("other", ("LaunchHostFunc",)),
     ("graph", ("GraphLaunch",)),
     (
         "kernel",
@@ -29,7 +32,6 @@ _API_KINDS = [
             "LaunchCooperativeKernel",
             "hipExtLaunch",
             "hipModuleLaunch",
-            "LaunchHostFunc",
         ),
     ),
     ("sync", ("Synchronize",)),
