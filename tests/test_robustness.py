@@ -234,6 +234,21 @@ def test_duplicate_gpu_event_counts_once(tmp_path):
     assert w["gpu_busy_us"].to_list() == [20]
 
 
+def test_host_function_launch_is_not_a_kernel_launch(tmp_path):
+    """cudaLaunchHostFunc enqueues a host callback: no GPU event will ever match it."""
+    b = TraceBuilder()
+    b.step(1, T0, 100)
+    b.launched_kernel("aten::mm", T0 + 5, 10, T0 + 10, 20)
+    e = b.op("record_stream_callback", T0 + 40, 10)
+    b.launch(T0 + 42, 3, "cudaLaunchHostFunc", ext=e)
+    b.launch(T0 + 50, 3, "cuLaunchHostFunc", driver=True)
+    t = tracedx.load(b.write(tmp_path / "hostfunc.json"))
+    kinds_of = dict(zip(t.launches["name"], t.launches["api_kind"], strict=True))
+    assert kinds_of["cudaLaunchHostFunc"] == kinds_of["cuLaunchHostFunc"] == "other"
+    assert kinds_of["cudaLaunchKernel"] == "kernel"
+    assert t.warnings == []
+
+
 def test_events_out_of_order_give_the_same_numbers(tmp_path):
     """Kineto files are never globally sorted (GPU events follow the host ones): order is noise."""
     b = main_trace()
