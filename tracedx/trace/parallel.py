@@ -1,0 +1,206 @@
+"""A second process for the fast reader: it decodes and converts chunks while this one does too.
+
+Decoding JSON into Python objects holds the GIL, so a second core needs a second process. The
+worker is a fresh interpreter (``python -m tracedx.trace.parallel``), not a fork, so it is safe
+whatever the parent has done with polars' thread pool, and no multiprocessing bootstrap re-runs
+the user's ``__main__``. It reads chunks (``[`` events, sentinel ``]``: see ``source``) from
+stdin and writes back pickled :class:`~tracedx.trace.tables.ChunkColumns`, one per chunk, in
+order. The parent merges them in chunk order, so the tables are the same whoever converted a
+chunk. Anything unexpected (the worker cannot start, dies, or reports an error) makes the
+reader fall back to its reference path, never to a different result.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+_HEADER = struct.Struct("<Q")
+_HELLO = b"tracedx-chunk-worker 1\n"
+
+
+def _read_exact(f, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        got = f.read(n - len(buf))
+        if not got:
+            return None
+        buf += got
+    return bytes(buf)
+
+
+def worker_main() -> int:
+    """The worker's loop: chunk in, columns out, until stdin closes."""
+    import gc
+
+    gc.disable()
+    from tracedx.trace.source import decode_middle_chunk
+    from tracedx.trace.tables import Converter
+
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    out.write(_HELLO + str(Path(__file__).resolve()).encode() + b"\n")
+    out.flush()
+    conv = Converter()
+    while True:
+        head = _read_exact(inp, _HEADER.size)
+        if head is None:
+            return 0
+        payload = _read_exact(inp, _HEADER.unpack(head)[0])
+        if payload is None:
+            return 1
+        try:
+            events = decode_middle_chunk(payload)
+            del payload
+            result = ("ok", conv.convert(events))
+            del events
+        except Exception as e:  # the parent decides what to do; never a traceback here
+            result = ("error", f"{type(e).__name__}: {e}")
+        blob = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        del result
+        out.write(_HEADER.pack(len(blob)))
+        out.write(blob)
+        out.flush()
+
+
+class WorkerError(Exception):
+    """The worker could not start, died, or could not convert a chunk."""
+
+
+class Worker:
+    """The parent's handle: :meth:`submit` chunks, :meth:`poll`/:meth:`wait` for their columns.
+
+    Sending and receiving run in threads (pipe I/O releases the GIL), so the parent keeps
+    decoding its own chunks meanwhile. At most ``max_inflight`` chunks are out at once.
+    """
+
+    def __init__(self, max_inflight: int = 2) -> None:
+        import tracedx
+
+        env = dict(os.environ)
+        root = str(Path(tracedx.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.max_inflight = max_inflight
+        self.inflight: list[int] = []  # slots, oldest first
+        self.ready = False
+        self.failed: str | None = None
+        self._expect = str(Path(__file__).resolve())
+        self._results: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue = queue.Queue()
+        self._p = subprocess.Popen(
+            [sys.executable, "-m", "tracedx.trace.parallel"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
+        )
+        self._rx = threading.Thread(target=self._receive, daemon=True)
+        self._tx = threading.Thread(target=self._send, daemon=True)
+        self._rx.start()
+        self._tx.start()
+
+    # -- threads ------------------------------------------------------------------------------
+    def _receive(self) -> None:
+        f = self._p.stdout
+        try:
+            hello = f.readline()
+            path = f.readline().decode(errors="replace").strip()
+            if hello != _HELLO or path != self._expect:
+                self._results.put(("dead", "the worker is another tracedx or did not start"))
+                return
+            self._results.put(("hello", None))
+            while True:
+                head = _read_exact(f, _HEADER.size)
+                if head is None:
+                    self._results.put(("dead", "the worker exited"))
+                    return
+                blob = _read_exact(f, _HEADER.unpack(head)[0])
+                if blob is None:
+                    self._results.put(("dead", "the worker exited mid-result"))
+                    return
+                self._results.put(pickle.loads(blob))
+        except Exception as e:
+            self._results.put(("dead", f"{type(e).__name__}: {e}"))
+
+    def _send(self) -> None:
+        f = self._p.stdin
+        try:
+            while True:
+                payload = self._outbox.get()
+                if payload is None:
+                    f.close()
+                    return
+                f.write(_HEADER.pack(len(payload)))
+                f.write(payload)
+                del payload
+        except Exception:  # the worker died: _receive reports it
+            return
+
+    # -- the parent's side ----------------------------------------------------------------------
+    def _take(self, block: bool):
+        """One message from the worker: None when none is there (and not blocking)."""
+        while True:
+            try:
+                kind, value = self._results.get(block=block)
+            except queue.Empty:
+                return None
+            if kind == "hello":
+                self.ready = True
+                continue
+            if kind == "dead":
+                self.failed = value
+                raise WorkerError(value)
+            if kind == "error":
+                raise WorkerError(value)
+            return value
+
+    def can_take(self) -> bool:
+        """Whether a chunk may be submitted now (started, and fewer than max_inflight out)."""
+        if not self.ready and self.failed is None:
+            self._poll_hello()
+        return self.ready and len(self.inflight) < self.max_inflight
+
+    def _poll_hello(self) -> None:
+        try:
+            kind, value = self._results.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "hello":
+            self.ready = True
+        else:
+            self.failed = value if kind == "dead" else str(value)
+            raise WorkerError(self.failed)
+
+    def submit(self, slot: int, payload: bytes) -> None:
+        self.inflight.append(slot)
+        self._outbox.put(payload)
+
+    def poll(self, block: bool = False):
+        """``(slot, columns)`` of the oldest chunk out if it is done (or when ``block``)."""
+        if not self.inflight:
+            return None
+        value = self._take(block)
+        if value is None:
+            return None
+        return self.inflight.pop(0), value
+
+    def close(self, abandon: bool = False) -> None:
+        """Stop the worker: let it finish (it has nothing left), or kill it when ``abandon``."""
+        if abandon or self.inflight:
+            self._p.kill()
+        self._outbox.put(None)
+        try:
+            self._p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._p.kill()
+            self._p.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
