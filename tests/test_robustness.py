@@ -440,3 +440,46 @@ def test_one_far_future_timestamp_does_not_discard_the_trace(tmp_path):
     t = tracedx.load(b.write(tmp_path / "future.json"))
     assert t.kernels.filter(pl.col("start_us") < 1e12).height == 5
     assert _windows(t) == EXPECTED_WINDOWS
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tables._to_int turns a huge finite float id/size (1e300) into a Python int beyond "
+    "Int64 and polars raises OverflowError (tracedx/trace/tables.py, parser owner)",
+)
+@pytest.mark.parametrize(
+    "cat,key,value",
+    [
+        ("kernel", "shared memory", 1e300),
+        ("kernel", "registers per thread", 1e300),
+        ("kernel", "graph node id", 1e300),
+        ("kernel", "grid", [1e300, 1, 1]),
+        ("gpu_memcpy", "bytes", 1e300),
+        ("cpu_op", "Sequence number", 1e300),
+    ],
+)
+def test_huge_float_in_an_integer_arg_is_not_a_crash(tmp_path, cat, key, value):
+    b = TraceBuilder()
+    b.step(1, T0, 100)
+    b.launched_kernel("aten::mm", T0 + 5, 10, T0 + 10, 20)
+    c = b.launch(T0 + 30, 3, "cudaMemcpyAsync")
+    b.memcpy(T0 + 40, 5, c, 100)
+    ev = next(e for e in b.events if e.get("cat") == cat)
+    ev["args"][key] = value
+    r = CliRunner().invoke(main, ["diagnose", str(b.write(tmp_path / "huge.json"))])
+    assert r.exit_code in (0, 2), r.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="events.Args declares ids as int | str | None, so ONE non-integral float id "
+    "(stream 7.5, correlation 1e20) refuses the whole trace, even with --repair "
+    "(tracedx/trace/events.py, parser owner)",
+)
+@pytest.mark.parametrize("key,value", [("stream", 7.5), ("correlation", 1e20)])
+def test_one_odd_id_does_not_refuse_the_whole_trace_under_repair(tmp_path, key, value):
+    b = main_trace()
+    ev = next(e for e in b.events if e.get("cat") == "kernel")
+    ev["args"][key] = value
+    r = CliRunner().invoke(main, ["diagnose", "--repair", str(b.write(tmp_path / "odd.json"))])
+    assert r.exit_code == 0, r.stderr
