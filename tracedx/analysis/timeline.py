@@ -229,15 +229,15 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
     dl = trace.annotations.filter(
         (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
     )
-    launching_ops = set(trace.launches["op_id"].drop_nulls().to_list())
+    launching_ops = trace.launches["op_id"].drop_nulls().unique()
     ops = trace.ops
     if ops.height:
-        ops = ops.with_columns(launches=pl.col("op_id").is_in(list(launching_ops)))
+        ops = ops.with_columns(launches=pl.col("op_id").is_in(launching_ops.implode()))
         # an op "launches" when it or a descendant issued a launch: mark by top op
-        tops = set(ops.filter(pl.col("launches"))["top_op_id"].to_list())
+        tops = ops.filter(pl.col("launches"))["top_op_id"].unique()
         top_ops = ops.filter(pl.col("parent_id").is_null())
-        gpu_ops = top_ops.filter(pl.col("op_id").is_in(list(tops)))
-        cpu_ops = top_ops.filter(~pl.col("op_id").is_in(list(tops)))
+        gpu_ops = top_ops.filter(pl.col("op_id").is_in(tops.implode()))
+        cpu_ops = top_ops.filter(~pl.col("op_id").is_in(tops.implode()))
     else:
         gpu_ops = cpu_ops = ops
     u_sync_end = np.sort(_arr(syncs, "end_us"))

@@ -344,11 +344,11 @@ def _quality(
                 "window, or correlation missing): counted in busy time, unattributed to ops",
             )
         )
-    corr = set(gpu["correlation"].drop_nulls().to_list())
+    corr = gpu["correlation"].drop_nulls().unique()
     lk = launches.filter(
         pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null()
     )
-    orphan = lk.filter(~pl.col("correlation").is_in(list(corr))).height if lk.height else 0
+    orphan = lk.filter(~pl.col("correlation").is_in(corr.implode())).height if lk.height else 0
     if orphan:
         out.append(
             DataWarning(

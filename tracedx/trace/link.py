@@ -217,22 +217,27 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         j = cand.join_asof(
             o, on="__t", by=["pid", "tid"], strategy="backward", check_sortedness=False
         )
-        parent_of = dict(zip(ops["op_id"].to_list(), ops["parent_id"].to_list(), strict=True))
-        end_of = dict(zip(ops["op_id"].to_list(), ops["end_us"].to_list(), strict=True))
-        rows, found = [], []
-        for lrow, t, oid in zip(
-            j["__lrow"].to_list(), j["__t"].to_list(), j["op_id"].to_list(), strict=True
-        ):
-            while oid is not None and end_of[oid] < t:
-                oid = parent_of[oid]
-            rows.append(lrow)
-            found.append(oid)
+        # walk up from the op that started last until one still runs at the launch
+        op_ids = ops["op_id"].to_numpy()
+        size = int(op_ids.max()) + 1
+        parent_of = np.full(size, -1, dtype=np.int64)
+        parent_of[op_ids] = ops["parent_id"].fill_null(-1).to_numpy()
+        end_of = np.full(size, np.nan)
+        end_of[op_ids] = ops["end_us"].to_numpy()
+        oid = j["op_id"].fill_null(-1).to_numpy().astype(np.int64)
+        t = j["__t"].to_numpy()
+        live = np.flatnonzero(oid >= 0)
+        while len(live):
+            up = end_of[oid[live]] < t[live]
+            live = live[up]
+            oid[live] = parent_of[oid[live]]
+            live = live[oid[live] >= 0]
         fix = pl.DataFrame(
-            {"__lrow": rows, "__time_op": found},
+            {"__lrow": j["__lrow"], "__time_op": pl.Series(oid).replace(-1, None)},
             schema={"__lrow": pl.UInt32, "__time_op": pl.Int64},
         )
         launches = launches.join(fix, on="__lrow", how="left")
-        by_time = sum(x is not None for x in found)
+        by_time = int(np.count_nonzero(oid >= 0))
     else:
         launches = launches.with_columns(__time_op=pl.lit(None, pl.Int64))
     launches = launches.with_columns(op_id=pl.coalesce("__ext_op", "__time_op")).drop(
