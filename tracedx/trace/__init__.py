@@ -161,7 +161,11 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
 
-    ops, not_nested = build_op_tree(raw.ops)
+    # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
+    # op (as an op it would be the parent of every op and the top-level op of every kernel).
+    is_step_op = pl.col("name").str.contains(r"^ProfilerStep#\d+$")
+    step_ops = raw.ops.filter(is_step_op)
+    ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op))
     if not_nested:
         warnings.append(
             DataWarning(
@@ -171,8 +175,6 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             )
         )
 
-    # Old traces wrote ProfilerStep as a cpu_op: treat those as step annotations.
-    step_ops = ops.filter(pl.col("name").str.contains(r"^ProfilerStep#\d+$"))
     annotations = raw.annotations
     if step_ops.height:
         annotations = pl.concat(
