@@ -678,3 +678,39 @@ def test_gpu_work_is_not_counted_in_two_steps(tmp_path):
     # kernel); step 3 = CPU window [81,101) busy 20 (step 1's kernel again): 178 us of busy.
     assert w["gpu_busy_us"].sum() <= 98
     assert w["step_time_us"].sum() <= 103
+
+
+def test_legacy_profiler_step_op_is_not_an_op(tmp_path):
+    """ProfilerStep#N written as an Operator is a step, not the parent of every op."""
+    modern = tracedx.load(main_trace().write(tmp_path / "m.json"))
+    legacy = tracedx.load(main_trace(legacy=True).write(tmp_path / "l.json"))
+    assert legacy.ops.filter(pl.col("name").str.starts_with("ProfilerStep")).height == 0
+    assert legacy.ops.height == modern.ops.height == 10
+    for col in ("op_name", "top_op_name", "step"):
+        assert legacy.kernels.sort("start_us")[col].to_list() == (
+            modern.kernels.sort("start_us")[col].to_list()
+        )
+    top = sorted(legacy.ops.filter(pl.col("parent_id").is_null())["name"].to_list())
+    assert top == sorted(modern.ops.filter(pl.col("parent_id").is_null())["name"].to_list())
+
+
+def test_c04_legacy_and_modern_spellings_same_ops_and_idle_causes():
+    """CASES.md C04: the same timeline must give the same answer in both spellings."""
+    from tests.conftest import case
+
+    a = tracedx.load(case("C04a_legacy_category_names.json"))
+    b = tracedx.load(case("C04b_modern_category_names.json"))
+    for t in (a, b):
+        # 5 ops, all top-level: copy_, zero_, mm, relu, sum (ProfilerStep#1 is the step)
+        assert sorted(t.ops.filter(pl.col("parent_id").is_null())["name"].to_list()) == [
+            "aten::copy_",
+            "aten::mm",
+            "aten::relu",
+            "aten::sum",
+            "aten::zero_",
+        ]
+    ga, gb = (idle_gaps(t, step_windows(t)).sort("start_us") for t in (a, b))
+    assert (
+        ga.select("start_us", "end_us", "cause").rows()
+        == gb.select("start_us", "end_us", "cause").rows()
+    )
