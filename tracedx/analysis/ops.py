@@ -27,13 +27,16 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         device_time_us=pl.col("duration_us").sum(),
         kernels=(pl.col("kind") == "kernel").sum(),
     )
+    # name rules (regexes) once per distinct kernel name, not once per kernel
+    by_name = k.select(pl.col("name").unique()).with_columns(
+        tf32=is_tf32_expr("name"), kkind=kind_expr("name")
+    )
     kk = (
-        k.with_columns(
+        k.join(by_name, on="name", how="left", maintain_order="left")
+        .with_columns(
             blocks=pl.col("grid_x").fill_null(1)
             * pl.col("grid_y").fill_null(1)
             * pl.col("grid_z").fill_null(1),
-            tf32=is_tf32_expr("name"),
-            kkind=kind_expr("name"),
         )
         .group_by("op_id")
         .agg(
