@@ -272,14 +272,35 @@ def ensure_traces(source: Path, sizes_mb: list[int], gz: bool) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (a worker process counts too)."""
+    total, todo, page = 0, [root], os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def _run_wait4(cmd: list[str], timeout: float) -> dict:
-    """Like run_measured but reaps the child with wait4, for its own ru_maxrss."""
+    """Run ``cmd``; wall seconds, exit status, output and peak memory.
+
+    Peak memory is the larger of the child's own maximum resident set (``wait4``, exact for one
+    process) and the largest sum over the process tree sampled every 20 ms (tracedx may start a
+    second process to decode chunks; HTA runs in one).
+    """
     import tempfile
 
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, cwd=ROOT)
         deadline = t0 + timeout
+        tree_peak = 0
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
@@ -288,7 +309,8 @@ def _run_wait4(cmd: list[str], timeout: float) -> dict:
                 p.kill()
                 pid, status, ru = os.wait4(p.pid, 0)
                 break
-            time.sleep(0.002)
+            tree_peak = max(tree_peak, _tree_rss(p.pid))
+            time.sleep(0.02)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         fo.seek(0)
@@ -296,7 +318,7 @@ def _run_wait4(cmd: list[str], timeout: float) -> dict:
         return {
             "rc": p.returncode,
             "wall_s": wall,
-            "peak_bytes": ru.ru_maxrss * 1024,
+            "peak_bytes": max(ru.ru_maxrss * 1024, tree_peak),
             "stdout": fo.read(),
             "stderr": fe.read(),
             "timed_out": time.perf_counter() > deadline,
@@ -470,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         type=Path,
         default=None,
-        help="real trace to repeat (default: "
-        "the first sample_traces/ trace with ProfilerSteps, else HTA's control trace)",
+        help="real trace to repeat (default: sample_traces/resnet_train-bf16-cl.json.gz, "
+        "else the first sample trace with ProfilerSteps, else HTA's control trace)",
     )
     ap.add_argument("--sizes", default="10,100,1000", help="JSON sizes in MB (default 10,100,1000)")
     ap.add_argument("--no-1gb", action="store_true", help="skip sizes of 1000 MB and more")
