@@ -228,7 +228,7 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         t = j["__t"].to_numpy()
         live = np.flatnonzero(oid >= 0)
         while len(live):
-            up = end_of[oid[live]] < t[live]
+            up = end_of[oid[live]] <= t[live]  # [start, end): an op ending at t is over
             live = live[up]
             oid[live] = parent_of[oid[live]]
             live = live[oid[live] >= 0]
