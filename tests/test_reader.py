@@ -714,3 +714,24 @@ def test_c04_legacy_and_modern_spellings_same_ops_and_idle_causes():
         ga.select("start_us", "end_us", "cause").rows()
         == gb.select("start_us", "end_us", "cause").rows()
     )
+
+
+def test_time_containment_picks_the_innermost_running_op(tmp_path):
+    """cuLaunchKernelEx without External id: the innermost op on the thread running at launch."""
+    b = TraceBuilder()
+    b.step(1, T0, 100)
+    b.op("aten::linear", T0 + 10, 40)  # [10,50)
+    b.op("aten::addmm", T0 + 10, 30)  # [10,40), starts with its parent
+    b.op("aten::t", T0 + 10, 5)  # [10,15), starts with both
+    for name, ts in (("k1", 12), ("k2", 20), ("k3", 45), ("k4", 60), ("k5", 40)):
+        c = b.driver_launch(T0 + ts, 2)
+        b.kernel(T0 + 60 + ts, 1, c, name)
+    t = tracedx.load(b.write(tmp_path / "inner.json"))
+    got = dict(t.kernels.select("name", "op_name").rows())
+    assert got == {
+        "k1": "aten::t",  # 12 in [10,15)
+        "k2": "aten::addmm",  # 20: t is over, addmm [10,40) runs
+        "k3": "aten::linear",  # 45: only linear [10,50) runs
+        "k4": None,  # 60: no op runs on the thread
+        "k5": "aten::linear",  # 40: addmm ended at 40 ([start, end)), linear runs
+    }
