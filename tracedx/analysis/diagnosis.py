@@ -222,11 +222,13 @@ def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float,
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
         return 0.0, 0.0, 0.0, 0
+    # the name rules (regexes) once per distinct kernel name
+    fusable = k.select(pl.col("name").unique()).with_columns(
+        fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
+    )
     k = (
         k.sort("step", "stream", "start_us")
-        .with_columns(
-            fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
-        )
+        .join(fusable, on="name", how="left", maintain_order="left")
         .with_columns(
             run=(pl.col("fus") != pl.col("fus").shift(1))
             .fill_null(True)
