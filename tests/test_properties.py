@@ -45,8 +45,8 @@ step_spec = st.tuples(
 )
 
 
-def build(steps: list, multi_gpu: bool, no_markers: bool) -> TraceBuilder:
-    b = TraceBuilder(devices=2 if multi_gpu else 1)
+def build(steps: list, multi_gpu: bool, no_markers: bool, **variant) -> TraceBuilder:
+    b = TraceBuilder(devices=2 if multi_gpu else 1, **variant)
     cursor: dict[tuple[int, int], float] = {}  # (device, stream) -> end of its last GPU event
     t = T0
     for n, (length, items, do_sync, loader) in enumerate(steps):
@@ -195,3 +195,33 @@ def test_estimate_never_below_busy_with_uneven_steps(tmp_path):
     for f in d.findings:
         if f.fix in LAUNCH_GAP_FIXES:
             assert f.estimated_step_ms * 1e3 >= median_busy, (f.fix, f.estimated_step_ms)
+
+
+WINDOW_COLS = ["step", "device", "step_time_us", "gpu_busy_us", "kernels", "memcpys", "sync_us"]
+
+
+@settings(
+    deadline=None,
+    max_examples=max(EXAMPLES // 2, 10),
+    derandomize="TRACEDX_PROPERTY_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    steps=st.lists(step_spec, min_size=1, max_size=3),
+    multi_gpu=st.booleans(),
+    no_markers=st.booleans(),
+    variant=st.sampled_from(
+        [{"legacy": True}, {"hip": True}, {"flows": False}, {"ts_as_string": True}]
+    ),
+)
+def test_spellings_do_not_change_the_numbers(steps, multi_gpu, no_markers, variant):
+    """Metamorphic: the same timeline in another era's spelling gives the same step table."""
+    modern = load_built(build(steps, multi_gpu, no_markers))
+    other = load_built(build(steps, multi_gpu, no_markers, **variant))
+    if modern.steps.height == 0:
+        assert other.steps.height == 0
+        return
+    a = step_windows(modern).select(WINDOW_COLS).sort("device", "step")
+    b = step_windows(other).select(WINDOW_COLS).sort("device", "step")
+    assert a.rows() == b.rows(), variant
+    assert sorted(w.kind for w in modern.warnings) == sorted(w.kind for w in other.warnings)
