@@ -261,13 +261,15 @@ def test_step_windows_by_hand(trace):
     assert (s1["kernels"], s1["memcpys"], s1["memsets"]) == (4, 1, 1)
     assert s1["memcpy_bytes"] == 1_048_576 and s1["memcpy_us"] == 20
     # step 2: CPU [100,200) = 100. GPU window: the gemm at 120 to the end of the step's last
-    # GPU event (the DtoH copy ends at 172) = 52. Step time = max(100, 52) = 100.
+    # GPU event (the DtoH copy ends at 172) = 52. The CPU window is the longer, but step 1's
+    # interval runs to 120 and steps never overlap: step 2 is [120,200) = 80 us (20 us of
+    # overlap with step 1), so max(100, 52) - 20 = 80.
     assert s2["cpu_time_us"] == 100
     assert (s2["gpu_start_us"] - T0, s2["gpu_end_us"] - T0) == (120, 172)
-    assert s2["gpu_window_us"] == 52 and s2["step_time_us"] == 100
+    assert s2["gpu_window_us"] == 52 and s2["step_time_us"] == 80 and s2["overlap_prev_us"] == 20
     # busy: gemm [120,160) 40 + memcpy [170,172) 2 = 42; the cuda_sync [175,182) is waiting.
     assert s2["gpu_busy_us"] == 42
-    assert s2["idle_fraction"] == pytest.approx(58 / 100)
+    assert s2["idle_fraction"] == pytest.approx(38 / 80)
     assert (s2["kernels"], s2["memcpys"], s2["memsets"]) == (1, 1, 0)
 
 
@@ -286,19 +288,18 @@ def test_idle_gaps_add_up_and_have_causes(trace):
     g = idle_gaps(trace, w).sort("start_us")
     # step 1 window [10,120), busy [10,30) [40,44) [60,96) [97,99):
     # gaps [30,40) 10, [44,60) 16, [96,97) 1, [99,120) 21 = 48.
-    # step 2 window [100,200), busy [120,160) [170,172): gaps [100,120) 20, [160,170) 10,
-    # [172,200) 28 = 58.
+    # step 2 window [120,200) (it starts where step 1 ended), busy [120,160) [170,172):
+    # gaps [160,170) 10, [172,200) 28 = 38.
     assert [(a - T0, b - T0) for a, b in g.select("start_us", "end_us").rows()] == [
         (30, 40),
         (44, 60),
         (96, 97),
         (99, 120),
-        (100, 120),
         (160, 170),
         (172, 200),
     ]
     by = idle_by_cause(g).group_by("step").agg(pl.col("idle_us").sum()).sort("step")
-    assert by["idle_us"].to_list() == [48, 58]
+    assert by["idle_us"].to_list() == [48, 38]
     causes = dict(zip(rel(g["start_us"].to_list()), g["cause"].to_list(), strict=False))
     # [96,97): the triton kernel was launched at 88, before the gap: queued GPU-side work
     assert causes[96] == "kernel wait"
@@ -491,7 +492,10 @@ def test_no_profiler_step_is_one_synthetic_step_and_said(tmp_path):
 EXPECTED_WINDOWS = {
     # step: (cpu_time, gpu_window, step_time, busy, kernels, memcpys, memsets, sync_us)
     1: (100, 110, 110, 62, 4, 1, 1, 12),
-    2: (100, 52, 100, 42, 1, 1, 0, 35),
+    # step 2's CPU window [100,200) is the longer, but step 1's GPU window runs to 120: steps
+    # never overlap, so step 2 is [120,200) = 80 us, and its busy time excludes the 10 us of
+    # step 1's work in [100,120) (52 - 10 = 42)
+    2: (100, 52, 80, 42, 1, 1, 0, 35),
 }
 
 
@@ -658,13 +662,6 @@ def test_real_training_step_every_kernel_lands_in_a_step_backward_included(name)
     assert bwd.filter(pl.col("top_op_name").str.contains("(?i)backward")).height > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="timeline.step_windows: a step whose CPU window is the longer one is measured over that "
-    "CPU window even when it lies inside the previous step's GPU window, so GPU work is counted "
-    "in two steps (real traces: ns_resolution 37% of step time overlapped, add_loop-cudagraph "
-    "step 3 reads 88% idle for a steady ~35%); a fix changes the step model (GUIDE 2.3)",
-)
 def test_gpu_work_is_not_counted_in_two_steps(tmp_path):
     b = TraceBuilder()
     b.step(1, T0, 20)  # launches a 97 us kernel: [5,102)
@@ -675,9 +672,9 @@ def test_gpu_work_is_not_counted_in_two_steps(tmp_path):
     b.op("aten::to", T0 + 85, 10)
     t = tracedx.load(b.write(tmp_path / "lag.json"))
     w = step_windows(t).sort("step")
-    # The GPU was busy 97 + 1 = 98 us in all, over a wall time of [0,103) = 103 us. Today:
-    # step 1 = GPU window [5,102) busy 97; step 2 = CPU window [20,81) busy 61 (step 1's
-    # kernel); step 3 = CPU window [81,101) busy 20 (step 1's kernel again): 178 us of busy.
+    # The GPU was busy 97 + 1 = 98 us in all, over a wall time of [0,103) = 103 us. Step 1 =
+    # GPU window [5,102) busy 97; steps 2 and 3 lie inside it (their CPU windows [20,81) and
+    # [81,101) are cut to start at 102), so step 1's kernel is counted once.
     assert w["gpu_busy_us"].sum() <= 98
     assert w["step_time_us"].sum() <= 103
 

@@ -6,7 +6,8 @@ Definitions (shared/GUIDE.md section 2.3 and 2.4):
 - GPU window (per device): from the first GPU event launched in step N to the first GPU event
   launched in step N+1 (for the last step, to the end of its last GPU event).
 - step time = max(CPU window, GPU window): in steady state it reproduces the unprofiled step
-  time within a few percent for GPU-bound steps.
+  time within a few percent for GPU-bound steps. The step's interval is the longer window,
+  started no earlier than the previous step's interval ended (steps never overlap).
 - GPU busy = union of kernel, memcpy and memset intervals on the device, clipped to the GPU
   window (``cuda_sync`` events and annotations are never busy time).
 - idle = step time - busy; idle fraction = idle / step time.
@@ -77,7 +78,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     """Per (step, device): CPU and GPU windows, step time, busy, idle, counts.
 
     Columns: step, device, cpu_start_us, cpu_end_us, cpu_time_us, gpu_start_us, gpu_end_us,
-    gpu_window_us, step_time_us, gpu_busy_us, idle_us, idle_fraction, kernels, memcpys,
+    gpu_window_us, window_start_us, window_end_us, overlap_prev_us (what the previous step
+    already counted of this step's longer window), step_time_us, gpu_busy_us, idle_us, idle_fraction, kernels, memcpys,
     memsets, memcpy_us, memcpy_bytes, sync_us. A trace without GPU activity gets device null
     and null GPU columns (never "100 % idle").
     """
@@ -142,11 +144,30 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 .otherwise("cpu_start_us"),
                 window_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
             )
+            # Steps never overlap: a step starts no earlier than the previous one ended (a
+            # host-bound step's CPU window can lie inside the previous step's GPU window), so
+            # no GPU work is counted in two steps and the step times add up to the span.
+            .with_columns(
+                window_start_us=pl.max_horizontal(
+                    "window_start_us",
+                    pl.col("window_end_us").cum_max().shift(1).fill_null(float("-inf")),
+                ),
+                chosen_start_us=pl.col("window_start_us"),
+            )
+            .with_columns(
+                window_end_us=pl.max_horizontal("window_end_us", "window_start_us"),
+            )
         )
         busy = overlap(
             m_start, m_end, s["window_start_us"].to_numpy(), s["window_end_us"].to_numpy()
         )
-        s = s.with_columns(gpu_busy_us=pl.Series(busy).cast(pl.Float64)).drop("gpu_longer")
+        s = s.with_columns(
+            gpu_busy_us=pl.Series(busy).cast(pl.Float64),
+            # how much of the step's window the previous step already counted
+            overlap_prev_us=(
+                pl.min_horizontal("window_start_us", "window_end_us") - pl.col("chosen_start_us")
+            ).clip(lower_bound=0.0),
+        ).drop("gpu_longer", "chosen_start_us")
         rows.append(s)
     out = pl.concat(rows, how="vertical_relaxed")
     has_gpu = trace.has_gpu_activity
@@ -194,6 +215,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
         "gpu_window_us",
         "window_start_us",
         "window_end_us",
+        "overlap_prev_us",
         "step_time_us",
         "gpu_busy_us",
         "idle_us",
