@@ -58,6 +58,64 @@ def main() -> None:
     """Diagnose PyTorch GPU programs from torch.profiler traces."""
 
 
+def _analysis_options(f):
+    """The options every command that diagnoses a trace takes (device peaks, steps, repair)."""
+    options = [
+        click.option(
+            "--device",
+            "device_name",
+            default=None,
+            help="GPU to take peaks for (overrides the trace's).",
+        ),
+        click.option(
+            "--peak-tflops",
+            type=float,
+            default=None,
+            help="Override the peak dense TFLOP/s (used for every dtype).",
+        ),
+        click.option(
+            "--bandwidth-gbs",
+            type=float,
+            default=None,
+            help="Override the device memory bandwidth in GB/s.",
+        ),
+        click.option(
+            "--calibration",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="A file written by `tracedx calibrate` (preferred over the datasheet).",
+        ),
+        click.option(
+            "--steps", "steps", default=None, metavar="N..M", help="Analyse only steps N to M."
+        ),
+        click.option(
+            "--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes)."
+        ),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def _load_and_diagnose(
+    trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
+):
+    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
+    from tracedx.trace import load
+
+    trace = load(trace_path, repair=repair)
+    if status:
+        status.update("diagnosing")
+    return run_diagnosis(
+        trace,
+        device=device_name,
+        peak_tflops=peak_tflops,
+        bandwidth_gbs=bandwidth_gbs,
+        calibration=calibration,
+        steps=steps,
+    )
+
+
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option(
@@ -69,52 +127,18 @@ def main() -> None:
     help="Report format.",
 )
 @click.option(
-    "--device", "device_name", default=None, help="GPU to take peaks for (overrides the trace's)."
-)
-@click.option(
-    "--peak-tflops",
-    type=float,
-    default=None,
-    help="Override the peak dense TFLOP/s of the op's dtype.",
-)
-@click.option(
-    "--bandwidth-gbs",
-    type=float,
-    default=None,
-    help="Override the device memory bandwidth in GB/s.",
-)
-@click.option(
-    "--calibration",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="A file written by `tracedx calibrate` (preferred over the datasheet).",
-)
-@click.option("--steps", "steps", default=None, metavar="N..M", help="Analyse only steps N to M.")
-@click.option(
     "--html",
     "html_path",
     type=click.Path(dir_okay=False),
     default=None,
     help="Also write a self-contained HTML report here.",
 )
-@click.option("--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes).")
-def diagnose(
-    trace_path, fmt, device_name, peak_tflops, bandwidth_gbs, calibration, steps, html_path, repair
-):
+@_analysis_options
+def diagnose(trace_path, fmt, html_path, **analysis):
     """Where the time goes, what binds it, and what each fix is worth."""
-    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
     from tracedx.report import render
-    from tracedx.trace import load
 
-    trace = load(trace_path, repair=repair)
-    diag = run_diagnosis(
-        trace,
-        device=device_name,
-        peak_tflops=peak_tflops,
-        bandwidth_gbs=bandwidth_gbs,
-        calibration=calibration,
-        steps=steps,
-    )
+    diag = _load_and_diagnose(trace_path, **analysis)
     click.echo(render(diag, fmt), nl=False)
     if html_path:
         _write_html(diag, html_path)
@@ -232,28 +256,9 @@ def calibrate(out_file, quick):
     show_default=True,
     help="The HTML file to write.",
 )
-@click.option(
-    "--device", "device_name", default=None, help="GPU to take peaks for (overrides the trace's)."
-)
-@click.option("--peak-tflops", type=float, default=None, help="Override the peak dense TFLOP/s.")
-@click.option(
-    "--bandwidth-gbs", type=float, default=None, help="Override the memory bandwidth in GB/s."
-)
-@click.option(
-    "--calibration",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="A file written by `tracedx calibrate` (preferred over the datasheet).",
-)
-@click.option("--steps", "steps", default=None, metavar="N..M", help="Analyse only steps N to M.")
-@click.option("--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes).")
-def report(
-    trace_path, out_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair
-):
+@_analysis_options
+def report(trace_path, out_path, **analysis):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
-    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
-    from tracedx.trace import load
-
     status = None  # a spinner on stderr, only on a terminal
     if sys.stderr.isatty():
         from rich.console import Console
@@ -261,17 +266,7 @@ def report(
         status = Console(stderr=True).status(f"reading {trace_path}")
         status.start()
     try:
-        trace = load(trace_path, repair=repair)
-        if status:
-            status.update("diagnosing")
-        diag = run_diagnosis(
-            trace,
-            device=device_name,
-            peak_tflops=peak_tflops,
-            bandwidth_gbs=bandwidth_gbs,
-            calibration=calibration,
-            steps=steps,
-        )
+        diag = _load_and_diagnose(trace_path, **analysis, status=status)
         if status:
             status.update(f"writing {out_path}")
         _write_html(diag, out_path)
