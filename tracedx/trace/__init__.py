@@ -380,7 +380,11 @@ def _quality(
     if ov:
         out.append(
             DataWarning(
-                "stream_overlap", ov, f"{ov} GPU events overlap an earlier event on the same stream"
+                "stream_overlap",
+                ov,
+                f"{ov} GPU events start before the previous event on their stream ended (a few us "
+                "is normal with programmatic dependent launch on Hopper and later; busy time is a "
+                "union, so nothing is counted twice)",
             )
         )
     # A stream runs its work in launch order. An event that starts before another event of its
