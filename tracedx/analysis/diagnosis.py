@@ -682,8 +682,26 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
         ("bandwidth-bound", "host-device transfer"): hd_share,
     }
     (regime, bott), v = max(groups.items(), key=lambda kv: kv[1])
+    if bott == "tensor-core math" and _fp32_simt_share(trace, w, primary) >= 0.5:
+        bott = "fp32 math"  # sgemm / SIMT kernels: the matrix units are not used
     ev.append(f"largest share of device time: {bott} ({v:.0%})")
     return regime, bott, ev
+
+
+def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float:
+    """Share of GEMM/conv kernel time in fp32 kernels that do not use tensor cores (by name)."""
+    k = trace.kernels.filter(
+        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+    ).with_columns(kk=kind_expr("name"), low=pl.col("name").str.to_lowercase())
+    mat = k.filter(pl.col("kk").is_in(["gemm", "convolution"]))
+    total = float(mat["duration_us"].sum())
+    if total <= 0:
+        return 0.0
+    simt = mat.filter(
+        pl.col("low").str.contains(r"sgemm|simt|f32f32_f32f32|fp32_fp32")
+        & ~pl.col("low").str.contains("tf32")
+    )
+    return float(simt["duration_us"].sum()) / total
 
 
 def _tensor_bytes(shape: list[int] | None, dtype: str | None) -> float:
