@@ -502,7 +502,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gzip", action="store_true", help="plain JSON files only")
     ap.add_argument("--runs", type=int, default=3, help="tracedx runs per file (median)")
     ap.add_argument("--hta-runs", type=int, default=3, help="HTA runs per file (median)")
-    ap.add_argument("--hta-timeout", type=float, default=900, help="seconds per HTA run")
+    ap.add_argument("--hta-timeout", type=float, default=1800, help="seconds per HTA run")
+    ap.add_argument(
+        "--hta-large-runs",
+        type=int,
+        default=1,
+        help="HTA runs per file of 1 GB or more (one run takes over ten minutes here)",
+    )
+    ap.add_argument(
+        "--hta-large-gzip",
+        action="store_true",
+        help="also run HTA on the gzipped files of 1 GB or more (by default only the plain one)",
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if args.quick:
@@ -523,9 +534,14 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"tracedx on {f['path'].name} ...", flush=True)
         f["tracedx"] = bench_tracedx(f["path"], args.runs)
-        if hta_py is not None:
+        large = f["json_bytes"] >= 1000 * MB
+        if hta_py is not None and large and f["path"].suffix == ".gz" and not args.hta_large_gzip:
+            f["hta_note"] = "not run (--hta-large-gzip)"
+        elif hta_py is not None:
             print(f"HTA on {f['path'].name} ...", flush=True)
-            f["hta"] = bench_hta(hta_py, f["path"], args.hta_runs, args.hta_timeout)
+            runs = args.hta_large_runs if large else args.hta_runs
+            f["hta"] = bench_hta(hta_py, f["path"], runs, args.hta_timeout)
+            f["hta"]["runs"] = runs
             if not f["hta"]["ok"]:
                 print(f"  HTA failed: {f['hta']['error']}", flush=True)
 
@@ -538,10 +554,13 @@ def main(argv: list[str] | None = None) -> int:
         f"source: {source.name} ({plan_bytes(files)})",
         f"machine: {machine}",
         f"HTA: {hta_version}",
-        f"runs: tracedx {args.runs}, HTA {args.hta_runs} per file (median)",
+        f"runs: tracedx {args.runs}, HTA {args.hta_runs} per file (median); "
+        f"HTA {args.hta_large_runs} on files of 1 GB and more",
     ]
     for f in files:
         h = f.get("hta")
+        if f.get("hta_note"):
+            notes.append(f"HTA on {f['label']}: {f['hta_note']}")
         if h is not None and not h.get("ok"):
             notes.append(f"HTA failed on {f['label']}: {h['error']}")
     text = table + "\n\n" + "\n".join("- " + n for n in notes)
