@@ -1,0 +1,36 @@
+"""Print the README table of estimates against measurements on the sample pairs.
+
+    python benchmarks/estimates.py            # markdown table on stdout
+
+For each pair in sample_traces/pairs.json: `tracedx diagnose BEFORE`'s estimate for the fix
+that was applied (1.00x when BEFORE has no finding for it), the measured unprofiled speedup,
+and their ratio. The same check is asserted by tests/test_samples.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tracedx
+from tracedx.analysis.diagnosis import diagnose
+
+ROOT = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+def main() -> None:
+    pairs = json.loads((ROOT / "pairs.json").read_text())
+    print("| pair | fix | estimate | measured (unprofiled) | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    for p in pairs:
+        d = diagnose(tracedx.load(ROOT / p["before"]))
+        f = {x.fix: x for x in d.findings}.get(p["fix"])
+        est = f.estimated_speedup if f else 1.0
+        label = f"{est:.2f}x" + ("" if f is None or f.recommended else " (not worth it)")
+        ratio = est / p["measured_speedup"]
+        r = f"{ratio:.2f}" if 1 / 1.5 <= ratio <= 1.5 else f"**{ratio:.2f}**"
+        print(f"| {p['pair']} | {p['fix']} | {label} | {p['measured_speedup']:.2f}x | {r} |")
+
+
+if __name__ == "__main__":
+    main()
