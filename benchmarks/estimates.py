@@ -1,6 +1,7 @@
 """Print the README table of estimates against measurements on the sample pairs.
 
     python benchmarks/estimates.py            # markdown table on stdout
+    python benchmarks/estimates.py --diff     # the `tracedx diff` table (README, Re-measure)
 
 For each pair in sample_traces/pairs.json: `tracedx diagnose BEFORE`'s estimate for the fix
 that was applied (1.00x when BEFORE has no finding for it), the measured unprofiled speedup,
@@ -10,6 +11,7 @@ and their ratio. The same check is asserted by tests/test_samples.py.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import tracedx
@@ -32,5 +34,30 @@ def main() -> None:
         print(f"| {p['pair']} | {p['fix']} | {label} | {p['measured_speedup']:.2f}x | {r} |")
 
 
+def diff_table() -> None:
+    pairs = json.loads((ROOT / "pairs.json").read_text())
+    print(
+        "| pair | fix applied | `diff` names | BEFORE's estimate | achieved, traced "
+        "| achieved, unprofiled | estimate / achieved (unprofiled) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for p in pairs:
+        td = tracedx.diff(tracedx.load(ROOT / p["before"]), tracedx.load(ROOT / p["after"]))
+        pr = td.prediction
+        est = "-" if pr.estimated_speedup is None else f"{pr.estimated_speedup:.2f}x"
+        if pr.finding is not None and not pr.finding.recommended:
+            est += " (not recommended)"
+        tr = f"{pr.achieved_traced:.2f}x ({pr.before_step_ms:.3f} → {pr.after_step_ms:.3f} ms)"
+        un = (
+            f"{pr.achieved_unprofiled:.2f}x ({pr.before_unprofiled_ms:.3f} → "
+            f"{pr.after_unprofiled_ms:.3f} ms)"
+            if pr.achieved_unprofiled
+            else "-"
+        )
+        r = pr.ratio_unprofiled
+        rs = "-" if r is None else (f"{r:.2f}" if 0.8 <= r <= 1.25 else f"**{r:.2f}**")
+        print(f"| {p['pair']} | `{p['fix']}` | `{td.fix}` | {est} | {tr} | {un} | {rs} |")
+
+
 if __name__ == "__main__":
-    main()
+    diff_table() if "--diff" in sys.argv[1:] else main()
