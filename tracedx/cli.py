@@ -7,6 +7,7 @@ internal error (a tracedx bug: one line on stderr; ``TRACEDX_DEBUG=1`` shows the
 from __future__ import annotations
 
 import os
+import contextlib
 import sys
 
 import click
@@ -97,6 +98,22 @@ def _analysis_options(f):
     return f
 
 
+@contextlib.contextmanager
+def _spinner(message: str):
+    """A rich spinner on stderr while a trace is read, only when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    status = Console(stderr=True).status(message)
+    status.start()
+    try:
+        yield status
+    finally:
+        status.stop()
+
+
 def _load_and_diagnose(
     trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
 ):
@@ -138,7 +155,8 @@ def diagnose(trace_path, fmt, html_path, **analysis):
     """Where the time goes, what binds it, and what each fix is worth."""
     from tracedx.report import render
 
-    diag = _load_and_diagnose(trace_path, **analysis)
+    with _spinner(f"reading {trace_path}") as status:
+        diag = _load_and_diagnose(trace_path, **analysis, status=status)
     click.echo(render(diag, fmt), nl=False)
     if html_path:
         _write_html(diag, html_path)
@@ -259,20 +277,11 @@ def calibrate(out_file, quick):
 @_analysis_options
 def report(trace_path, out_path, **analysis):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
-    status = None  # a spinner on stderr, only on a terminal
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        status = Console(stderr=True).status(f"reading {trace_path}")
-        status.start()
-    try:
+    with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
         if status:
             status.update(f"writing {out_path}")
         _write_html(diag, out_path)
-    finally:
-        if status:
-            status.stop()
     click.echo(out_path)
 
 
