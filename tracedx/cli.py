@@ -6,8 +6,8 @@ internal error (a tracedx bug: one line on stderr; ``TRACEDX_DEBUG=1`` shows the
 
 from __future__ import annotations
 
-import os
 import contextlib
+import os
 import sys
 
 import click
