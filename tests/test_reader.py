@@ -248,28 +248,28 @@ def test_step_windows_by_hand(trace):
     w = step_windows(trace).sort("step")
     s1, s2 = w.rows(named=True)
     # step 1: CPU window [0,100) = 100. GPU window: first GPU event of step 1 (memcpy at 10)
-    # to the first GPU event of step 2 (gemm at 120) = 110. Step time = max(100, 110) = 110.
+    # to the first GPU event of step 2 (gemm at 120) = 110. Step 2: CPU 100, GPU 52 (below).
+    # The CPU windows add up to more (200 > 162): the host binds, every step is measured over
+    # its CPU window (one choice for all steps, so the windows tile the timeline).
     assert s1["cpu_time_us"] == 100
     assert (s1["gpu_start_us"] - T0, s1["gpu_end_us"] - T0) == (10, 120)
-    assert s1["gpu_window_us"] == 110 and s1["step_time_us"] == 110
+    assert s1["gpu_window_us"] == 110 and s1["step_time_us"] == 100
     # busy = union over both streams: [10,30) 20 + [40,44) 4 + [60,96) 36 (gemm [60,90),
     # add [80,95) on stream 8, bwd [90,96)) + [97,99) 2 = 62. The plain sum would be
     # 20 + 4 + 30 + 15 + 6 + 2 = 77.
     assert s1["gpu_busy_us"] == 62
-    assert s1["idle_us"] == 110 - 62 == 48
-    assert s1["idle_fraction"] == pytest.approx(48 / 110)
+    assert s1["idle_us"] == 100 - 62 == 38
+    assert s1["idle_fraction"] == pytest.approx(38 / 100)
     assert (s1["kernels"], s1["memcpys"], s1["memsets"]) == (4, 1, 1)
     assert s1["memcpy_bytes"] == 1_048_576 and s1["memcpy_us"] == 20
     # step 2: CPU [100,200) = 100. GPU window: the gemm at 120 to the end of the step's last
-    # GPU event (the DtoH copy ends at 172) = 52. The CPU window is the longer, but step 1's
-    # interval runs to 120 and steps never overlap: step 2 is [120,200) = 80 us (20 us of
-    # overlap with step 1), so max(100, 52) - 20 = 80.
+    # GPU event (the DtoH copy ends at 172) = 52. Step time = its CPU window, 100.
     assert s2["cpu_time_us"] == 100
     assert (s2["gpu_start_us"] - T0, s2["gpu_end_us"] - T0) == (120, 172)
-    assert s2["gpu_window_us"] == 52 and s2["step_time_us"] == 80 and s2["overlap_prev_us"] == 20
+    assert s2["gpu_window_us"] == 52 and s2["step_time_us"] == 100 and s2["overlap_prev_us"] == 0
     # busy: gemm [120,160) 40 + memcpy [170,172) 2 = 42; the cuda_sync [175,182) is waiting.
     assert s2["gpu_busy_us"] == 42
-    assert s2["idle_fraction"] == pytest.approx(38 / 80)
+    assert s2["idle_fraction"] == pytest.approx(58 / 100)
     assert (s2["kernels"], s2["memcpys"], s2["memsets"]) == (1, 1, 0)
 
 
@@ -286,20 +286,22 @@ def test_hidden_host_sync_counted_as_sync_time(trace):
 def test_idle_gaps_add_up_and_have_causes(trace):
     w = step_windows(trace)
     g = idle_gaps(trace, w).sort("start_us")
-    # step 1 window [10,120), busy [10,30) [40,44) [60,96) [97,99):
-    # gaps [30,40) 10, [44,60) 16, [96,97) 1, [99,120) 21 = 48.
-    # step 2 window [120,200) (it starts where step 1 ended), busy [120,160) [170,172):
-    # gaps [160,170) 10, [172,200) 28 = 38.
+    # step 1 window [0,100), busy [10,30) [40,44) [60,96) [97,99):
+    # gaps [0,10) 10, [30,40) 10, [44,60) 16, [96,97) 1, [99,100) 1 = 38.
+    # step 2 window [100,200), busy [120,160) [170,172):
+    # gaps [100,120) 20, [160,170) 10, [172,200) 28 = 58.
     assert [(a - T0, b - T0) for a, b in g.select("start_us", "end_us").rows()] == [
+        (0, 10),
         (30, 40),
         (44, 60),
         (96, 97),
-        (99, 120),
+        (99, 100),
+        (100, 120),
         (160, 170),
         (172, 200),
     ]
     by = idle_by_cause(g).group_by("step").agg(pl.col("idle_us").sum()).sort("step")
-    assert by["idle_us"].to_list() == [48, 38]
+    assert by["idle_us"].to_list() == [38, 58]
     causes = dict(zip(rel(g["start_us"].to_list()), g["cause"].to_list(), strict=False))
     # [96,97): the triton kernel was launched at 88, before the gap: queued GPU-side work
     assert causes[96] == "kernel wait"
@@ -491,11 +493,10 @@ def test_no_profiler_step_is_one_synthetic_step_and_said(tmp_path):
 # --- field-name variants, same timeline --------------------------------------------------------
 EXPECTED_WINDOWS = {
     # step: (cpu_time, gpu_window, step_time, busy, kernels, memcpys, memsets, sync_us)
-    1: (100, 110, 110, 62, 4, 1, 1, 12),
-    # step 2's CPU window [100,200) is the longer, but step 1's GPU window runs to 120: steps
-    # never overlap, so step 2 is [120,200) = 80 us, and its busy time excludes the 10 us of
-    # step 1's work in [100,120) (52 - 10 = 42)
-    2: (100, 52, 80, 42, 1, 1, 0, 35),
+    # CPU windows add up to 200, GPU windows to 110 + 52 = 162: both steps are measured over
+    # their CPU windows [0,100) and [100,200) (busy 62 and 42, see test_step_windows_by_hand)
+    1: (100, 110, 100, 62, 4, 1, 1, 12),
+    2: (100, 52, 100, 42, 1, 1, 0, 35),
 }
 
 
@@ -672,9 +673,9 @@ def test_gpu_work_is_not_counted_in_two_steps(tmp_path):
     b.op("aten::to", T0 + 85, 10)
     t = tracedx.load(b.write(tmp_path / "lag.json"))
     w = step_windows(t).sort("step")
-    # The GPU was busy 97 + 1 = 98 us in all, over a wall time of [0,103) = 103 us. Step 1 =
-    # GPU window [5,102) busy 97; steps 2 and 3 lie inside it (their CPU windows [20,81) and
-    # [81,101) are cut to start at 102), so step 1's kernel is counted once.
+    # The GPU was busy 97 + 1 = 98 us in all, over a wall time of [0,103) = 103 us. The CPU
+    # windows add up to 101 against GPU windows of 97 + 1: all steps use their CPU windows
+    # [0,20) [20,81) [81,101), which tile the timeline, so the kernel is counted once.
     assert w["gpu_busy_us"].sum() <= 98
     assert w["step_time_us"].sum() <= 103
 

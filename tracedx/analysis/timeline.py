@@ -5,9 +5,12 @@ Definitions (shared/GUIDE.md section 2.3 and 2.4):
 - CPU window: the ``ProfilerStep#N`` host annotation.
 - GPU window (per device): from the first GPU event launched in step N to the first GPU event
   launched in step N+1 (for the last step, to the end of its last GPU event).
-- step time = max(CPU window, GPU window): in steady state it reproduces the unprofiled step
-  time within a few percent for GPU-bound steps. The step's interval is the longer window,
-  started no earlier than the previous step's interval ended (steps never overlap).
+- step time = max(CPU window, GPU window) in steady state (GUIDE.md 2.3): it reproduces the
+  unprofiled step time within a few percent for GPU-bound steps. Per device, the steps'
+  intervals are all GPU windows when the GPU windows add up to more than the CPU windows (the
+  GPU binds and lags the CPU), else all CPU windows; one choice for all steps, so the intervals
+  tile the timeline and no GPU work is counted in two steps (a step with no GPU work keeps its
+  CPU window, started no earlier than the previous interval ended).
 - GPU busy = union of kernel, memcpy and memset intervals on the device, clipped to the GPU
   window (``cuda_sync`` events and annotations are never busy time).
 - idle = step time - busy; idle fraction = idle / step time.
@@ -19,8 +22,8 @@ gap between queued work, HolisticTraceAnalysis's "kernel wait"), else the host w
 gap: the queue had drained), ``dataloader`` (inside ``enumerate(DataLoader)#...__next__``),
 ``kernel launch`` (inside ops that launch GPU work: dispatch + launch overhead),
 ``host work`` (inside ops that launch nothing), ``python`` (outside any op).
-The step's interval is the longer of its two windows; gaps are taken over that interval,
-so the idle time by cause adds up to the step's idle time.
+Gaps are taken over the step's interval, so the idle time by cause adds up to the step's
+idle time.
 """
 
 from __future__ import annotations
@@ -135,8 +138,12 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 gpu_window_us=pl.col("gpu_end_us") - pl.col("gpu_start_us"),
             )
             .with_columns(
-                # The step's interval: the longer of its CPU and GPU windows (GUIDE.md 2.3).
-                gpu_longer=pl.col("gpu_window_us").fill_null(-1.0) > pl.col("cpu_time_us"),
+                # The steps' intervals: GPU windows when, over the analysed steps, the GPU
+                # windows are the longer (the GPU binds and lags the CPU), else CPU windows
+                # (GUIDE.md 2.3). One choice for all steps, so the intervals tile the timeline;
+                # choosing per step mixes windows that are offset in time.
+                gpu_longer=pl.col("gpu_window_us").is_not_null()
+                & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
             )
             .with_columns(
                 window_start_us=pl.when("gpu_longer")
@@ -144,9 +151,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 .otherwise("cpu_start_us"),
                 window_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
             )
-            # Steps never overlap: a step starts no earlier than the previous one ended (a
-            # host-bound step's CPU window can lie inside the previous step's GPU window), so
-            # no GPU work is counted in two steps and the step times add up to the span.
+            # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
+            # the previous step's GPU window): a step starts no earlier than the previous ended.
             .with_columns(
                 window_start_us=pl.max_horizontal(
                     "window_start_us",
