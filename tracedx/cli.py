@@ -25,6 +25,11 @@ class _Group(click.Group):
         except TraceError as e:
             click.echo(f"tracedx: error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except BrokenPipeError:
+            # the reader of our output went away (`| head`): not an error of ours
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
         except KeyboardInterrupt:
             click.echo("tracedx: interrupted", err=True)
             ctx.exit(130)

@@ -105,6 +105,8 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
         raise TraceError(f"--steps {spec!r}: expected N..M, N.. , ..M or N")
     lo = int(m.group(1)) if m.group(1) else -math.inf
     hi = int(m.group(3)) if m.group(3) else (math.inf if m.group(2) else lo)
+    if hi < lo:
+        raise TraceError(f"--steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
     chosen = [s for s in available if lo <= s <= hi]
     if not chosen:
         raise TraceError(
@@ -218,10 +220,19 @@ def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float,
     """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels removed, chains).
 
     Totals over the analysed steps. Saved = sum - max per chain. Triton kernels are already fused.
+    A host sync between two kernels breaks the chain (torch.compile breaks its graph at
+    ``.item()``), so kernels launched after different numbers of syncs never share a chain.
     """
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
         return 0.0, 0.0, 0.0, 0
+    sync_ends = np.sort(
+        sync_calls(trace)
+        .filter(pl.col("blocking_reason") != "pageable memcpy")["end_us"]
+        .to_numpy()
+    )
+    seg = np.searchsorted(sync_ends, k["launch_start_us"].fill_null(float("-inf")).to_numpy())
+    k = k.with_columns(seg=pl.Series(seg, dtype=pl.Int64))
     # the name rules (regexes) once per distinct kernel name
     fusable = k.select(pl.col("name").unique()).with_columns(
         fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
@@ -230,7 +241,10 @@ def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float,
         k.sort("step", "stream", "start_us")
         .join(fusable, on="name", how="left", maintain_order="left")
         .with_columns(
-            run=(pl.col("fus") != pl.col("fus").shift(1))
+            run=(
+                (pl.col("fus") != pl.col("fus").shift(1))
+                | (pl.col("seg") != pl.col("seg").shift(1))
+            )
             .fill_null(True)
             .cum_sum()
             .over("step", "stream")
@@ -334,6 +348,11 @@ def diagnose(
                 f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
                 f"GPU {primary}, the busiest"
             )
+    elif trace.metadata.get("repairs"):
+        notes.append(
+            "no GPU activity in what could be salvaged of this broken trace: the GPU events were "
+            "probably in the lost part. GPU metrics are n/a"
+        )
     else:
         notes.append(
             "no GPU activity in this trace (no kernel, memcpy or memset events): GPU metrics are n/a. "
@@ -347,6 +366,15 @@ def diagnose(
     memcpy = _memcpy_table(trace, chosen)
     ops_tbl = op_groups(trace, chosen)
     ops_tbl = _place_on_roofline(ops_tbl, spec)
+    if "bound_fraction" in ops_tbl.columns and ops_tbl.height:
+        over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
+        if over.height:
+            worst = over.sort("bound_fraction", descending=True).row(0, named=True)
+            notes.append(
+                f"{over.height} op group(s) ran faster than the roofline allows ({worst['name']} at "
+                f"{worst['bound_fraction']:.0%} of its bound): the peaks used ({spec.source if spec else 'none'}) "
+                "are below this GPU's; check --device, or measure them with `tracedx calibrate`"
+            )
     top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)
     wp = w.filter(pl.col("device") == primary) if primary is not None else w
@@ -377,8 +405,8 @@ def diagnose(
     )
     if model is not None and model.unprofiled_step_us:
         notes.append(
-            f"the profiler slowed this step from {model.unprofiled_step_us / 1e3:.3f} ms (unprofiled, timed by "
-            f"tracedx capture) to {model.step_us / 1e3:.3f} ms: estimates are against the unprofiled step, "
+            f"the step took {model.step_us / 1e3:.3f} ms profiled and {model.unprofiled_step_us / 1e3:.3f} ms "
+            f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
         )
     else:
@@ -458,6 +486,20 @@ def _step_model(
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
     pageable = pl.col("blocking_reason") == "pageable memcpy"
     sync_us = per_step_median(sc.filter(~pageable), "duration_us")
+    sync_count = sc.filter(~pageable).height / n
+    # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
+    # capture them, so they stay on the host
+    sync_tops = trace.ops.filter(
+        pl.col("op_id").is_in(sc.filter(~pageable)["op_id"].drop_nulls().implode())
+    )["top_op_id"].unique()
+    sync_ops_host = (
+        float(
+            trace.ops.filter(
+                pl.col("op_id").is_in(sync_tops.implode()) & pl.col("step").is_in(steps)
+            )["duration_us"].sum()
+        )
+        / n
+    )
     page_us = per_step_median(sc.filter(pageable), "duration_us")
     # DataLoader __next__ windows inside the analysed steps
     dl = trace.annotations.filter(
@@ -526,6 +568,8 @@ def _step_model(
         dataloader_events=dl_events,
         no_gpu_events=no_gpu_events,
         events_per_kernel=gpu_tree_events / kernels if kernels else 0.0,
+        sync_calls=sync_count,
+        sync_ops_host_us=sync_ops_host,
     )
     cap = trace.metadata.get("tracedx") or {}
     unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None

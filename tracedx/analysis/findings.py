@@ -82,6 +82,10 @@ class StepModel:
     no_gpu_events: float = 0.0  # of which in ops that launch nothing (+ DataLoader)
     events_per_kernel: float = 0.0  # host events in GPU-launching ops per kernel
     tax_us: float = 0.0  # profiler cost per host event (0 without an unprofiled timing)
+    sync_calls: float = 0.0  # blocking sync calls per step (not pageable copies)
+    sync_ops_host_us: float = (
+        0.0  # host time of the top-level ops that issued them (waits included)
+    )
     unprofiled_step_us: float | None = None
 
     @property
@@ -261,30 +265,37 @@ def cuda_graphs(m: StepModel) -> Finding | None:
         return None
     launch_idle = sum(m.idle_us.get(c, 0.0) for c in ("kernel launch", "python", "kernel wait"))
     h2 = m.host_no_gpu_us + GRAPH_HOST_US_PER_KERNEL * m.kernels
+    events = m.no_gpu_events + 1
+    title = "Capture the step in a CUDA graph"
+    if m.sync_calls >= 1:
+        # A sync cannot be captured: the step splits into sync-free segments, one graph each,
+        # and the Python between them (the loop around the syncs) stays on the host.
+        segments = m.sync_calls + 1
+        h2 += m.idle_us.get("python", 0.0) + max(m.sync_ops_host_us - m.sync_us, 0.0)
+        events = m.no_gpu_events + segments
+        title = (
+            f"Capture the sync-free segments of the step in CUDA graphs ({segments:.0f} per step)"
+        )
     g2 = m.busy_us + GRAPH_GPU_GAP_US_PER_KERNEL * m.kernels
-    new = Change(
-        host_us=h2 - m.host_us,
-        gpu_us=g2 - m.gpu_us,
-        host_events=m.no_gpu_events + 1 - m.host_events,
-    )
+    new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
         f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
         f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
     ]
     if m.per_kernel_host_us:
         ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")
-    if m.sync_us > 0:
+    if m.sync_calls >= 1:
         ev.append(
-            f"{_ms(m.sync_us)} of host syncs per step stay (a sync cannot be captured in a graph)"
+            f"{m.sync_calls:.0f} host syncs per step ({_ms(m.sync_us)}) cannot be captured and stay: "
+            "remove them first (remove-host-sync) to capture the whole step"
         )
     deriv = (
         f"removed launch gaps: host {_ms(m.host_us)} -> {_ms(h2)} "
-        f"(replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU {_ms(m.gpu_us)} -> {_ms(g2)}; "
+        f"(replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU time (busy + queued gaps) "
+        f"{_ms(m.gpu_us)} -> {_ms(g2)} (busy + {GRAPH_GPU_GAP_US_PER_KERNEL} us/kernel in-graph gaps); "
         "the step cannot get faster than its GPU busy time"
     )
-    return make_finding(
-        m, "cuda-graphs", "Capture the step in a CUDA graph", launch_idle, new, deriv, ev
-    )
+    return make_finding(m, "cuda-graphs", title, launch_idle, new, deriv, ev)
 
 
 def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:

@@ -92,8 +92,10 @@ def render_text(diag) -> str:
         )
     for s in d["sync_sites"][:3]:
         where = f" at {s['site']}" if s["site"] else ""
+        n = max(st["count"], 1)
         out.append(
-            f"  sync site      {s['op']} -> {s['call']}{where}: {s['count']} x, {s['blocked_us'] / 1e3:.3f} ms"
+            f"  sync site      {s['op']} -> {s['call']}{where}: {s['count'] / n:.1f} x, "
+            f"{s['blocked_us'] / n / 1e3:.3f} ms per step"
         )
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
     if tops:
@@ -115,11 +117,14 @@ def render_text(diag) -> str:
         ridge = ""
         if dev:
             bf = dev["peak_tflops"].get("bf16")
-            ridge = f"  [{dev['name']}: {dev['bandwidth_gbs']:.0f} GB/s" + (
-                f", bf16 {bf:.0f} TFLOP/s, ridge {bf * 1e3 / dev['bandwidth_gbs']:.0f} FLOP/B]"
-                if bf
-                else "]"
-            )
+            f32 = dev["peak_tflops"].get("fp32")
+            bw = dev["bandwidth_gbs"]
+            ridge = f"  [{dev['name']}: {bw:.0f} GB/s"
+            if bf:
+                ridge += f"; ridge bf16 {bf * 1e3 / bw:.0f}"
+            if f32:
+                ridge += f", fp32 {f32 * 1e3 / bw:.0f}"
+            ridge += " FLOP/B]" if (bf or f32) else "]"
         out.append("TOP OPS BY DEVICE TIME (all analysed steps)" + ridge)
         out.append(
             f"  {'op':<34} {'count':>6} {'dev ms':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>8} {'of roof':>7}  regime"
