@@ -626,7 +626,7 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
         }
         bott = max(cand, key=cand.get)
         ev.append(
-            "idle by cause per step: "
+            "idle by cause (median per step): "
             + ", ".join(
                 f"{k} {_ms(v)}"
                 for k, v in sorted(model.idle_us.items(), key=lambda x: -x[1])

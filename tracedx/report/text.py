@@ -63,7 +63,8 @@ def render_text(diag) -> str:
         causes = sorted(d["idle_causes"].items(), key=lambda kv: -(kv[1]["ms_per_step"] or 0))
         cs = ", ".join(f"{k} {v['ms_per_step']:.3f} ms" for k, v in causes if v["ms_per_step"])
         out.append(
-            f"  GPU idle       {_pct(st['idle_fraction'])} of the step" + (f": {cs}" if cs else "")
+            f"  GPU idle       {_pct(st['idle_fraction'])} of the step (median per cause)"
+            + (f": {cs}" if cs else "")
         )
         out.append(f"  kernels        {st['kernels_per_step']:.0f} per step")
         out.append(
