@@ -107,11 +107,6 @@ def test_bad_input_with_repair_answers_or_exits_2(name, path, words):
         assert "repaired" in r.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source._salvage_events raises 'nothing to salvage: ...' without the file name "
-    "(tracedx/trace/source.py, parser owner)",
-)
 def test_repair_refusal_names_the_file():
     p = BAD / "not_json.json"
     r = CliRunner().invoke(main, ["diagnose", "--repair", str(p)])
@@ -119,11 +114,6 @@ def test_repair_refusal_names_the_file():
     check_one_line(r.stderr, p, [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a UTF-8 byte-order mark (Notepad, PowerShell Out-File) is refused as 'not valid JSON "
-    "at byte 0' with the invisible BOM in the snippet (tracedx/trace/source.py, parser owner)",
-)
 def test_utf8_bom_is_accepted_or_named(tmp_path):
     p = tmp_path / "bom.json"
     body = (BAD.parent / "tiny.json").read_bytes()

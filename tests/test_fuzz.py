@@ -154,12 +154,7 @@ def check(path: Path, why: str, *extra: str) -> str | None:
 # Failures already pinned by a strict xfail elsewhere, by a fragment of their one-line message.
 # A run whose failures are ALL known is reported as xfail; any other failure fails the test.
 # (Emptied once findings.py stopped dividing by zero on a predicted step of 0.)
-KNOWN_BUGS: dict[str, str] = {
-    "int value too large for Polars integer types": (
-        "tables._to_int on a huge float: "
-        "test_robustness.py::test_huge_float_in_an_integer_arg_is_not_a_crash"
-    ),
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def report(failures: list[str]) -> None:

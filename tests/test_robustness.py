@@ -426,13 +426,7 @@ def test_zero_length_step_is_answered(tmp_path):
     assert r.exit_code == 0, r.stderr
 
 
-# --- known bugs outside this file's reach ------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="tables._outlier_cutoff only looks for a corrupt LOW group: one event with a far-future "
-    "ts (1e300) makes the whole bulk of the trace 'outliers' and keeps the bad event "
-    "(tracedx/trace/tables.py, parser owner)",
-)
+# --- odd values in real-looking traces ----------------------------------------------------------
 def test_one_far_future_timestamp_does_not_discard_the_trace(tmp_path):
     b = main_trace()
     # one more kernel with a corrupt timestamp: the 5 real kernels must survive
@@ -442,11 +436,6 @@ def test_one_far_future_timestamp_does_not_discard_the_trace(tmp_path):
     assert _windows(t) == EXPECTED_WINDOWS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tables._to_int turns a huge finite float id/size (1e300) into a Python int beyond "
-    "Int64 and polars raises OverflowError (tracedx/trace/tables.py, parser owner)",
-)
 @pytest.mark.parametrize(
     "cat,key,value",
     [
@@ -470,12 +459,6 @@ def test_huge_float_in_an_integer_arg_is_not_a_crash(tmp_path, cat, key, value):
     assert r.exit_code in (0, 2), r.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="events.Args declares ids as int | str | None, so ONE non-integral float id "
-    "(stream 7.5, correlation 1e20) refuses the whole trace, even with --repair "
-    "(tracedx/trace/events.py, parser owner)",
-)
 @pytest.mark.parametrize("key,value", [("stream", 7.5), ("correlation", 1e20)])
 def test_one_odd_id_does_not_refuse_the_whole_trace_under_repair(tmp_path, key, value):
     b = main_trace()

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Union
 import msgspec
 
 Num = float | None
-Id = int | str | None
+Id = int | float | str | None  # a fractional id (stream 7.5) is read, then truncated
 
 
 class Args(msgspec.Struct, omit_defaults=True, gc=False):

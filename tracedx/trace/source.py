@@ -34,8 +34,11 @@ _DECODER = msgspec.json.Decoder(TraceDocument, strict=False)
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_bytes(path: str | Path) -> bytes:
+def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
     """Return the JSON bytes of ``path``, gunzipped when it starts with the gzip magic bytes.
+
+    A leading UTF-8 byte-order mark (Windows editors write one) is dropped. With
+    ``repair_mode`` a cut gzip stream yields the JSON decompressed before the cut.
 
     Raises TraceFormatError: missing file, directory, empty file, empty or truncated gzip.
     """
@@ -51,15 +54,15 @@ def read_bytes(path: str | Path) -> bytes:
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
     if raw[:2] == _GZIP_MAGIC:
-        raw = _gunzip(p, raw)
+        raw = _gunzip(p, raw, repair_mode)
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (the gzip stream holds no data)")
     elif not raw.strip():
         raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
-    return raw
+    return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
 
 
-def _gunzip(p: Path, raw: bytes) -> bytes:
+def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
     try:
         return gzip.decompress(raw)
     except EOFError:
@@ -69,6 +72,8 @@ def _gunzip(p: Path, raw: bytes) -> bytes:
             part = d.decompress(raw)
         except zlib.error:
             part = b""
+        if repair_mode and part.strip():
+            return part  # the JSON salvage then keeps the complete events
         raise TraceFormatError(
             f"{p}: truncated gzip: the compressed stream ends early "
             f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file was cut short"
@@ -179,7 +184,7 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
     try:
         obj = json.loads(text, strict=False, parse_constant=_const)
     except json.JSONDecodeError:
-        obj, kept = _salvage_events(text, _const)
+        obj, kept = _salvage_events(text, _const, p)
         notes.append(
             f"the JSON is truncated or broken: kept the {kept} complete event(s) before the break"
         )
@@ -200,11 +205,11 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
     return _as_tracefile(p, doc), notes
 
 
-def _salvage_events(text: str, parse_constant) -> tuple[dict, int]:
+def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[dict, int]:
     """Parse the complete events of a truncated trace, one at a time."""
     start = text.find('"traceEvents"')
     if start < 0:
-        raise TraceFormatError("nothing to salvage: no `traceEvents` array before the break")
+        raise TraceFormatError(f"{p}: nothing to salvage: no `traceEvents` array before the break")
     i = text.find("[", start)
     dec = json.JSONDecoder(strict=False, parse_constant=parse_constant)
     events: list = []
@@ -237,7 +242,7 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
     Returns (TraceFile, repair notes). Raises TraceFormatError on unusable input.
     """
     p = Path(path)
-    data = read_bytes(p)
+    data = read_bytes(p, repair_mode)
     if not repair_mode:
         return decode(p, data), []
     try:

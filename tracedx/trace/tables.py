@@ -65,10 +65,13 @@ def _to_int(v: Any) -> int | None:
     if isinstance(v, int):
         return v if -(2**63) <= v < 2**63 else None
     if isinstance(v, float):
-        return int(v) if math.isfinite(v) else None
+        return int(v) if math.isfinite(v) and -(2.0**63) <= v < 2.0**63 else None
     if isinstance(v, str):
         m = _STREAM_RE.search(v)
-        return int(m.group(1)) if m else None
+        if not m:
+            return None
+        i = int(m.group(1))
+        return i if -(2**63) <= i < 2**63 else None
     return None
 
 
@@ -590,15 +593,23 @@ class TableBuilder:
         }
         del parts
         warnings: list[DataWarning] = []
-        # Gross timestamp outliers (ts written as 0 in part of the trace).
-        all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None]
-        cutoff = _outlier_cutoff(np.concatenate(all_ts) if all_ts else np.empty(0))
-        if cutoff is not None:
+        # Gross timestamp outliers: written as 0 in part of the trace (CASES.md C07), or
+        # corrupt values far after the rest.
+        # (the far-after check first: a single corrupt 1e300 must not make the whole real
+        # trace look like a group "written as 0")
+        for find, keep_expr, where in (
+            (_outlier_ceiling, lambda b: pl.col("start_us") < b, "far after"),
+            (_outlier_cutoff, lambda b: pl.col("start_us") >= b, "far before"),
+        ):
+            all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None]
+            bound = find(np.concatenate(all_ts) if all_ts else np.empty(0))
+            if bound is None:
+                continue
             dropped: dict[str, int] = {}
             for k, f in frames.items():
                 if f is None:
                     continue
-                keep = f.filter(pl.col("start_us") >= cutoff)
+                keep = f.filter(keep_expr(bound))
                 if keep.height != f.height:
                     dropped[k] = f.height - keep.height
                 frames[k] = keep
@@ -608,8 +619,8 @@ class TableBuilder:
                 DataWarning(
                     "outlier_timestamp",
                     n,
-                    f"{n} events have timestamps far before the rest of the trace (written as 0?) "
-                    f"and were left out ({detail}): the trace is partly corrupt",
+                    f"{n} events have timestamps {where} the rest of the trace and were left out "
+                    f"({detail}): the trace is partly corrupt",
                 )
             )
         if self.invalid:
@@ -694,6 +705,31 @@ def _outlier_cutoff(ts: np.ndarray) -> float | None:
     lower_max, upper_min, upper_max = float(s[best_i]), float(s[best_i + 1]), float(s[-1])
     extent = max(upper_max - upper_min, 1.0)
     if upper_min > 0 and lower_max < upper_min * 1e-3 and best_gap > 1000 * extent:
+        return upper_min
+    return None
+
+
+def _outlier_ceiling(ts: np.ndarray) -> float | None:
+    """Timestamps far after the rest of the trace (a corrupt 1e300): the mirror of the rule above.
+
+    Split the sorted start times at the largest gap. When the upper group holds fewer events
+    than the lower one, starts beyond 1000x the lower group's last timestamp, and the gap is
+    over 1000x the lower group's extent, the upper group is corrupt. Returns its start or None.
+    """
+    if len(ts) < 2:
+        return None
+    s = np.sort(np.asarray(ts, dtype=np.float64))
+    gaps = np.diff(s)
+    best_i = int(np.argmax(gaps))
+    best_gap = float(gaps[best_i])
+    lower_min, lower_max, upper_min = float(s[0]), float(s[best_i]), float(s[best_i + 1])
+    n_upper = len(s) - best_i - 1
+    extent = max(lower_max - lower_min, 1.0)
+    if (
+        n_upper < best_i + 1
+        and upper_min > 1000 * max(abs(lower_max), 1.0)
+        and best_gap > 1000 * extent
+    ):
         return upper_min
     return None
 
