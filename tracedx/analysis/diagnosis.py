@@ -396,7 +396,7 @@ def diagnose(
         else None
     )
     regime, bottleneck, evidence = _verdict(
-        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary
+        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=top
     )
     found = (
         _findings(trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n)
@@ -587,8 +587,13 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
 
 
-def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
+def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=None):
     ev: list[str] = []
+    if trace.metadata.get("repairs"):
+        ev.append(
+            "this trace was salvaged with --repair (" + "; ".join(trace.metadata["repairs"]) + "): "
+            "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
+        )
     if model is None:
         return None, None, ["no GPU activity: no regime can be named from this trace"]
     idle = w["idle_fraction"].median()
@@ -637,10 +642,26 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary):
             f"{model.kernels:.0f} kernels per step, host busy {_ms(model.host_us)}, "
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
+        # One top-level op holding most of the host time is host work inside that op (e.g.
+        # cuDNN re-planning), not per-kernel launch cost: name it.
+        n_steps = max(w["step"].n_unique(), 1)
+        if top_ops is not None and top_ops.height and model.step_us > 0:
+            t = top_ops.sort("host_time_us", descending=True).row(0, named=True)
+            per_step = t["host_time_us"] / n_steps
+            per_k = per_step / max(t["kernels"] / n_steps, 1)
+            # a launch costs 5-20 us of host time; 100 us or more per kernel is work in the op
+            if per_step > 0.4 * model.step_us and per_k >= 100:
+                ev.append(
+                    f"{t['name']} holds {_ms(per_step)} of host time per step "
+                    f"({per_step / model.step_us:.0%} of the step) for {t['kernels'] / n_steps:.0f} "
+                    f"kernels ({per_k:.0f} us per kernel): host work inside one op, not launch cost"
+                )
+                if bott == "kernel launch":
+                    bott = "host work"
         if bott == "kernel launch" and model.per_kernel_host_us:
             ev.append(
-                f"{model.per_kernel_host_us:.1f} us of host time per kernel against "
-                f"{model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
+                f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "
+                f"against {model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
             )
         return "overhead-bound", bott, ev
     # GPU-bound: what the device time is spent on
