@@ -53,20 +53,9 @@ def _torch():
 
 def _events_ms(torch, fn, samples: int, warmup: int, repeats: int) -> list[float]:
     """Per-call milliseconds from CUDA events around ``repeats`` calls, ``samples`` times."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / repeats)
-    return times
+    from tracedx.measure import event_times_ms
+
+    return event_times_ms(fn, samples=samples, warmup=warmup, repeats=repeats)
 
 
 def _stats(values: list[float]) -> dict:

@@ -176,6 +176,15 @@ def device_time(
 
     if not torch.cuda.is_available():
         raise RuntimeError("device_time needs a CUDA device; use tracedx.measure.wall on CPU")
+    return summarize(event_times_ms(fn, samples=samples, warmup=warmup, repeats=repeats))
+
+
+def event_times_ms(fn, *, samples: int, warmup: int, repeats: int) -> list[float]:
+    """Per-call device milliseconds of ``fn`` from CUDA events around ``repeats`` calls, taken
+    ``samples`` times after ``warmup`` calls and a synchronize (seed 001, section 13.1: time
+    asynchronous GPU work with device events, after warm-up)."""
+    import torch
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -189,7 +198,7 @@ def device_time(
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / repeats)
-    return summarize(times)
+    return times
 
 
 class StepTimer:
