@@ -64,6 +64,16 @@ def main() -> None:
     """Diagnose PyTorch GPU programs from torch.profiler traces."""
 
 
+_format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "md"]),
+    default="text",
+    show_default=True,
+    help="Report format.",
+)
+
+
 def _analysis_options(f):
     """The options every command that diagnoses a trace takes (device peaks, steps, repair)."""
     options = [
@@ -140,14 +150,7 @@ def _load_and_diagnose(
 
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "md"]),
-    default="text",
-    show_default=True,
-    help="Report format.",
-)
+@_format_option
 @click.option(
     "--html",
     "html_path",
@@ -293,14 +296,7 @@ def report(trace_path, out_path, **analysis):
 @main.command("diff")
 @click.argument("before_path", metavar="BEFORE")
 @click.argument("after_path", metavar="AFTER")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "md"]),
-    default="text",
-    show_default=True,
-    help="Report format.",
-)
+@_format_option
 @click.option(
     "--fix",
     "fix",

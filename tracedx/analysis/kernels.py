@@ -75,8 +75,10 @@ def gpu_breakdown(gpu: pl.DataFrame, n_steps: int) -> pl.DataFrame:
                 "share": pl.Float64,
             }
         )
-    k = gpu.with_columns(
-        kkind=pl.when(pl.col("kind") == "kernel").then(kind_expr("name")).otherwise(pl.lit("copy"))
+    # the name rules (regexes) once per distinct kernel name, not once per event
+    kinds = gpu.select(pl.col("name").unique()).with_columns(nkind=kind_expr("name"))
+    k = gpu.join(kinds, on="name", how="left").with_columns(
+        kkind=pl.when(pl.col("kind") == "kernel").then(pl.col("nkind")).otherwise(pl.lit("copy"))
     )
     out = (
         k.group_by("kkind")

@@ -60,10 +60,9 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     labels: Any = None
 
 
-class Event(msgspec.Struct, omit_defaults=True, gc=False):
-    """One entry of ``traceEvents``. ``ts`` and ``dur`` are microseconds."""
+class _Fields(msgspec.Struct, omit_defaults=True, gc=False):
+    """The fields of :class:`Event`, shared by every event class below."""
 
-    ph: str | None = None
     cat: str | None = None
     name: str | None = None
     pid: Id = None
@@ -72,6 +71,12 @@ class Event(msgspec.Struct, omit_defaults=True, gc=False):
     dur: Num = None
     id: Any = None
     args: Args | None = None
+
+
+class Event(_Fields):
+    """One entry of ``traceEvents``. ``ts`` and ``dur`` are microseconds."""
+
+    ph: str | None = None
 
 
 class TraceFile(msgspec.Struct):
@@ -106,32 +111,16 @@ TraceDocument = TraceFile | list[Event]
 # a phase outside the Chrome format is read by the plain ``Event`` decoder instead.
 
 
-class XEvent(msgspec.Struct, tag_field="ph", tag="X", omit_defaults=True, gc=False):
+class XEvent(_Fields, tag_field="ph", tag="X"):
     """A complete event (``ph: "X"``); the same fields and types as :class:`Event`."""
 
     ph: ClassVar[str] = "X"
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = None
-    dur: Num = None
-    id: Any = None
-    args: Args | None = None
 
 
-class MEvent(msgspec.Struct, tag_field="ph", tag="M", omit_defaults=True, gc=False):
+class MEvent(_Fields, tag_field="ph", tag="M"):
     """A metadata event (``ph: "M"``); the same fields and types as :class:`Event`."""
 
     ph: ClassVar[str] = "M"
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = None
-    dur: Num = None
-    id: Any = None
-    args: Args | None = None
 
 
 # Every other phase of the Chrome Trace Event Format: a field-less struct each.
