@@ -1,0 +1,114 @@
+"""The fast reader's chunked and two-process paths give exactly the reference reader's tables.
+
+Traces under ``CHUNK_BYTES`` (16 MB) are decoded in one piece, so these tests shrink the chunk
+and block sizes to cut a real H200 trace (4.7 MB of JSON) into a hundred chunks, and force the
+worker process (normally only for traces of 64 MB and more, on an idle core).
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import pytest
+from polars.testing import assert_frame_equal
+
+import tracedx.trace.source as source
+from tracedx.trace import parallel
+from tracedx.trace.tables import RawTables, TableBuilder, build_tables
+
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces/resnet_train-bf16-cl.json.gz"
+TABLES = ("kernels", "memcpys", "memsets", "launches", "ops", "annotations", "syncs")
+
+
+def _reference(path: Path) -> RawTables:
+    doc, _ = source.read_document(path)
+    return build_tables(doc.traceEvents or [])
+
+
+def _fast(path: Path) -> tuple[RawTables, int]:
+    builder = TableBuilder()
+    source.read_into(path, builder)
+    chunks = len(builder._chunks)
+    return builder.finish(), chunks
+
+
+def _same(a: RawTables, b: RawTables) -> None:
+    for name in TABLES:
+        assert_frame_equal(getattr(a, name), getattr(b, name), check_row_order=True)
+    assert a.process_names == b.process_names
+    assert a.thread_names == b.thread_names
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(source, "CHUNK_BYTES", 48 << 10)
+    monkeypatch.setattr(source, "_READ_BYTES", 16 << 10)
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_many_chunks_equal_the_reference(small_chunks, tmp_path, gzipped):
+    path = SAMPLE
+    if not gzipped:
+        path = tmp_path / "plain.json"
+        path.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    ref = _reference(path)
+    fast, chunks = _fast(path)
+    assert chunks > 50  # really cut: the chunk-boundary code ran
+    assert ref.kernels.height > 1000
+    _same(ref, fast)
+
+
+@pytest.fixture
+def forced_worker(small_chunks, monkeypatch):
+    """The worker starts whatever the size and load, and is ready before the read begins (the
+    read of 4.7 MB would otherwise be over before the worker has imported polars)."""
+    monkeypatch.setattr(source, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(source, "_idle_cpu", lambda: True)
+    start = source._start_worker
+
+    def started():
+        w = start()
+        deadline = time.monotonic() + 60
+        while not w.can_take() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return w
+
+    monkeypatch.setattr(source, "_start_worker", started)
+
+
+def test_worker_process_equals_the_reference(forced_worker, monkeypatch):
+    handed = []
+    submit = parallel.Worker.submit
+
+    def counting(self, slot, payload):
+        handed.append(slot)
+        return submit(self, slot, payload)
+
+    monkeypatch.setattr(parallel.Worker, "submit", counting)
+    fast, chunks = _fast(SAMPLE)
+    assert handed, "the worker converted no chunk"
+    assert len(handed) < chunks
+    _same(_reference(SAMPLE), fast)
+
+
+def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch):
+    killed = []
+
+    def broken(self, slot, payload):
+        self.inflight.append(slot)
+        self._p.kill()
+        killed.append(slot)
+
+    monkeypatch.setattr(parallel.Worker, "submit", broken)
+    fast, chunks = _fast(SAMPLE)
+    assert killed
+    assert chunks == 1  # the reference path: one sink.add of every event
+    _same(_reference(SAMPLE), fast)
+
+
+def test_idle_cpu_reads_the_machine():
+    assert source._idle_cpu() in (True, False)
+    busy, idle = source._cpu_times()
+    assert busy > 0 and idle >= 0
