@@ -17,6 +17,7 @@ from tracedx.trace.link import (
     assign_step,
     build_op_tree,
     extract_steps,
+    launch_table,
     link_gpu,
     link_launches_to_ops,
 )
@@ -254,8 +255,10 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     launches, _ = link_launches_to_ops(launches, ops)
     launches = assign_step(launches, steps, "start_us")
 
+    launch_info = launch_table(launches, ops)
+
     def gpu(t: pl.DataFrame) -> pl.DataFrame:
-        t = link_gpu(t, launches, ops)
+        t = link_gpu(t, launch_info)
         if synthetic:
             t = t.with_columns(step=pl.lit(0, pl.Int64)) if steps.height else t
         return t

@@ -79,11 +79,19 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     parent = np.where(has, ids[pp], -1)
     top = ids[root_pos]
     bad = int(np.count_nonzero(has & (end > end[pp] + 1e-6)))
-    tree = pl.DataFrame(
-        {"op_id": ids, "parent_id": parent, "top_op_id": top, "depth": depth},
-        schema={"op_id": pl.Int64, "parent_id": pl.Int64, "top_op_id": pl.Int64, "depth": pl.Int32},
-    ).with_columns(pl.when(pl.col("parent_id") >= 0).then(pl.col("parent_id")).alias("parent_id"))
-    return ops.join(tree, on="op_id", how="left"), bad
+    # op_id is the row number: scatter the answers back into row order
+    n = len(ids)
+    parent_of, top_of, depth_of = (
+        np.empty(n, np.int64),
+        np.empty(n, np.int64),
+        np.empty(n, np.int32),
+    )
+    parent_of[ids], top_of[ids], depth_of[ids] = parent, top, depth
+    return ops.with_columns(
+        parent_id=pl.when(pl.Series(parent_of >= 0)).then(pl.Series(parent_of)),
+        top_op_id=pl.Series(top_of),
+        depth=pl.Series(depth_of),
+    ), bad
 
 
 def _nest(
@@ -176,21 +184,25 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
 def assign_step(
     df: pl.DataFrame, steps: pl.DataFrame, time_col: str, out: str = "step"
 ) -> pl.DataFrame:
-    """Add column ``out``: the step whose [start_us, end_us) window holds ``time_col`` (null if none)."""
+    """Add column ``out``: the step whose [start_us, end_us) window holds ``time_col`` (null if none).
+
+    Where windows overlap, the step that started last wins. ``steps`` are few (one row per
+    ProfilerStep), so each time is placed by a binary search over the sorted step starts.
+    """
     if steps.height == 0 or df.height == 0:
         return df.with_columns(pl.lit(None, pl.Int64).alias(out))
-    key = "__t"
-    left = df.with_row_index("__row").with_columns(pl.col(time_col).alias(key))
-    srt = left.filter(pl.col(key).is_not_null()).sort(key)
-    win = steps.select(
-        pl.col("start_us").alias(key),
-        pl.col("end_us").alias("__wend"),
-        pl.col("step").alias("__step"),
-    ).sort(key)
-    j = srt.join_asof(win, on=key, strategy="backward").select(
-        "__row", pl.when(pl.col(key) < pl.col("__wend")).then(pl.col("__step")).alias(out)
-    )
-    return left.join(j, on="__row", how="left").drop("__row", key)
+    win = steps.select("start_us", "end_us", "step").drop_nulls("start_us").sort("start_us")
+    if win.height == 0:
+        return df.with_columns(pl.lit(None, pl.Int64).alias(out))
+    starts = win["start_us"].to_numpy()
+    ends = win["end_us"].to_numpy()
+    numbers = win["step"].to_numpy()
+    t = df[time_col].cast(pl.Float64).to_numpy()  # null -> nan: never inside a window
+    i = np.searchsorted(starts, t, side="right") - 1
+    j = np.maximum(i, 0)
+    inside = (i >= 0) & (t < ends[j])
+    step = pl.Series(out, numbers[j], dtype=pl.Int64)
+    return df.with_columns(pl.when(pl.Series(inside)).then(step).alias(out))
 
 
 def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -246,24 +258,32 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
     return launches, by_time
 
 
-def link_gpu(gpu: pl.DataFrame, launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
+    names = ops.select("op_id", pl.col("name").alias("op_name"), "top_op_id")
+    tops = ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op_name"))
+    return (
+        launches.filter(pl.col("correlation").is_not_null())
+        .select(
+            "correlation",
+            pl.col("name").alias("launch_name"),
+            pl.col("pid").alias("launch_pid"),
+            pl.col("tid").alias("launch_tid"),
+            pl.col("start_us").alias("launch_start_us"),
+            pl.col("duration_us").alias("launch_duration_us"),
+            "op_id",
+            pl.col("step").alias("step"),
+        )
+        .join(names, on="op_id", how="left")
+        .join(tops, on="top_op_id", how="left")
+    )
+
+
+def link_gpu(gpu: pl.DataFrame, launch_info: pl.DataFrame) -> pl.DataFrame:
     """Add launch and op columns to a GPU table (kernels, memcpys, memsets, syncs) by correlation id.
 
-    Adds ``launch_name``, ``launch_pid``, ``launch_tid``, ``launch_start_us``, ``launch_duration_us``,
-    ``op_id``, ``op_name``, ``top_op_id``, ``top_op_name``, ``step`` (the launch's step).
+    ``launch_info`` is :func:`launch_table`. Adds ``launch_name``, ``launch_pid``,
+    ``launch_tid``, ``launch_start_us``, ``launch_duration_us``, ``op_id``, ``step`` (the
+    launch's step), ``op_name``, ``top_op_id``, ``top_op_name``.
     """
-    la = launches.filter(pl.col("correlation").is_not_null()).select(
-        "correlation",
-        pl.col("name").alias("launch_name"),
-        pl.col("pid").alias("launch_pid"),
-        pl.col("tid").alias("launch_tid"),
-        pl.col("start_us").alias("launch_start_us"),
-        pl.col("duration_us").alias("launch_duration_us"),
-        "op_id",
-        pl.col("step").alias("step"),
-    )
-    out = gpu.join(la, on="correlation", how="left")
-    names = ops.select("op_id", pl.col("name").alias("op_name"), "top_op_id")
-    out = out.join(names, on="op_id", how="left")
-    tops = ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op_name"))
-    return out.join(tops, on="top_op_id", how="left")
+    return gpu.join(launch_info, on="correlation", how="left")
