@@ -291,24 +291,20 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
             # the GPU event that ends each gap, and when it was launched
             k = np.searchsorted(starts, ge, side="left")
             nl = np.where(k < len(starts), launch[np.minimum(k, len(starts) - 1)], np.nan)
-            out.append(
-                pl.DataFrame(
-                    {
-                        "step": np.full(len(gs), step),
-                        "device": np.full(len(gs), dev),
-                        "start_us": gs,
-                        "end_us": ge,
-                        "next_launch_start_us": nl,
-                    }
-                )
-            )
+            out.append((np.full(len(gs), step), np.full(len(gs), dev), gs, ge, nl))
     if not out:
         return pl.DataFrame(schema=schema)
-    gp = pl.concat(out)
-    a = gp["start_us"].to_numpy()
-    b = gp["end_us"].to_numpy()
+    step_col, dev_col, a, b, nl = (np.concatenate(c) for c in zip(*out, strict=True))
+    gp = pl.DataFrame(
+        {
+            "step": step_col,
+            "device": dev_col,
+            "start_us": a,
+            "end_us": b,
+            "next_launch_start_us": nl,
+        }
+    )
     dur = b - a
-    nl = gp["next_launch_start_us"].to_numpy()
     # a sync returned inside the gap (or just before it: the queue drained as it returned)
     i0 = np.searchsorted(u_sync_end, a - 5.0, side="left")
     i1 = np.searchsorted(u_sync_end, b, side="right")

@@ -67,6 +67,7 @@ class Trace:
     steps_synthetic: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
+    _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def devices(self) -> list[int]:
@@ -81,7 +82,15 @@ class Trace:
         return (self.kernels.height + self.memcpys.height + self.memsets.height) > 0
 
     def gpu_activity(self) -> pl.DataFrame:
-        """Kernels, memcpys and memsets in one frame with a ``kind`` column (busy-time intervals)."""
+        """Kernels, memcpys and memsets in one frame with a ``kind`` column (busy-time intervals).
+
+        Built once per set of tables (analyses call it often; replacing a table rebuilds it).
+        """
+        key = (self.kernels, self.memcpys, self.memsets)
+        if self._gpu_cache is not None and all(
+            a is b for a, b in zip(self._gpu_cache[0], key, strict=True)
+        ):
+            return self._gpu_cache[1]
         cols = [
             "device",
             "stream",
@@ -105,7 +114,9 @@ class Trace:
                 ("memset", self.memsets),
             )
         ]
-        return pl.concat(parts, how="vertical_relaxed")
+        out = pl.concat(parts, how="vertical_relaxed")
+        self._gpu_cache = (key, out)
+        return out
 
     @property
     def device_name(self) -> str | None:
