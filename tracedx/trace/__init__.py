@@ -329,11 +329,10 @@ def _quality(
                 "start_us",
                 "end_us",
                 "duration_us",
-                "name",
                 "correlation",
-                "launch_name",
                 "launch_start_us",
                 "launch_duration_us",
+                unlinked=pl.col("launch_name").is_null(),
             )
             for t in (kernels, memcpys, memsets)
         ],
@@ -350,7 +349,7 @@ def _quality(
                 )
             )
         return out
-    unlinked = gpu.filter(pl.col("launch_name").is_null()).height
+    unlinked = int(gpu["unlinked"].sum())
     if unlinked:
         out.append(
             DataWarning(

@@ -213,9 +213,9 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
     if launches.height == 0:
         return launches.with_columns(op_id=pl.lit(None, pl.Int64)), 0
     by_ext = (
-        ops.filter(pl.col("external_id").is_not_null())
+        ops.select("external_id", pl.col("op_id").alias("__ext_op"))
+        .filter(pl.col("external_id").is_not_null())
         .unique("external_id", keep="first")
-        .select("external_id", pl.col("op_id").alias("__ext_op"))
     )
     launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
     missing = launches.filter(pl.col("__ext_op").is_null())
