@@ -42,13 +42,10 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     block: msgspec.Raw = msgspec.field(default=msgspec.Raw())
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
     bytes: Any = None
-    graph_node_id: Any = msgspec.field(default=None, name="graph node id")
     external_id_lc: Id = msgspec.field(default=None, name="external id")
     # host sync events (enable_cuda_sync_events)
     cuda_sync_kind: Any = None
     # cpu_op shapes (record_shapes=True), raw for the same reason as grid and block.
-    sequence_number: Any = msgspec.field(default=None, name="Sequence number")
-    fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")

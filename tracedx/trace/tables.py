@@ -330,7 +330,6 @@ _KERNEL_SCHEMA |= {
     "blocks_per_sm": pl.Float64,
     "warps_per_sm": pl.Float64,
     "achieved_occupancy_pct": pl.Float64,
-    "graph_node_id": pl.Int64,
 }
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "kernel": _KERNEL_SCHEMA,
@@ -344,8 +343,6 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
         "input_shapes": pl.List(pl.List(pl.Int64)),
         "input_dtypes": pl.List(pl.Utf8),
         "concrete_inputs": pl.List(pl.Utf8),
-        "sequence_number": pl.Int64,
-        "fwd_thread_id": pl.Int64,
     },
     "annotation": dict(_HOST_SCHEMA)
     | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64},
@@ -466,7 +463,6 @@ class Converter:
             cols["blocks_per_sm"] = _any_float_col(_get(args, "blocks_per_sm"))
             cols["warps_per_sm"] = _any_float_col(_get(args, "warps_per_sm"))
             cols["achieved_occupancy_pct"] = _any_float_col(_get(args, "occupancy"))
-            cols["graph_node_id"] = _any_int_col(_get(args, "graph_node_id"))
         elif kind == "memcpy":
             cache = self._memcpy_cache
             names = _get(evs, "name")
@@ -492,8 +488,6 @@ class Converter:
                 [_get(args, "input_dims"), _get(args, "input_type"), _get(args, "concrete_inputs")]
             )
             cols["input_shapes"] = cols["input_dtypes"] = cols["concrete_inputs"] = shapes
-            cols["sequence_number"] = _any_int_col(_get(args, "sequence_number"))
-            cols["fwd_thread_id"] = _any_int_col(_get(args, "fwd_thread_id"))
         elif kind in ("user_annotation", "gpu_user_annotation"):
             n = len(evs)
             if kind == "gpu_user_annotation":
