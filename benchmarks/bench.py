@@ -510,6 +510,12 @@ def main(argv: list[str] | None = None) -> int:
         help="HTA runs per file of 1 GB or more (one run takes over ten minutes here)",
     )
     ap.add_argument(
+        "--hta-max-mb",
+        type=float,
+        default=None,
+        help="run HTA only on files of at most this many MB of JSON (HTA takes 25 minutes at 1 GB)",
+    )
+    ap.add_argument(
         "--hta-large-gzip",
         action="store_true",
         help="also run HTA on the gzipped files of 1 GB or more (by default only the plain one)",
@@ -535,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tracedx on {f['path'].name} ...", flush=True)
         f["tracedx"] = bench_tracedx(f["path"], args.runs)
         large = f["json_bytes"] >= 1000 * MB
-        if hta_py is not None and large and f["path"].suffix == ".gz" and not args.hta_large_gzip:
+        if hta_py is not None and args.hta_max_mb and f["json_bytes"] > args.hta_max_mb * MB:
+            f["hta_note"] = f"not run (--hta-max-mb {args.hta_max_mb:g})"
+        elif hta_py is not None and large and f["path"].suffix == ".gz" and not args.hta_large_gzip:
             f["hta_note"] = "not run (--hta-large-gzip)"
         elif hta_py is not None:
             print(f"HTA on {f['path'].name} ...", flush=True)
