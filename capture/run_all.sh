@@ -84,6 +84,7 @@ cap mlp_large-fp32           2 2 1 3 10 -- capture/mlp_train.py --width 8192 --b
 cap mlp_large-bf16           2 2 1 3 10 -- capture/mlp_train.py --width 8192 --batch 2048 --bf16 --steps 14
 cap convnet_dataloader-main  2 2 1 3 10 -- capture/convnet_dataloader.py --steps 14
 cap convnet_dataloader-workers 2 2 1 3 10 -- capture/convnet_dataloader.py --workers 8 --pin-memory --steps 14
+cap convnet_dataloader-workers-pageable 2 2 1 3 10 -- capture/convnet_dataloader.py --workers 8 --steps 14
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   if [ "$ONLY" = "  " ] || [[ "$ONLY" == *" calibrate "* ]]; then
