@@ -4,8 +4,9 @@
     python benchmarks/estimates.py --diff     # the `tracedx diff` table (README, Re-measure)
 
 For each pair in sample_traces/pairs.json: `tracedx diagnose BEFORE`'s estimate for the fix
-that was applied (1.00x when BEFORE has no finding for it), the measured unprofiled speedup,
-and their ratio. The same check is asserted by tests/test_samples.py.
+that was applied (1.00x when BEFORE has no finding for it; for a pair that applied several,
+``fixes``, the step model's estimate for all of them together), the measured unprofiled
+speedup, and their ratio. The same check is asserted by tests/test_samples.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import tracedx
 from tracedx.analysis.diagnosis import diagnose
+from tracedx.analysis.findings import combined_speedup
 
 ROOT = Path(__file__).resolve().parents[1] / "sample_traces"
 
@@ -26,9 +28,15 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for p in pairs:
         d = diagnose(tracedx.load(ROOT / p["before"]))
-        f = {x.fix: x for x in d.findings}.get(p["fix"])
-        est = f.estimated_speedup if f else 1.0
-        label = f"{est:.2f}x" + ("" if f is None or f.recommended else " (not worth it)")
+        found = {x.fix: x for x in d.findings}
+        if "fixes" in p:  # several fixes applied at once: the model's estimate for all of them
+            got = [found[x] for x in p["fixes"] if x in found]
+            est = combined_speedup(d.model, got) if got else 1.0
+            label = f"{est:.2f}x (together)"
+        else:
+            f = found.get(p["fix"])
+            est = f.estimated_speedup if f else 1.0
+            label = f"{est:.2f}x" + ("" if f is None or f.recommended else " (not worth it)")
         ratio = est / p["measured_speedup"]
         r = f"{ratio:.2f}" if 1 / 1.5 <= ratio <= 1.5 else f"**{ratio:.2f}**"
         print(f"| {p['pair']} | {p['fix']} | {label} | {p['measured_speedup']:.2f}x | {r} |")
@@ -55,6 +63,12 @@ def diff_table() -> None:
             else "-"
         )
         r = pr.ratio_unprofiled
+        if "fixes" in p:  # several fixes at once: BEFORE's estimate for all of them together
+            found = {x.fix: x for x in td.before.findings}
+            got = [found[x] for x in p["fixes"] if x in found]
+            both = combined_speedup(td.before.model, got) if got else 1.0
+            est = f"{both:.2f}x (together)"
+            r = both / pr.achieved_unprofiled if pr.achieved_unprofiled else None
         rs = "-" if r is None else (f"{r:.2f}" if 0.8 <= r <= 1.25 else f"**{r:.2f}**")
         print(f"| {p['pair']} | `{p['fix']}` | `{td.fix}` | {est} | {tr} | {un} | {rs} |")
 

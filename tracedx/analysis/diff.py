@@ -440,7 +440,14 @@ def infer_fix(before: Diagnosis, after: Diagnosis) -> list[FixEvidence]:
                 ),
             )
         )
-    if sa.dataloader_us >= 0.05 * T and sb.dataloader_us <= 0.5 * sa.dataloader_us:
+    # BEFORE already had worker processes: less DataLoader time on the main thread is another
+    # fix's doing (pin_memory's thread takes the batches), not workers
+    had_workers = before.model is not None and before.model.dataloader_multiprocess
+    if (
+        not had_workers
+        and sa.dataloader_us >= 0.05 * T
+        and sb.dataloader_us <= 0.5 * sa.dataloader_us
+    ):
         out.append(
             FixEvidence(
                 "dataloader-workers",
