@@ -9,8 +9,6 @@ Sources: the Chrome Trace Event Format (Google, "Trace Event Format" document), 
 ``output_json.cpp`` field names, and ``shared/GUIDE.md`` section 1.
 """
 
-from __future__ import annotations
-
 from typing import Any, ClassVar, Union
 
 import msgspec
