@@ -54,7 +54,7 @@ def diff_table() -> None:
         pr = td.prediction
         est = "-" if pr.estimated_speedup is None else f"{pr.estimated_speedup:.2f}x"
         if pr.finding is not None and not pr.finding.recommended:
-            est += " (not recommended)"
+            est += " (not worth it)"
         tr = f"{pr.achieved_traced:.2f}x ({pr.before_step_ms:.3f} → {pr.after_step_ms:.3f} ms)"
         un = (
             f"{pr.achieved_unprofiled:.2f}x ({pr.before_unprofiled_ms:.3f} → "
@@ -69,7 +69,7 @@ def diff_table() -> None:
             both = combined_speedup(td.before.model, got) if got else 1.0
             est = f"{both:.2f}x (together)"
             r = both / pr.achieved_unprofiled if pr.achieved_unprofiled else None
-        rs = "-" if r is None else (f"{r:.2f}" if 0.8 <= r <= 1.25 else f"**{r:.2f}**")
+        rs = "-" if r is None else (f"{r:.2f}" if 0.8 <= round(r, 2) <= 1.25 else f"**{r:.2f}**")
         print(f"| {p['pair']} | `{p['fix']}` | `{td.fix}` | {est} | {tr} | {un} | {rs} |")
 
 

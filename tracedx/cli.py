@@ -302,7 +302,8 @@ def report(trace_path, out_path, **analysis):
     "fix",
     default=None,
     metavar="ID",
-    help="The fix AFTER applied (a fix id such as cuda-graphs); inferred when omitted.",
+    help="The fix AFTER applied (a fix id such as cuda-graphs; several joined by commas when "
+    "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
 def diff_command(before_path, after_path, fmt, fix, repair):

@@ -370,10 +370,14 @@ def diagnose(
         over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
         if over.height:
             worst = over.sort("bound_fraction", descending=True).row(0, named=True)
+            per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
             notes.append(
                 f"{over.height} op group(s) ran faster than the roofline allows ({worst['name']} at "
-                f"{worst['bound_fraction']:.0%} of its bound): the peaks used ({spec.source if spec else 'none'}) "
-                "are below this GPU's; check --device, or measure them with `tracedx calibrate`"
+                f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
+                "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
+                "faster than device memory allows; when an op's data per call is well over the "
+                f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
+                "GPU's: check --device, or measure them with `tracedx calibrate`"
             )
     top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)

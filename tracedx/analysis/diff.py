@@ -883,7 +883,7 @@ def _explain(
         elif hb >= gb:
             if fix == "cuda-graphs":
                 why = (
-                    f"estimate assumed launch gaps vanish (a {_ms(t_est)} step); {_ms(hb)} of host "
+                    f"estimate assumed launch gaps vanish (a {_ms(t_est)} traced step); {_ms(hb)} of host "
                     f"work per step remains against {_ms(mb.busy_us)} of GPU busy"
                 )
             elif fix in ("tf32", "bf16-autocast", "fused-attention", "torch-compile"):
@@ -893,13 +893,13 @@ def _explain(
                 )
             else:
                 why = (
-                    f"estimate expected a {_ms(t_est)} step; host work of {_ms(hb)} per step "
+                    f"estimate expected a {_ms(t_est)} traced step; host work of {_ms(hb)} per step "
                     f"remains (was {_ms(ha)}) against {_ms(gb)} on the GPU"
                 )
         else:
             moved = "fell only" if gb < ga else "went"
             why = (
-                f"estimate expected a {_ms(t_est)} step; GPU time per step {moved} "
+                f"estimate expected a {_ms(t_est)} traced step; GPU time per step {moved} "
                 f"{_ms(ga)} -> {_ms(gb)} and binds (host {_ms(hb)})"
             )
             g0, g1 = sum(sa.gemm_us.values()), sum(sb.gemm_us.values())
@@ -918,7 +918,7 @@ def _explain(
     if ea > 0.01 * ma.mean_step_us or eb > 0.01 * mb.mean_step_us:
         parts.append(f"serialised {_ms(ea)} -> {_ms(eb)}")
     why = (
-        f"the step fell to {_ms(tb)}, below the estimated {_ms(t_est)} "
+        f"the traced step fell to {_ms(tb)}, below the estimated {_ms(t_est)} "
         f"(acts on f = {finding.fraction:.0%}): " + ", ".join(parts)
     )
     if fix == "cuda-graphs" and mb.kernels:
@@ -958,6 +958,26 @@ def _explain(
     return verdict, why + profiler
 
 
+def _together(before: Diagnosis, found: list[fx.Finding]) -> fx.Finding:
+    """One finding for several fixes applied at once: their step-model changes added up
+    (:func:`tracedx.analysis.findings.combined_speedup`), as an Amdahl (f, s) over the sum of
+    their regions."""
+    m = before.model
+    total = sum((f.change for f in found if f.change is not None), fx.Change())
+    t = m.predict() if m.unprofiled_step_us else m.reference_step_us
+    names = " + ".join(f.fix for f in found)
+    return fx.make_finding(
+        m,
+        names,
+        f"{names}, applied together",
+        min(sum(f.fraction for f in found), 1.0) * t,
+        total,
+        "the step model with every fix's change applied at once: "
+        + "; ".join(f"{f.fix}: {f.derivation}" for f in found),
+        [e for f in found for e in f.evidence[:2]],
+    )
+
+
 def _prediction(
     fix: str,
     source: str,
@@ -966,7 +986,10 @@ def _prediction(
     sa: Signals,
     sb: Signals,
     k: float | None,
+    together: list[fx.Finding] | None = None,
 ) -> Prediction:
+    """The check of BEFORE's estimate for ``fix``; with ``together`` (two or more of BEFORE's
+    findings, AFTER applied them all), of the step model's estimate for all of them at once."""
     tb_ms = None if sa.step_us is None else sa.step_us / 1e3
     ta_ms = None if sb.step_us is None else sb.step_us / 1e3
     ach = tb_ms / ta_ms if tb_ms and ta_ms else None
@@ -976,7 +999,10 @@ def _prediction(
     if scale:
         ach = ach * scale if ach else None
         ach_u = ach_u * scale if ach_u else None
-    f = _find(before, fix) if fix != UNKNOWN else None
+    if together and len(together) > 1 and before.model is not None:
+        f = _together(before, together)
+    else:
+        f = _find(before, fix) if fix != UNKNOWN else None
     est = f.estimated_speedup if f else None
     est_ms = f.estimated_step_ms if f else None
     r = est / ach if est and ach else None
@@ -999,9 +1025,12 @@ def _prediction(
             why = f"BEFORE judged {fix} not worth it (estimate {est:.2f}x < {fx.MIN_RECOMMENDED_SPEEDUP:g}x); {why}"
     if scale:
         why += f" (per-sample speedups: the batch grew {scale:g}x; the estimate is for 2x)"
+    combined = [x.fix for x in together] if together and len(together) > 1 else None
     return Prediction(
         fix=fix,
         source=source,
+        combined_fixes=combined,
+        combined_estimated_speedup=est if combined else None,
         finding=f,
         estimated_speedup=est,
         estimated_step_ms=est_ms,
@@ -1038,49 +1067,58 @@ def diff(
     Args:
         a, b: Traces (from :func:`tracedx.load`; diagnosed here with ``diagnose_kw``) or
             Diagnoses.
-        fix: the fix id AFTER applied (one of :data:`tracedx.analysis.findings.FIX_IDS`); None
-            infers it from the evidence (:func:`infer_fix`), ``"unknown"`` if nothing matches.
+        fix: the fix id AFTER applied (one of :data:`tracedx.analysis.findings.FIX_IDS`), or
+            several joined by ``,`` or ``+`` when AFTER applied them all; None infers it from
+            the evidence (:func:`infer_fix`), ``"unknown"`` if nothing matches. When several
+            fixes are given, or inferred (each with evidence scoring >= ``MIN_SCORE`` and a
+            finding in BEFORE), the estimate checked is the step model's for all of them at
+            once, and ``TraceDiff.fix`` names them joined by `` + ``.
 
     Returns:
         TraceDiff. Raises TraceError (exit 2 in the CLI) for an unknown fix id.
     """
-    if fix is not None and fix not in fx.FIX_IDS:
-        raise TraceError(f"--fix {fix!r}: not a fix id; one of {', '.join(fx.FIX_IDS)}")
+    given = None if fix is None else [x.strip() for x in re.split(r"[,+]", fix) if x.strip()]
+    for x in given or []:
+        if x not in fx.FIX_IDS:
+            raise TraceError(f"--fix {x!r}: not a fix id; one of {', '.join(fx.FIX_IDS)}")
+    if given is not None and not given:
+        raise TraceError(f"--fix {fix!r}: no fix id given; one of {', '.join(fx.FIX_IDS)}")
     before = _as_diagnosis(a, "BEFORE", **diagnose_kw)
     after = _as_diagnosis(b, "AFTER", **diagnose_kw)
     sa, sb = signals(before), signals(after)
     cands = infer_fix(before, after)
     strong = [c for c in cands if c.score >= MIN_SCORE]
-    if fix is not None:
-        chosen, source = fix, "given"
+    applied = given if given is not None else [c.fix for c in strong]
+    found = [f for f in (_find(before, x) for x in dict.fromkeys(applied)) if f is not None]
+    together = found if len(found) > 1 else None
+    if together:
+        chosen = " + ".join(f.fix for f in together)
+    elif given is not None:
+        chosen = given[0] if len(given) == 1 else (found[0].fix if found else given[0])
     else:
-        chosen, source = (strong[0].fix if strong else UNKNOWN), "inferred"
+        chosen = strong[0].fix if strong else UNKNOWN
+    source = "given" if given is not None else "inferred"
     k, _ = batch_scale(before, after)
-    pred = _prediction(chosen, source, before, after, sa, sb, k)
+    pred = _prediction(chosen, source, before, after, sa, sb, k, together)
     notes: list[str] = []
     na, nb = before.trace.device_name, after.trace.device_name
     if na and nb and na != nb:
         notes.append(
             f"BEFORE ran on {na}, AFTER on {nb}: the change mixes the fix with the GPU change"
         )
-    if fix is not None and strong and strong[0].fix != fix:
+    if given is not None and strong and strong[0].fix not in given:
         notes.append(f"--fix {fix} given; the evidence points at {strong[0].fix}")
-    if len(strong) > 1:
+    if together:
+        notes.append(
+            f"{len(together)} fixes were applied ({', '.join(f.fix for f in together)}): the "
+            "estimate checked is BEFORE's step model with all of their changes at once"
+        )
+    elif given is None and len(strong) > 1:
         notes.append(
             "more than one fix shows in the evidence: "
             + ", ".join(c.fix for c in strong)
-            + f"; the estimate checked is {chosen}'s alone"
+            + f"; BEFORE has a finding only for {chosen}, so its estimate alone is checked"
         )
-        both = [f for f in (_find(before, c.fix) for c in strong) if f is not None]
-        if len(both) > 1 and before.model is not None:
-            comb = fx.combined_speedup(before.model, both)
-            pred.combined_fixes = [f.fix for f in both]
-            pred.combined_estimated_speedup = comb
-            ach = pred.achieved_unprofiled or pred.achieved_traced
-            notes.append(
-                f"together ({' + '.join(pred.combined_fixes)}) BEFORE's step model estimates "
-                f"{comb:.2f}x" + (f" against {ach:.2f}x achieved" if ach else "")
-            )
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:
             notes.append(f"{side} has no ProfilerStep markers: the whole trace is one step")

@@ -338,10 +338,20 @@ def dataloader_workers(m: StepModel) -> Finding | None:
     deriv = (
         "overlap: batches prepared by workers while the step runs; host time minus DataLoader time"
     )
+    title = "Use DataLoader workers (num_workers > 0, persistent_workers)"
+    if m.dataloader_multiprocess:
+        # workers already run: the main thread waits for batches, or rebuilds them from the
+        # workers' shared memory (pin_memory=True hands that to its own thread)
+        title = "Add DataLoader workers, or pin_memory=True (workers already run)"
+        ev.append(
+            "the DataLoader already has worker processes: the main thread waits for batches "
+            "(too few workers) or rebuilds them from shared memory (pin_memory=True moves that "
+            "to its own thread)"
+        )
     return make_finding(
         m,
         "dataloader-workers",
-        "Use DataLoader workers (num_workers > 0, persistent_workers)",
+        title,
         m.dataloader_us,
         new,
         deriv,

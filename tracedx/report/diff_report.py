@@ -27,6 +27,11 @@ def _side(d) -> dict[str, Any]:
         "regime": d.regime,
         "bottleneck": d.bottleneck,
         "evidence": d.evidence,
+        # what the side's fix estimates are against: "unprofiled" (timed by tracedx capture)
+        # or "traced"
+        "estimates_against": "unprofiled"
+        if d.model is not None and d.model.unprofiled_step_us
+        else "traced",
     }
 
 
@@ -191,7 +196,7 @@ def render_text(td) -> str:
         out.append(f"  - {e}")
     nf = d["new_findings"]
     if nf:
-        out.append("  next fixes (Amdahl estimate against AFTER's traced step):")
+        out.append(f"  next fixes (Amdahl estimate against AFTER's {a['estimates_against']} step):")
         for i, f in enumerate(nf[:3], 1):
             out.append(
                 f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms  {f['title']}"

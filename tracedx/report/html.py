@@ -127,8 +127,14 @@ def _top_fixes(d: dict) -> str:
                 f"<td class='n'>{f['estimated_step_ms']:.3f} ms</td>"
                 f"<td class='n'>{f['fraction']:.0%}</td><td class='n'>{s}</td></tr>"
             )
+        ref = d.get("estimates_against") or {}
+        against = (
+            f"the unprofiled step, {ref['step_ms']:.3f} ms"
+            if ref.get("kind") == "unprofiled"
+            else "the traced step time"
+        )
         out = (
-            "<h3>Top fixes (Amdahl estimate against the traced step time)</h3>"
+            f"<h3>Top fixes (Amdahl estimate against {e(against)})</h3>"
             "<table class='fixes'><thead><tr><th>#</th><th>fix</th><th>whole step</th>"
             "<th>step after</th><th>f</th><th>s</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"

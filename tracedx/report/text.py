@@ -85,7 +85,8 @@ def render_text(diag) -> str:
         gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.1f} GB/s"
         out.append(
             f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
-            f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs}"
+            f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs} "
+            f"(all {d['steps']['count']} steps)"
         )
     for g in d["largest_gaps"][:3]:
         out.append(
