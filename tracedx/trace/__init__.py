@@ -279,9 +279,12 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     n_gpu_dup = 0
     deduped = []
     for t in (raw.kernels, raw.memcpys, raw.memsets):
-        u = t.unique(subset=_GPU_DUP_KEY, keep="first", maintain_order=True)
-        n_gpu_dup += t.height - u.height
-        deduped.append(u)
+        # a copy only when there is something to drop (hashing the keys is the cheap part)
+        if t.height and t.select(pl.struct(_GPU_DUP_KEY).is_duplicated().any()).item():
+            u = t.unique(subset=_GPU_DUP_KEY, keep="first", maintain_order=True)
+            n_gpu_dup += t.height - u.height
+            t = u
+        deduped.append(t)
     kernels, memcpys, memsets, syncs = (gpu(t) for t in (*deduped, raw.syncs))
     if n_gpu_dup:
         warnings.append(
