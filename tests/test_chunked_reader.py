@@ -8,6 +8,8 @@ worker process (normally only for traces of 64 MB and more, on an idle core).
 from __future__ import annotations
 
 import gzip
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,10 +89,13 @@ def test_worker_process_equals_the_reference(forced_worker, monkeypatch):
         return submit(self, slot, payload)
 
     monkeypatch.setattr(parallel.Worker, "submit", counting)
+    spools = set(Path(tempfile.gettempdir()).glob("tracedx-chunks-*"))
     fast, chunks = _fast(SAMPLE)
     assert handed, "the worker converted no chunk"
     assert len(handed) < chunks
     _same(_reference(SAMPLE), fast)
+    # the worker's spool folder is gone with it
+    assert set(Path(tempfile.gettempdir()).glob("tracedx-chunks-*")) <= spools
 
 
 def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch):
@@ -110,5 +115,5 @@ def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch)
 
 def test_idle_cpu_reads_the_machine():
     assert source._idle_cpu() in (True, False)
-    busy, idle = source._cpu_times()
+    busy, idle = source._cpu_times(os.sched_getaffinity(0))
     assert busy > 0 and idle >= 0

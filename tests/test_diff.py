@@ -509,3 +509,28 @@ def test_several_fixes_given_are_checked_together():
     assert two.prediction.estimated_speedup > max(f.estimated_speedup for f in found)
     r = CliRunner().invoke(main, ["diff", str(b), str(a), "--fix", "pinned-memory,nope"])
     assert r.exit_code == 2 and "'nope'" in r.output
+
+
+def test_fixes_together_edge_cases():
+    S = SAMPLES
+    if not (S / "convnet_dataloader-workers-pageable.json.gz").exists():
+        pytest.skip("sample traces missing")
+    wp = tracedx.diagnose(tracedx.load(S / "convnet_dataloader-workers-pageable.json.gz"))
+    w = tracedx.diagnose(tracedx.load(S / "convnet_dataloader-workers.json.gz"))
+    m = tracedx.diagnose(tracedx.load(S / "convnet_dataloader-main.json.gz"))
+    # with workers already running, pin_memory's thread and more workers take the same
+    # main-thread DataLoader time: together they remove it once
+    pinned = next(f for f in wp.findings if f.fix == "pinned-memory")
+    both = tracedx.diff(wp, w, fix="pinned-memory,dataloader-workers").prediction
+    assert wp.model.dataloader_multiprocess
+    assert both.estimated_speedup == pytest.approx(pinned.estimated_speedup)
+    # a given fix with no finding is named in the notes, the others are checked
+    td = tracedx.diff(m, w, fix="fused-attention,pinned-memory")
+    assert td.fix == "fused-attention + pinned-memory"
+    assert td.prediction.finding.fix == "pinned-memory"
+    assert any("no finding for fused-attention" in n for n in td.notes)
+    # larger-batch changes the work, not the step: left out of a combination, and said so
+    td = tracedx.diff(m, w, fix="larger-batch,dataloader-workers")
+    workers = next(f for f in m.findings if f.fix == "dataloader-workers")
+    assert td.prediction.estimated_speedup == pytest.approx(workers.estimated_speedup)
+    assert any(n.startswith("larger-batch cannot be added") for n in td.notes)

@@ -578,9 +578,6 @@ def _step_model(
     model.dataloader_multiprocess = bool(
         dl.height and dl["name"].str.contains("MultiProcessingDataLoaderIter", literal=True).any()
     )
-    model.dataloader_multiprocess = bool(
-        dl.height and dl["name"].str.contains("MultiProcessingDataLoaderIter", literal=True).any()
-    )
     cap = trace.metadata.get("tracedx") or {}
     unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
     med = unprof.get("median") if isinstance(unprof, dict) else None

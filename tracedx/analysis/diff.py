@@ -963,7 +963,7 @@ def _together(before: Diagnosis, found: list[fx.Finding]) -> fx.Finding:
     (:func:`tracedx.analysis.findings.combined_speedup`), as an Amdahl (f, s) over the sum of
     their regions."""
     m = before.model
-    total = sum((f.change for f in found if f.change is not None), fx.Change())
+    total = fx.combined_change(m, found)
     t = m.predict() if m.unprofiled_step_us else m.reference_step_us
     names = " + ".join(f.fix for f in found)
     return fx.make_finding(
@@ -987,6 +987,7 @@ def _prediction(
     sb: Signals,
     k: float | None,
     together: list[fx.Finding] | None = None,
+    found: list[fx.Finding] | None = None,
 ) -> Prediction:
     """The check of BEFORE's estimate for ``fix``; with ``together`` (two or more of BEFORE's
     findings, AFTER applied them all), of the step model's estimate for all of them at once."""
@@ -995,12 +996,14 @@ def _prediction(
     ach = tb_ms / ta_ms if tb_ms and ta_ms else None
     ub, ua = _unprofiled_ms(before), _unprofiled_ms(after)
     ach_u = ub / ua if ub and ua else None
-    scale = k if fix == "larger-batch" and k else None
+    scale = k if "larger-batch" in fix.split(" + ") and k else None
     if scale:
         ach = ach * scale if ach else None
         ach_u = ach_u * scale if ach_u else None
     if together and len(together) > 1 and before.model is not None:
         f = _together(before, together)
+    elif found is not None:
+        f = found[0] if found else None
     else:
         f = _find(before, fix) if fix != UNKNOWN else None
     est = f.estimated_speedup if f else None
@@ -1088,18 +1091,25 @@ def diff(
     sa, sb = signals(before), signals(after)
     cands = infer_fix(before, after)
     strong = [c for c in cands if c.score >= MIN_SCORE]
+    if given is not None:
+        given = list(dict.fromkeys(given))
     applied = given if given is not None else [c.fix for c in strong]
-    found = [f for f in (_find(before, x) for x in dict.fromkeys(applied)) if f is not None]
-    together = found if len(found) > 1 else None
-    if together:
+    found = [f for f in (_find(before, x) for x in applied) if f is not None]
+    # findings the step model can add up (larger-batch changes the work, not the step)
+    addable = [f for f in found if f.change is not None]
+    together = addable if len(addable) > 1 else None
+    if given is not None:
+        chosen = " + ".join(given)
+    elif together:
         chosen = " + ".join(f.fix for f in together)
-    elif given is not None:
-        chosen = given[0] if len(given) == 1 else (found[0].fix if found else given[0])
+    elif strong:
+        chosen = found[0].fix if found else strong[0].fix
     else:
-        chosen = strong[0].fix if strong else UNKNOWN
+        chosen = UNKNOWN
     source = "given" if given is not None else "inferred"
     k, _ = batch_scale(before, after)
-    pred = _prediction(chosen, source, before, after, sa, sb, k, together)
+    single = (addable or found)[:1]  # the finding checked when not several together
+    pred = _prediction(chosen, source, before, after, sa, sb, k, together, single)
     notes: list[str] = []
     na, nb = before.trace.device_name, after.trace.device_name
     if na and nb and na != nb:
@@ -1113,11 +1123,22 @@ def diff(
             f"{len(together)} fixes were applied ({', '.join(f.fix for f in together)}): the "
             "estimate checked is BEFORE's step model with all of their changes at once"
         )
-    elif given is None and len(strong) > 1:
+    named = applied if given is not None or len(strong) > 1 else []
+    missing = [x for x in named if _find(before, x) is None]
+    if missing:
         notes.append(
-            "more than one fix shows in the evidence: "
-            + ", ".join(c.fix for c in strong)
-            + f"; BEFORE has a finding only for {chosen}, so its estimate alone is checked"
+            f"BEFORE's diagnosis has no finding for {', '.join(missing)}: "
+            + (
+                f"the estimate checked covers {', '.join(f.fix for f in found)} only"
+                if found
+                else "there is no estimate to check"
+            )
+        )
+    left_out = [f.fix for f in found if f.change is None] if addable else []
+    if left_out:
+        notes.append(
+            f"{', '.join(left_out)} cannot be added to the other fixes in the step model "
+            "(it changes the work per step): its estimate is not part of the one checked"
         )
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:

@@ -191,7 +191,9 @@ def assign_step(
     """
     if steps.height == 0 or df.height == 0:
         return df.with_columns(pl.lit(None, pl.Int64).alias(out))
-    win = steps.select("start_us", "end_us", "step").drop_nulls("start_us").sort("start_us")
+    win = (
+        steps.select("start_us", "end_us", "step").drop_nulls(["start_us", "step"]).sort("start_us")
+    )
     if win.height == 0:
         return df.with_columns(pl.lit(None, pl.Int64).alias(out))
     starts = win["start_us"].to_numpy()

@@ -105,14 +105,18 @@ class Worker:
         self._results: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._spool = tempfile.mkdtemp(prefix="tracedx-chunks-")
-        self._p = subprocess.Popen(
-            [sys.executable, "-m", "tracedx.trace.parallel", self._spool],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            bufsize=0,
-        )
+        try:
+            self._p = subprocess.Popen(
+                [sys.executable, "-m", "tracedx.trace.parallel", self._spool],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                bufsize=0,
+            )
+        except BaseException:
+            shutil.rmtree(self._spool, ignore_errors=True)
+            raise
         self._rx = threading.Thread(target=self._receive, daemon=True)
         self._tx = threading.Thread(target=self._send, daemon=True)
         self._rx.start()
@@ -223,5 +227,15 @@ class Worker:
         shutil.rmtree(self._spool, ignore_errors=True)
 
 
+def _main(spool: str) -> int:
+    # the parent closes stdin only after taking every result, or kills this process: either
+    # way nothing in the spool is needed once the loop ends (a parent killed outright leaves
+    # its worker at end of input, and the spool goes with it)
+    try:
+        return worker_main(spool)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1]))
+    sys.exit(_main(sys.argv[1]))

@@ -460,11 +460,12 @@ def _idle_cpu() -> bool:
     if cpus < 2:
         return False
     try:
-        first = _cpu_times()
+        mine = os.sched_getaffinity(0)
+        first = _cpu_times(mine)
         time.sleep(0.1)
-        second = _cpu_times()
+        second = _cpu_times(mine)
         busy, idle = (b - a for a, b in zip(first, second, strict=True))
-        return idle >= 0.6 * (busy + idle) / (os.cpu_count() or cpus)
+        return idle >= 0.6 * (busy + idle) / len(mine)
     except (OSError, ValueError, ZeroDivisionError):
         try:
             return os.getloadavg()[0] <= cpus - 1.5
@@ -472,12 +473,24 @@ def _idle_cpu() -> bool:
             return False
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(busy, idle) jiffies of the whole machine, from the first line of /proc/stat."""
+def _cpu_times(cpus: set[int]) -> tuple[int, int]:
+    """(busy, idle) jiffies summed over ``cpus`` (this process's affinity), from the ``cpuN``
+    lines of /proc/stat: user nice system idle iowait irq softirq steal (guest time is already
+    in user and nice). Raises ValueError when none of them is listed."""
+    busy = idle = seen = 0
     with open("/proc/stat", "rb") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, idle
+        for line in f:
+            name, _, rest = line.partition(b" ")
+            if not name.startswith(b"cpu") or name == b"cpu" or int(name[3:]) not in cpus:
+                continue
+            fields = [int(x) for x in rest.split()[:8]]
+            quiet = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+            busy += sum(fields) - quiet
+            idle += quiet
+            seen += 1
+    if not seen:
+        raise ValueError("no per-CPU lines in /proc/stat")
+    return busy, idle
 
 
 def _start_worker():
