@@ -476,6 +476,8 @@ def _step_model(
     whose start falls in the step; the profiler's cost per host event is solved from the
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
+    # only the columns used: filtering the whole op table copies its nested shape columns
+    all_ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "duration_us", "step")
     from tracedx.analysis.intervals import union
 
     def per_step_median(df: pl.DataFrame, value: str) -> float:
@@ -493,12 +495,12 @@ def _step_model(
     sync_count = sc.filter(~pageable).height / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
-    sync_tops = trace.ops.filter(
+    sync_tops = all_ops.filter(
         pl.col("op_id").is_in(sc.filter(~pageable)["op_id"].drop_nulls().implode())
     )["top_op_id"].unique()
     sync_ops_host = (
         float(
-            trace.ops.filter(
+            all_ops.filter(
                 pl.col("op_id").is_in(sync_tops.implode()) & pl.col("step").is_in(steps)
             )["duration_us"].sum()
         )
@@ -519,11 +521,9 @@ def _step_model(
     )
     dl_us = float(sum(e - s for s, e in zip(dl_s, dl_e, strict=True))) / n
 
-    ops = trace.ops.filter(pl.col("step").is_in(steps))
+    ops = all_ops.filter(pl.col("step").is_in(steps))
     launching = trace.launches["op_id"].drop_nulls().unique()
-    tops_with_gpu = trace.ops.filter(pl.col("op_id").is_in(launching.implode()))[
-        "top_op_id"
-    ].unique()
+    tops_with_gpu = all_ops.filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"].unique()
     in_gpu_tree = pl.col("top_op_id").is_in(tops_with_gpu.implode())
 
     # a host event is "inside the DataLoader" when it starts in a DataLoader window

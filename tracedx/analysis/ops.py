@@ -110,7 +110,7 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     (GPU time of everything launched under them), kernels, launches, launch_us (time in launch
     calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
     """
-    ops = trace.ops
+    ops = trace.ops.select("op_id", "parent_id", "name", "duration_us", "step")
     if steps is not None:
         ops = ops.filter(pl.col("step").is_in(steps))
     if ops.height == 0:

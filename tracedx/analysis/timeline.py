@@ -258,7 +258,8 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
         (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
     )
     launching_ops = trace.launches["op_id"].drop_nulls().unique()
-    ops = trace.ops
+    # only the columns used: filtering the whole op table copies its nested shape columns
+    ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "end_us")
     if ops.height:
         ops = ops.with_columns(launches=pl.col("op_id").is_in(launching_ops.implode()))
         # an op "launches" when it or a descendant issued a launch: mark by top op
