@@ -357,7 +357,7 @@ def test_fix_given_overrides_inference_and_diagnoses_accepted(pairs):
     b, a = (tracedx.diagnose(tracedx.load(p)) for p in pairs["tf32"])
     td = tracedx.diff(b, a, fix="bf16-autocast")
     assert td.fix == "bf16-autocast" and td.fix_source == "given"
-    assert any("evidence points at tf32" in n for n in td.notes)
+    assert any("evidence also points at tf32" in n for n in td.notes)
     f = next(f for f in b.findings if f.fix == "bf16-autocast")
     assert td.prediction.estimated_speedup == pytest.approx(f.estimated_speedup)
 

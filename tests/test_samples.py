@@ -166,3 +166,23 @@ def test_costly_sync_is_attributed_to_its_python_line():
     assert "method item of Tensor" in top["site"]
     f = fixes(d)["remove-host-sync"]
     assert any("capture/item_loop.py(" in e for e in f.evidence)
+
+
+def test_syncs_of_pageable_copies_go_with_pinned_memory():
+    # x.to(device) from pageable memory makes the copy and a stream sync in the same op: that
+    # sync is the copy's, so pinned-memory claims it and remove-host-sync does not
+    d = diag("convnet_dataloader-workers-pageable.json.gz")
+    m = d.model
+    assert m.sync_calls >= 1 and m.own_sync_calls == 0
+    assert "remove-host-sync" not in fixes(d)
+    assert d.findings[0].fix == "pinned-memory"
+    # the .item() loop's syncs are its own
+    s = diag("item_loop-sync.json.gz").model
+    assert s.own_sync_calls == s.sync_calls == 250
+
+
+def test_larger_batch_grows_the_dataloader_too():
+    # 97% of this step is the DataLoader on the main thread, which doubles with the batch
+    d = diag("convnet_dataloader-main.json.gz")
+    lb = fixes(d)["larger-batch"]
+    assert not lb.recommended and lb.estimated_speedup < 1.05

@@ -493,6 +493,12 @@ def _step_model(
     pageable = pl.col("blocking_reason") == "pageable memcpy"
     sync_us = per_step_median(sc.filter(~pageable), "duration_us")
     sync_count = sc.filter(~pageable).height / n
+    # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
+    # synchronizes the stream) belongs to that copy: pinned memory + non_blocking removes it
+    copy_ops = sc.filter(pageable)["op_id"].drop_nulls().implode()
+    own = sc.filter(~pageable & ~pl.col("op_id").is_in(copy_ops).fill_null(False))
+    own_sync_us = per_step_median(own, "duration_us")
+    own_sync_count = own.height / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
     sync_tops = all_ops.filter(
@@ -574,6 +580,8 @@ def _step_model(
         events_per_kernel=gpu_tree_events / kernels if kernels else 0.0,
         sync_calls=sync_count,
         sync_ops_host_us=sync_ops_host,
+        own_sync_us=own_sync_us,
+        own_sync_calls=own_sync_count,
     )
     model.dataloader_multiprocess = bool(
         dl.height and dl["name"].str.contains("MultiProcessingDataLoaderIter", literal=True).any()

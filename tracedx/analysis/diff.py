@@ -851,9 +851,9 @@ def _explain(
     verdict = "over-estimate" if primary > 1 else "under-estimate"
     if _within(r_t) and r_u is not None and blame:
         return verdict, (
-            f"the estimate matches the traced step ({est:.2f}x against {ach:.2f}x) but unprofiled "
-            f"the speedup is {ach_u:.2f}x: the profiler's overhead differs between the two "
-            f"programs{infl}"
+            f"the estimate ({est:.2f}x) is close to the traced speedup ({ach:.2f}x) but the "
+            f"unprofiled speedup is {ach_u:.2f}x: the profiler slows BEFORE and AFTER by "
+            f"different factors{infl}"
         )
     if r_u is not None and (r_t > 1) != (r_u > 1):
         return verdict, (
@@ -918,7 +918,7 @@ def _explain(
     if ea > 0.01 * ma.mean_step_us or eb > 0.01 * mb.mean_step_us:
         parts.append(f"serialised {_ms(ea)} -> {_ms(eb)}")
     why = (
-        f"the traced step fell to {_ms(tb)}, below the estimated {_ms(t_est)} "
+        f"the traced step fell to {_ms(tb)}, below the {_ms(t_est)} the estimate gives for it "
         f"(acts on f = {finding.fraction:.0%}): " + ", ".join(parts)
     )
     if fix == "cuda-graphs" and mb.kernels:
@@ -1025,7 +1025,7 @@ def _prediction(
     else:
         verdict, why = _explain(fix, f, before, after, est, ach, ach_u, sa, sb)
         if not f.recommended:
-            why = f"BEFORE judged {fix} not worth it (estimate {est:.2f}x < {fx.MIN_RECOMMENDED_SPEEDUP:g}x); {why}"
+            why = f"BEFORE judged {f.fix} not worth it (estimate {est:.2f}x < {fx.MIN_RECOMMENDED_SPEEDUP:g}x); {why}"
     if scale:
         why += f" (per-sample speedups: the batch grew {scale:g}x; the estimate is for 2x)"
     combined = [x.fix for x in together] if together and len(together) > 1 else None
@@ -1116,8 +1116,12 @@ def diff(
         notes.append(
             f"BEFORE ran on {na}, AFTER on {nb}: the change mixes the fix with the GPU change"
         )
-    if given is not None and strong and strong[0].fix not in given:
-        notes.append(f"--fix {fix} given; the evidence points at {strong[0].fix}")
+    unchecked = [c.fix for c in strong if given is not None and c.fix not in given]
+    if unchecked:
+        notes.append(
+            f"--fix {fix} given; the evidence also points at {', '.join(unchecked)}, which the "
+            "achieved speedup includes and the estimate checked does not"
+        )
     if together:
         notes.append(
             f"{len(together)} fixes were applied ({', '.join(f.fix for f in together)}): the "

@@ -86,6 +86,9 @@ class StepModel:
     sync_ops_host_us: float = (
         0.0  # host time of the top-level ops that issued them (waits included)
     )
+    # of the blocking syncs, those not part of a pageable copy's own synchronization
+    own_sync_us: float = 0.0
+    own_sync_calls: float = 0.0
     unprofiled_step_us: float | None = None
     # the DataLoader runs worker processes (_MultiProcessingDataLoaderIter in its annotation)
     dataloader_multiprocess: bool = False
@@ -312,25 +315,38 @@ def cuda_graphs(m: StepModel) -> Finding | None:
 
 
 def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:
-    """Drop the host syncs: the serialization they add (E) goes; H and G stay."""
-    if m.sync_us <= 0:
+    """Drop the host syncs: the serialization they add (E) goes; H and G stay.
+
+    Only syncs of the program's own (``own_sync_us``): a sync made by the op that also made a
+    pageable copy is that copy's, and goes with pinned-memory. The GPU idle after syncs counts
+    in proportion to the program's own share of the sync calls.
+    """
+    if m.own_sync_us <= 0 or m.own_sync_calls <= 0:
         return None
-    e_sync = min(m.serial_us, m.sync_us + m.idle_us.get("host sync", 0.0))
+    share = m.own_sync_calls / m.sync_calls if m.sync_calls else 1.0
+    idle_after = share * m.idle_us.get("host sync", 0.0)
+    e_sync = min(m.serial_us, m.own_sync_us + idle_after)
     new = Change(serial_us=-e_sync)
     ev = [
-        f"host blocked in syncs {_ms(m.sync_us)} per step; GPU idle after syncs {_ms(m.idle_us.get('host sync', 0.0))}"
+        f"host blocked in syncs {_ms(m.own_sync_us)} per step; GPU idle after syncs {_ms(idle_after)}"
     ]
+    if m.own_sync_calls < m.sync_calls:
+        ev.append(
+            f"{m.sync_calls - m.own_sync_calls:.0f} more sync calls per step belong to pageable "
+            "copies (pinned-memory removes them)"
+        )
     if sync_ops:
         ev.append("issued by: " + ", ".join(sync_ops[:5]))
     ev.append(
-        f"without the sync the step is still bound by max(host {_ms(m.host_us)}, GPU {_ms(m.gpu_us)})"
+        f"without the sync the step is still bound by max(host {_ms(m.host_effective_us)}, "
+        f"GPU {_ms(m.gpu_us)})"
     )
     deriv = "overlap: host and GPU no longer wait for each other; step -> max(host work, GPU time)"
     return make_finding(
         m,
         "remove-host-sync",
         "Remove host syncs (.item(), .cpu(), printing tensors) from the step",
-        m.sync_us + m.idle_us.get("host sync", 0.0),
+        m.own_sync_us + idle_after,
         new,
         deriv,
         ev,
@@ -480,18 +496,36 @@ def torch_compile(
 
 def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
     """Grow the batch 2x: per-sample time falls when the GPU waits on the host (TensorBoard
-    plugin rule: GPU utilization under 50% -> larger batch)."""
+    plugin rule: GPU utilization under 50% -> larger batch).
+
+    What grows with the batch grows k times: GPU time, the DataLoader's main-thread time (it
+    loads and transforms every sample) and the host's blocking pageable copies; launch and
+    Python time per step stay. Per-sample time = step' / k.
+    """
     if idle_fraction < 0.5 or m.busy_us <= 0:
         return None
     k = 2.0
-    new_step = m.predict(gpu_us=k * m.gpu_us)
+    e_page = min(m.serial_us, m.pageable_block_us)
+    new_step = m.predict(
+        gpu_us=k * m.gpu_us,
+        host_us=m.host_us + (k - 1) * m.dataloader_us,
+        serial_us=m.serial_us + (k - 1) * e_page,
+        host_events=m.host_events + (k - 1) * m.dataloader_events,
+    )
     new_per_batch = new_step / k
     ev = [
         f"GPU idle {idle_fraction:.0%} of the step; a 2x batch doubles GPU work per launch "
         f"(step {_ms(m.predict())} -> ~{_ms(new_step)} for twice the samples)",
         "time per original batch of samples; needs the memory for 2x activations",
     ]
-    deriv = "amortized launch overhead: per-sample time = max(host, 2 x GPU) / 2"
+    if m.dataloader_us > 0:
+        ev.append(
+            f"the DataLoader's {_ms(m.dataloader_us)} per step on the main thread grows with the batch"
+        )
+    deriv = (
+        "amortized launch overhead: per-sample time = max(host + DataLoader, 2 x GPU) / 2, "
+        "DataLoader time and blocking copies doubled with the batch"
+    )
     return make_finding(
         m,
         "larger-batch",

@@ -600,15 +600,16 @@ def breakdown_figure(diag) -> go.Figure:
 
 
 def fixes_figure(diag) -> go.Figure:
-    """One pair of bars per finding: the current (mean traced) step time against the Amdahl
-    estimate of the step time after the fix (ms), best fix on top; fixes worth less than 5%
-    are drawn pale."""
+    """One pair of bars per finding: the step the estimates are against (the unprofiled median
+    when the trace carries one, else the traced median) and the Amdahl estimate of the step
+    time after the fix (ms), best fix on top; fixes worth less than 5% are drawn pale."""
     title = "What each fix is worth (Amdahl estimate of the step time, ms)"
     found = diag.findings
     if not found or diag.model is None:
         return _empty(title, "no findings: nothing to estimate", 220)
     found = sorted(found, key=lambda f: -f.estimated_speedup)
-    cur = diag.model.mean_step_us / 1e3
+    cur = diag.model.reference_step_us / 1e3
+    which = "unprofiled" if diag.model.unprofiled_step_us else "traced"
     ids = [esc(f.fix) for f in found]
     hover = [
         "<br>".join(
@@ -630,7 +631,7 @@ def fixes_figure(diag) -> go.Figure:
             orientation="h",
             name="current step",
             marker_color="#bbbbbb",
-            hovertemplate="current mean step %{x:.3f} ms<extra></extra>",
+            hovertemplate=f"current step, median {which} %{{x:.3f}} ms<extra></extra>",
         )
     )
     fig.add_trace(
