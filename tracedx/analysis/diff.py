@@ -646,7 +646,12 @@ def _metrics(before: Diagnosis, after: Diagnosis, sa: Signals, sb: Signals) -> p
         ),
         ("pageable copies", "MiB per step", sa.pageable_bytes / 2**20, sb.pageable_bytes / 2**20),
         ("sync calls", "per step", sa.sync_calls, sb.sync_calls),
-        ("host syncs", "ms, median", ms(_med(wa, "sync_us")), ms(_med(wb, "sync_us"))),
+        (
+            "host blocked (syncs, pageable copies)",
+            "ms, median",
+            ms(_med(wa, "sync_us")),
+            ms(_med(wb, "sync_us")),
+        ),
         ("DataLoader", "ms per step", sa.dataloader_us / 1e3, sb.dataloader_us / 1e3),
     ]
     return pl.DataFrame(

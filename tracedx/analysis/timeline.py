@@ -83,7 +83,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     Columns: step, device, cpu_start_us, cpu_end_us, cpu_time_us, gpu_start_us, gpu_end_us,
     gpu_window_us, window_start_us, window_end_us, overlap_prev_us (what the previous step
     already counted of this step's longer window), step_time_us, gpu_busy_us, idle_us, idle_fraction, kernels, memcpys,
-    memsets, memcpy_us, memcpy_bytes, sync_us. A trace without GPU activity gets device null
+    memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
+    pageable memcpys included: :func:`sync_calls`). A trace without GPU activity gets device null
     and null GPU columns (never "100 % idle").
     """
     steps = trace.steps.sort("start_us")

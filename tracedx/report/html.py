@@ -98,7 +98,7 @@ def _verdict(d: dict) -> str:
         ("GPU busy", _ms(st["gpu_busy_ms"])),
         ("GPU idle", "n/a" if idle is None else f"{idle:.0%}"),
         ("kernels / step", num(st["kernels_per_step"], ".0f")),
-        ("host syncs / step", _ms(st["sync_ms"])),
+        ("host blocked / step (syncs, pageable copies)", _ms(st["sync_ms"])),
     ]
     if "unprofiled_step_ms" in st and st["unprofiled_step_ms"].get("median"):
         kpis.append(("unprofiled step", _ms(st["unprofiled_step_ms"]["median"])))

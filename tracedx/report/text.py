@@ -72,7 +72,7 @@ def render_text(diag) -> str:
         )
     else:
         out.append("  GPU            n/a: no GPU activity in the trace")
-    out.append(f"  host syncs     {_ms(st['sync_ms'])} per step blocked in sync calls")
+    out.append(f"  host blocked   {_ms(st['sync_ms'])} per step in sync calls and pageable copies")
     if "unprofiled_step_ms" in st:
         u = st["unprofiled_step_ms"]
         out.append(
