@@ -113,7 +113,13 @@ def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch)
     _same(_reference(SAMPLE), fast)
 
 
-def test_idle_cpu_reads_the_machine():
-    assert source._idle_cpu() in (True, False)
-    busy, idle = source._cpu_times(os.sched_getaffinity(0))
-    assert busy > 0 and idle >= 0
+def test_cpu_times_count_only_this_process_cpus():
+    mine = os.sched_getaffinity(0)
+    b0, i0 = source._cpu_times(mine)
+    sum(range(2_000_000))  # some busy time on this process's CPUs
+    b1, i1 = source._cpu_times(mine)
+    assert b1 > b0 and i1 >= i0
+    one = source._cpu_times({min(mine)})
+    assert sum(one) < sum(source._cpu_times(mine)) or len(mine) == 1
+    with pytest.raises(ValueError):
+        source._cpu_times({10**6})  # a CPU /proc/stat does not list

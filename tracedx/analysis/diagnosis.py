@@ -19,7 +19,8 @@ from tracedx.analysis import findings as fx
 from tracedx.analysis.kernels import gpu_breakdown, kind_expr
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
-    DATALOADER_RE,
+    dataloader_windows,
+    gpu_tree_tops,
     idle_by_cause,
     idle_gaps,
     step_windows,
@@ -514,9 +515,7 @@ def _step_model(
     )
     page_us = per_step_median(sc.filter(pageable), "duration_us")
     # DataLoader __next__ windows inside the analysed steps
-    dl = trace.annotations.filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
-    )
+    dl = dataloader_windows(trace)
     if dl.height:
         dl = dl.sort("start_us").join_asof(
             trace.steps.select("step", "start_us").sort("start_us"), on="start_us"
@@ -528,9 +527,7 @@ def _step_model(
     dl_us = float(sum(e - s for s, e in zip(dl_s, dl_e, strict=True))) / n
 
     ops = all_ops.filter(pl.col("step").is_in(steps))
-    launching = trace.launches["op_id"].drop_nulls().unique()
-    tops_with_gpu = all_ops.filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"].unique()
-    in_gpu_tree = pl.col("top_op_id").is_in(tops_with_gpu.implode())
+    in_gpu_tree = pl.col("top_op_id").is_in(gpu_tree_tops(trace).implode())
 
     # a host event is "inside the DataLoader" when it starts in a DataLoader window
     def in_dl(df: pl.DataFrame) -> np.ndarray:

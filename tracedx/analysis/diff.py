@@ -991,11 +991,12 @@ def _prediction(
     sa: Signals,
     sb: Signals,
     k: float | None,
+    checked: fx.Finding | None,
     together: list[fx.Finding] | None = None,
-    found: list[fx.Finding] | None = None,
 ) -> Prediction:
-    """The check of BEFORE's estimate for ``fix``; with ``together`` (two or more of BEFORE's
-    findings, AFTER applied them all), of the step model's estimate for all of them at once."""
+    """The check of BEFORE's estimate ``checked`` for ``fix`` (None: BEFORE has no finding for
+    it); with ``together`` (two or more of BEFORE's findings, AFTER applied them all), of the
+    step model's estimate for all of them at once."""
     tb_ms = None if sa.step_us is None else sa.step_us / 1e3
     ta_ms = None if sb.step_us is None else sb.step_us / 1e3
     ach = tb_ms / ta_ms if tb_ms and ta_ms else None
@@ -1007,10 +1008,8 @@ def _prediction(
         ach_u = ach_u * scale if ach_u else None
     if together and len(together) > 1 and before.model is not None:
         f = _together(before, together)
-    elif found is not None:
-        f = found[0] if found else None
     else:
-        f = _find(before, fix) if fix != UNKNOWN else None
+        f = checked
     est = f.estimated_speedup if f else None
     est_ms = f.estimated_step_ms if f else None
     r = est / ach if est and ach else None
@@ -1113,8 +1112,8 @@ def diff(
         chosen = UNKNOWN
     source = "given" if given is not None else "inferred"
     k, _ = batch_scale(before, after)
-    single = (addable or found)[:1]  # the finding checked when not several together
-    pred = _prediction(chosen, source, before, after, sa, sb, k, together, single)
+    checked = (addable or found or [None])[0]  # the finding checked when not several together
+    pred = _prediction(chosen, source, before, after, sa, sb, k, checked, together)
     notes: list[str] = []
     na, nb = before.trace.device_name, after.trace.device_name
     if na and nb and na != nb:

@@ -39,6 +39,24 @@ CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work"
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
 
 
+def dataloader_windows(trace: Trace) -> pl.DataFrame:
+    """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows)."""
+    return trace.annotations.filter(
+        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+    )
+
+
+def gpu_tree_tops(trace: Trace) -> pl.Series:
+    """``op_id`` of the top-level ops under which a GPU launch was issued (an op "launches"
+    when it or a descendant made a runtime launch call)."""
+    launching = trace.launches["op_id"].drop_nulls().unique()
+    return (
+        trace.ops.select("op_id", "top_op_id")
+        .filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"]
+        .unique()
+    )
+
+
 def sync_calls(trace: Trace) -> pl.DataFrame:
     """Host calls that block the CPU until the GPU catches up (host syncs), with a reason.
 
@@ -255,21 +273,14 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     # host activity classes, as disjoint unions
     syncs = sync_calls(trace)
-    dl = trace.annotations.filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
-    )
-    launching_ops = trace.launches["op_id"].drop_nulls().unique()
+    dl = dataloader_windows(trace)
     # only the columns used: filtering the whole op table copies its nested shape columns
-    ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "end_us")
-    if ops.height:
-        ops = ops.with_columns(launches=pl.col("op_id").is_in(launching_ops.implode()))
-        # an op "launches" when it or a descendant issued a launch: mark by top op
-        tops = ops.filter(pl.col("launches"))["top_op_id"].unique()
-        top_ops = ops.filter(pl.col("parent_id").is_null())
-        gpu_ops = top_ops.filter(pl.col("op_id").is_in(tops.implode()))
-        cpu_ops = top_ops.filter(~pl.col("op_id").is_in(tops.implode()))
-    else:
-        gpu_ops = cpu_ops = ops
+    top_ops = trace.ops.select("op_id", "parent_id", "start_us", "end_us").filter(
+        pl.col("parent_id").is_null()
+    )
+    in_gpu_tree = pl.col("op_id").is_in(gpu_tree_tops(trace).implode())
+    gpu_ops = top_ops.filter(in_gpu_tree)
+    cpu_ops = top_ops.filter(~in_gpu_tree)
     u_sync_end = np.sort(_arr(syncs, "end_us"))
     u_dl = union(_arr(dl, "start_us"), _arr(dl, "end_us"))
     u_gop = union(_arr(gpu_ops, "start_us"), _arr(gpu_ops, "end_us"))
