@@ -5,7 +5,9 @@
 For each op of ``--ops`` and each tensor size, a CUDA graph of ``--nodes`` dependent kernels
 on one fp32 tensor is replayed (``add_``: ``x.add_(1.0)``, an elementwise kernel; ``sum``:
 ``torch.sum(x, 0, out=y)``, a reduction; ``copy``: ``y.copy_(x)``; ``cumsum``:
-``torch.cumsum(x, 0, out=z)``, a scan). Unprofiled: CUDA events around each replay, median over
+``torch.cumsum(x, 0, out=z)``, a scan). The ``*_us_per_kernel`` figures are per call of the op
+(one graph node of the loop): for an op that launches several kernels per call (``cumsum``: 2,
+see ``kernels_seen``) they cover all of them. Unprofiled: CUDA events around each replay, median over
 ``--replays``, divided by the number of nodes (us per kernel, gaps included). Profiled: the
 same replays under ``torch.profiler`` (CPU + CUDA activity), and the kernels' durations as
 CUPTI reports them in the chrome trace (median, us) with the profiled replay time per kernel.
