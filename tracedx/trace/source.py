@@ -273,9 +273,11 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 # reader changes speed and memory, never a result or an error message.
 
 CHUNK_BYTES = 16 << 20
-# A second process decodes every other chunk when the JSON is at least this big (its start-up,
-# a fresh interpreter importing polars, costs a few tenths of a second).
-PARALLEL_MIN_BYTES = 64 << 20
+# A second process decodes every other chunk when the JSON is at least this big. Below, it
+# costs more than it gives: on the 2-core benchmark machine (benchmarks/bench.py's traces) it
+# saved no time at 100 MB and about 5% at 300 MB, for 100 to 150 MB more memory (its own
+# interpreter and imports); at 650 MB it saved 15%, at 1 GB 25 to 35%.
+PARALLEL_MIN_BYTES = 256 << 20
 _READ_BYTES = 8 << 20
 _GZIP_IN = 1 << 20
 _KEY = b'"traceEvents"'
