@@ -248,3 +248,99 @@ def test_spellings_do_not_change_the_numbers(steps, multi_gpu, no_markers, varia
     b = step_windows(other).select(WINDOW_COLS).sort("device", "step")
     assert a.rows() == b.rows(), variant
     assert sorted(w.kind for w in modern.warnings) == sorted(w.kind for w in other.warnings)
+
+
+def _stack_nest(group, start, end):
+    """The op-tree rule written as the stack walk it is defined by (the reference for _nest)."""
+    parent, depth, root = [], [], []
+    stack: list[int] = []
+    for i in range(len(start)):
+        if i and group[i] != group[i - 1]:
+            stack = []
+        while stack and end[stack[-1]] <= start[i]:
+            stack.pop()
+        p = stack[-1] if stack else -1
+        parent.append(p)
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+        root.append(root[p] if p >= 0 else i)
+        stack.append(i)
+    return parent, depth, root
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 25)),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_op_tree_nesting_matches_the_stack_walk(rows):
+    """link._nest (vectorised) gives the stack walk's parent, depth and root for any intervals
+    sorted by (thread, start, -end), ranges that do not nest and zero-length ones included."""
+    import numpy as np
+
+    from tracedx.trace.link import _nest
+
+    rows.sort(key=lambda r: (r[0], r[1], -(r[1] + r[2])))
+    group = np.array([r[0] for r in rows])
+    start = np.array([float(r[1]) for r in rows])
+    end = np.array([float(r[1] + r[2]) for r in rows])
+    parent, depth, root = _nest(group, np.zeros_like(group), start, end)
+    ref = _stack_nest(group, start, end)
+    assert parent.tolist() == ref[0]
+    assert depth.tolist() == ref[1]
+    assert root.tolist() == ref[2]
+
+
+def _largest_gap(ts):
+    s = sorted(ts)
+    i = max(range(len(s) - 1), key=lambda k: (s[k + 1] - s[k], -k))  # first largest, as argmax
+    return s, i
+
+
+def _ref_cutoff(ts):
+    """CASES.md C07 written from its docstring: timestamps written as 0 in part of the trace."""
+    if len(ts) < 2:
+        return None
+    s, i = _largest_gap(ts)
+    gap, lower_max, upper_min = s[i + 1] - s[i], s[i], s[i + 1]
+    extent = max(s[-1] - upper_min, 1.0)
+    if gap > 0 and upper_min > 0 and lower_max < upper_min * 1e-3 and gap > 1000 * extent:
+        return upper_min
+    return None
+
+
+def _ref_ceiling(ts):
+    """The mirror rule: a few corrupt timestamps far after the rest."""
+    if len(ts) < 2:
+        return None
+    s, i = _largest_gap(ts)
+    gap, lower_max, upper_min = s[i + 1] - s[i], s[i], s[i + 1]
+    extent = max(lower_max - s[0], 1.0)
+    n_upper = len(s) - i - 1
+    if n_upper < i + 1 and upper_min > 1000 * max(abs(lower_max), 1.0) and gap > 1000 * extent:
+        return upper_min
+    return None
+
+
+_ts = st.one_of(
+    st.floats(0, 10),
+    st.floats(1e12, 1e12 + 1e4),
+    st.floats(-1e6, 1e6),
+    st.sampled_from([0.0, 1e300, 5e15, -3.0]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_ts, min_size=0, max_size=12))
+def test_timestamp_outlier_rules_match_their_definition(ts):
+    """tables._outlier_cutoff / _outlier_ceiling (with their shortcut that skips the sort when
+    the rule cannot hold) give the rule's answer on finite timestamps of any spread."""
+    import numpy as np
+
+    from tracedx.trace.tables import _outlier_ceiling, _outlier_cutoff
+
+    arr = np.array(ts, dtype=np.float64)
+    assert _outlier_cutoff(arr) == _ref_cutoff(ts)
+    assert _outlier_ceiling(arr) == _ref_ceiling(ts)

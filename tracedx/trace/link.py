@@ -100,33 +100,29 @@ def _nest(
     """Parent position, depth and root position of each interval (sorted by group, start, -end).
 
     The same answer as a stack walked in order (pop while the top ends at or before the start;
-    the top left is the parent) without a Python loop: the top left is always the last earlier
-    interval of the group that ends after the start, found for all intervals at once by binary
-    lifting over a sparse table of running maxima of ``end``. Depth and root then come from
-    pointer jumping along the parents. Returns parent positions (-1 for none), depths, roots.
+    the top left is the parent), which is the last earlier interval of the group that ends
+    after the start. Without a Python loop: each interval's candidate starts at the one just
+    before it and, while the candidate ends at or before the start, jumps to the candidate's own
+    candidate. Everything strictly between an interval and its candidate ends at or before its
+    start (true at first, and kept by each jump, as starts are sorted), so the walk stops at the
+    answer; all intervals jump at once, and only those still walking are touched. Depth and root
+    then come from pointer jumping along the parents. Returns parent positions (-1 for none),
+    depths, roots.
     """
     n = len(start)
     new = np.ones(n, dtype=bool)
     new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
-    group = np.cumsum(new)
-    # levels[k][j] = max(end[j : j + 2**k])
-    levels = [end]
-    while (1 << len(levels)) <= n:
-        h = 1 << (len(levels) - 1)
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-h], prev[h:]))
-    p = np.arange(n)  # exclusive bound: all of [p, i) end at or before start[i]
-    for k in range(len(levels) - 1, -1, -1):
-        cand = p - (1 << k)
-        ok = cand >= 0
-        skip = ok & (levels[k][np.where(ok, cand, 0)] <= start)
-        p = np.where(skip, cand, p)
-    del levels
-    j = p - 1
-    jj = np.maximum(j, 0)
-    has = (j >= 0) & (group[jj] == group)
-    parent = np.where(has, j, -1)
-    up = np.where(has, j, np.arange(n))
+    cand = np.arange(-1, n - 1)
+    cand[new] = -1
+    walking = np.flatnonzero(cand >= 0)
+    walking = walking[end[cand[walking]] <= start[walking]]
+    while len(walking):
+        nxt = cand[cand[walking]]
+        cand[walking] = nxt
+        walking = walking[nxt >= 0]
+        walking = walking[end[cand[walking]] <= start[walking]]
+    has = cand >= 0
+    up = np.where(has, cand, np.arange(n))
     depth = has.astype(np.int32)
     while True:
         nxt = up[up]
@@ -134,7 +130,7 @@ def _nest(
             break
         depth = depth + depth[up]
         up = nxt
-    return parent, depth, up
+    return cand, depth, up
 
 
 def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.DataFrame:

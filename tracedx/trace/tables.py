@@ -690,7 +690,10 @@ def _outlier_cutoff(ts: np.ndarray) -> float | None:
     """
     if len(ts) < 2:
         return None
-    s = np.sort(np.asarray(ts, dtype=np.float64))
+    ts = np.asarray(ts, dtype=np.float64)
+    if ts.min() >= ts.max() * 1e-3:  # the rule cannot hold: skip the sort (NaN goes on)
+        return None
+    s = np.sort(ts)
     gaps = np.diff(s)
     best_i = int(np.argmax(gaps))
     best_gap = float(gaps[best_i])
@@ -712,7 +715,10 @@ def _outlier_ceiling(ts: np.ndarray) -> float | None:
     """
     if len(ts) < 2:
         return None
-    s = np.sort(np.asarray(ts, dtype=np.float64))
+    ts = np.asarray(ts, dtype=np.float64)
+    if ts.max() <= 1000 * max(ts.min(), 1.0):  # the rule cannot hold: skip the sort
+        return None
+    s = np.sort(ts)
     gaps = np.diff(s)
     best_i = int(np.argmax(gaps))
     best_gap = float(gaps[best_i])
