@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +309,19 @@ def diagnose(
         )
     elif len(chosen) == 1:
         notes.append("a single ProfilerStep: no median over steps")
+    trace.gpu_activity()  # built once, before two threads read it
+    # The per-op tables do not depend on the timeline: a second thread computes them meanwhile
+    # (polars and numpy release the GIL, so on two cores the two mostly overlap).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        per_op = pool.submit(lambda: (op_groups(trace, chosen), top_level_ops(trace, chosen)))
+        return _diagnose(trace, spec, dev_notes, notes, chosen, per_op)
+
+
+def _diagnose(
+    trace: Trace, spec, dev_notes: list[str], notes: list[str], chosen: list[int], per_op
+) -> Diagnosis:
+    """:func:`diagnose` once the device and steps are known; ``per_op`` is the future of
+    (op_groups, top_level_ops)."""
     w_all = step_windows(trace)
     w = w_all.filter(pl.col("step").is_in(chosen))
     gaps = idle_gaps(trace, w)
@@ -365,7 +379,7 @@ def diagnose(
         gpu = gpu.filter(pl.col("device") == primary)
     kinds = gpu_breakdown(gpu, n)
     memcpy = _memcpy_table(trace, chosen)
-    ops_tbl = op_groups(trace, chosen)
+    ops_tbl, top = per_op.result()
     ops_tbl = _place_on_roofline(ops_tbl, spec)
     if "bound_fraction" in ops_tbl.columns and ops_tbl.height:
         over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
@@ -380,7 +394,6 @@ def diagnose(
                 f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
                 "GPU's: check --device, or measure them with `tracedx calibrate`"
             )
-    top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)
     wp = w.filter(pl.col("device") == primary) if primary is not None else w
     largest = (
