@@ -582,7 +582,7 @@ class TableBuilder:
             self.thread_names.update(c.thread_names)
         self._chunks = []
         frames: dict[str, pl.DataFrame | None] = {
-            k: (pl.concat(v, how="vertical") if len(v) > 1 else v[0]) if v else None
+            k: (pl.concat(v, how="vertical", rechunk=True) if len(v) > 1 else v[0]) if v else None
             for k, v in parts.items()
         }
         del parts
