@@ -534,3 +534,24 @@ def test_fixes_together_edge_cases():
     workers = next(f for f in m.findings if f.fix == "dataloader-workers")
     assert td.prediction.estimated_speedup == pytest.approx(workers.estimated_speedup)
     assert any(n.startswith("larger-batch cannot be added") for n in td.notes)
+
+
+def test_weak_evidence_is_marked_not_checked():
+    """h2d_copy: one sync call went with the copy made pinned (score under MIN_SCORE): listed,
+    marked as not checked, and not part of the applied fix."""
+    r = CliRunner().invoke(
+        main,
+        [
+            "diff",
+            str(SAMPLES / "h2d_copy-pageable.json.gz"),
+            str(SAMPLES / "h2d_copy-pinned.json.gz"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "APPLIED FIX: pinned-memory (inferred)" in r.output
+    assert "evidence     remove-host-sync (weak evidence: not checked):" in r.output
+    assert "evidence     pinned-memory: pageable copies became pinned" in r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("  host blocked")]
+    side = [line for line in r.output.splitlines() if line.startswith("  step time (ms, median)")]
+    # long labels widen the column: the numbers stay aligned
+    assert rows and side and rows[0].index("13.500 ms") == side[0].index("14.028 ms")

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import tracedx
+from tests.conftest import SAMPLES
 from tests.test_reader import EXPECTED_WINDOWS, _windows, main_trace
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.diagnosis import diagnose
@@ -81,6 +82,39 @@ def test_cpu_only_trace_is_diagnosed_and_says_why_no_gpu(tmp_path):
     assert "100%" not in r.output  # never "idle 100 %"
     j = json.loads(run_cli(p, "--format", "json").output)
     assert j["steps"]["gpu_busy_ms"] is None
+
+
+def test_cpu_only_capture_timed_unprofiled_says_so_without_estimates(tmp_path):
+    """A CPU-only capture with --time-unprofiled: the note gives the unprofiled time and says
+    there is no estimate, instead of telling the user to pass the flag they passed."""
+    b = TraceBuilder(device_name=None)
+    b.step(1, T0, 500)
+    b.op("aten::linear", T0 + 10, 200)
+    b.top["tracedx"] = {"unprofiled_step_ms": {"median": 0.412, "min": 0.4, "max": 0.5, "n": 3}}
+    d = diagnose(tracedx.load(b.write(tmp_path / "cpu_unprof.json")))
+    assert d.findings == []
+    assert any("0.412 ms unprofiled" in n and "no fix estimate" in n for n in d.notes)
+    assert not any("--time-unprofiled` also times" in n for n in d.notes)
+    r = run_cli(tmp_path / "cpu_unprof.json")
+    assert "FIXES\n  no estimate (see the notes)" in r.output
+    assert "Amdahl estimate against" not in r.output
+
+
+def test_truncated_salvaged_trace_gives_no_fix_estimates(tmp_path):
+    """Only the events before the break are kept, not in time order (Kineto writes host ops
+    before their launches and kernels): steps keep ops and lose launches, so no estimate."""
+    src = SAMPLES / "mlp_train-eager.json.gz"
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(src.read_bytes()[:20000])
+    t = tracedx.load(cut, repair=True)
+    full = diagnose(tracedx.load(src))
+    assert full.findings  # the whole trace has estimates (cuda-graphs 7.9x) ...
+    d = diagnose(t)
+    assert d.findings == []  # ... its first 20 kB do not
+    assert any(n.startswith("no fix estimates: only the events before the break") for n in d.notes)
+    r = CliRunner().invoke(main, ["diagnose", str(cut), "--repair"])
+    assert r.exit_code == 0 and "FIXES\n  no estimate (see the notes)" in r.output
+    assert "cuda-graphs:" not in r.output
 
 
 def test_launches_but_no_gpu_events_warns(tmp_path):

@@ -29,6 +29,7 @@ from tracedx.analysis.timeline import (
 )
 from tracedx.errors import TraceError
 from tracedx.trace import Trace
+from tracedx.trace.source import TRUNCATED_NOTE
 
 SCHEMA = "tracedx.diagnosis/1"
 FUSABLE_KINDS = ("elementwise", "reduction", "normalization")
@@ -421,7 +422,24 @@ def _diagnose(
         if model
         else []
     )
-    if model is not None and model.unprofiled_step_us:
+    if found and any(r.startswith(TRUNCATED_NOTE) for r in trace.metadata.get("repairs") or []):
+        # Kineto does not write events in time order (host ops, runtime calls and GPU events
+        # come in separate runs), so the events before a break are not the first steps whole:
+        # steps may keep their ops and lose their launches or kernels.
+        found = []
+        notes.append(
+            "no fix estimates: only the events before the break of this truncated trace were "
+            "kept, and Kineto does not write them in time order, so any step may have lost "
+            "launches or GPU events; an estimate would be built on an incomplete timeline"
+        )
+    cap = trace.metadata.get("tracedx") or {}
+    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    if model is None and isinstance(unprof, dict) and unprof.get("median"):
+        notes.append(
+            f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
+            "capture); with no GPU activity there is no step model and no fix estimate"
+        )
+    elif model is not None and model.unprofiled_step_us:
         notes.append(
             f"the step took {model.step_us / 1e3:.3f} ms profiled and {model.unprofiled_step_us / 1e3:.3f} ms "
             f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
@@ -432,8 +450,6 @@ def _diagnose(
             "the profiler slows the host (7-35% on CPU-bound steps, GUIDE.md 2.7): estimates are against "
             "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
         )
-    cap = trace.metadata.get("tracedx") or {}
-    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
     if isinstance(unprof, dict) and unprof.get("median"):
         summary["unprofiled_step_ms"] = unprof
     decode = decode_ceiling_info(ops_tbl, spec, model, len(chosen))
@@ -664,7 +680,7 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             )
         )
         ev.append(
-            f"{model.kernels:.0f} kernels per step, host busy {_ms(model.host_us)}, "
+            f"{float(w['kernels'].median() or 0.0):.0f} kernels per step, host busy {_ms(model.host_us)}, "
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
         # One top-level op holding most of the host time is host work inside that op (e.g.

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from tracedx.analysis.diff import MIN_SCORE
 from tracedx.report.json import _clean
 from tracedx.report.text import short_name
 
@@ -105,7 +106,8 @@ def _prediction_lines(d: dict) -> list[str]:
     src = "given with --fix" if d["fix_source"] == "given" else "inferred"
     out.append(f"APPLIED FIX: {d['fix']} ({src})")
     for c in d["candidates"][:3]:
-        out.append(f"  evidence     {c['fix']}: {c['evidence']}")
+        weak = "" if c["score"] >= MIN_SCORE else " (weak evidence: not checked)"
+        out.append(f"  evidence     {c['fix']}{weak}: {c['evidence']}")
     f = p["finding"]
     if f:
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
@@ -148,17 +150,17 @@ def render_text(td) -> str:
     out.append("")
     out += _prediction_lines(d)
     out.append("")
-    out.append(f"{'SIDE BY SIDE':<32} {'BEFORE':>12} {'AFTER':>12}  change")
-    for m in d["metrics"]:
-        if m["before"] in (None, 0) and m["after"] in (None, 0):
-            continue
+    shown = [m for m in d["metrics"] if not (m["before"] in (None, 0) and m["after"] in (None, 0))]
+    w = max([30, *(len(f"{m['metric']} ({m['unit']})") for m in shown)])
+    out.append(f"{'SIDE BY SIDE':<{w + 2}} {'BEFORE':>12} {'AFTER':>12}  change")
+    for m in shown:
         label = f"{m['metric']} ({m['unit']})"
         out.append(
-            f"  {label:<30} {_num(m['before'], m['unit']):>12} {_num(m['after'], m['unit']):>12}  {_chg(m)}"
+            f"  {label:<{w}} {_num(m['before'], m['unit']):>12} {_num(m['after'], m['unit']):>12}  {_chg(m)}"
         )
     for k, v in d["verdicts"].items():
         same = "" if v["before"] != v["after"] else "  (same)"
-        out.append(f"  {k:<30} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
+        out.append(f"  {k:<{w}} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
     kinds = [k for k in d["kind_changes"] if abs(k["change_us"]) > 0][:TOP]
     if kinds:
         out.append("")

@@ -25,7 +25,7 @@ def render_markdown(diag) -> str:
         ("GPU busy (ms)", "gpu_busy_ms"),
         ("GPU idle fraction", "idle_fraction"),
         ("kernels", "kernels_per_step"),
-        ("host sync (ms)", "sync_ms"),
+        ("host blocked: syncs + pageable copies (ms)", "sync_ms"),
         ("memcpy (ms)", "memcpy_ms"),
     ):
         v = st[key]

@@ -24,6 +24,11 @@ def _rng(d: dict, key: str, scale: float = 1e-3) -> str:
     return f"  (min {r['min'] * scale:.3f}, max {r['max'] * scale:.3f})"
 
 
+def _per(v: float) -> str:
+    """A per-step count: whole numbers without decimals (100, not 100.0), else one decimal."""
+    return f"{v:.0f}" if abs(v - round(v)) < 1e-9 else f"{v:.1f}"
+
+
 def short_name(name: str, width: int = 48) -> str:
     """Shorten a long C++ template kernel/op name for display (the full name is kept in data)."""
     name = name.replace("\n", "\\n").replace("\t", "\\t")
@@ -82,7 +87,7 @@ def render_text(diag) -> str:
     if kk:
         out.append("  device time    " + ", ".join(f"{k['kind']} {k['share']:.0%}" for k in kk))
     for m in d["memcpy"][:3]:
-        gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.1f} GB/s"
+        gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.3g} GB/s"
         out.append(
             f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
             f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs} "
@@ -96,7 +101,7 @@ def render_text(diag) -> str:
         where = f" at {s['site']}" if s["site"] else ""
         n = max(st["count"], 1)
         out.append(
-            f"  sync site      {s['op']} -> {s['call']}{where}: {s['count'] / n:.1f} x, "
+            f"  sync site      {s['op']} -> {s['call']}{where}: {_per(s['count'] / n)} x per step, "
             f"{s['blocked_us'] / n / 1e3:.3f} ms per step"
         )
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
@@ -146,14 +151,18 @@ def render_text(diag) -> str:
     out.append("")
     rec = [f for f in d["findings"] if f["recommended"]]
     ref = d["estimates_against"] or {}
-    if ref.get("kind") == "unprofiled":
+    if not d["findings"]:
+        out.append("FIXES")
+    elif ref.get("kind") == "unprofiled":
         out.append(
             f"FIXES (Amdahl estimate against the unprofiled step, {ref['step_ms']:.3f} ms; "
             f"profiler cost {ref['profiler_cost_us_per_host_event']:.1f} us per host event taken out)"
         )
     else:
         out.append("FIXES (Amdahl estimate against the traced step time)")
-    if not rec:
+    if not d["findings"]:
+        out.append("  no estimate (see the notes)")
+    elif not rec:
         out.append("  none worth 5% or more")
     for i, f in enumerate(rec[:3], 1):
         s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.1f}x"

@@ -95,6 +95,8 @@ def _where(data: bytes, pos: int) -> str:
 
 
 _HINT = "; `--repair` loads what can be salvaged"
+# The start of the repair note for a file of which only the events before a break were kept.
+TRUNCATED_NOTE = "the JSON is truncated or broken"
 
 
 def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
@@ -186,9 +188,7 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
         obj = json.loads(text, strict=False, parse_constant=_const)
     except json.JSONDecodeError:
         obj, kept = _salvage_events(text, _const, p)
-        notes.append(
-            f"the JSON is truncated or broken: kept the {kept} complete event(s) before the break"
-        )
+        notes.append(f"{TRUNCATED_NOTE}: kept the {kept} complete event(s) before the break")
     if n_inf or n_nonfinite:
         notes.append(
             f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null"
@@ -273,7 +273,8 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 # reader changes speed and memory, never a result or an error message.
 
 CHUNK_BYTES = 16 << 20
-# A second process decodes every other chunk when the JSON is at least this big. Below, it
+# A second process decodes and converts chunks alongside (it takes each chunk offered while
+# fewer than two of its chunks are out) when the JSON is at least this big. Below, it
 # costs more than it gives: on the 2-core benchmark machine (benchmarks/bench.py's traces) it
 # saved no time at 100 MB and about 5% at 300 MB, for 100 to 150 MB more memory (its own
 # interpreter and imports); at 650 MB it saved 15%, at 1 GB 25 to 35%.
