@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tracedx
@@ -267,30 +267,58 @@ def _stack_nest(group, start, end):
     return parent, depth, root
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.parametrize("rounds", [0, 1, 32])
+@settings(max_examples=200, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 25)),
+    rows=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 40), st.integers(0, 25)),
         min_size=1,
         max_size=80,
     )
 )
-def test_op_tree_nesting_matches_the_stack_walk(rows):
+def test_op_tree_nesting_matches_the_stack_walk(rows, rounds):
     """link._nest (vectorised) gives the stack walk's parent, depth and root for any intervals
-    sorted by (thread, start, -end), ranges that do not nest and zero-length ones included."""
+    sorted by (pid, tid, start, -end), ranges that do not nest and zero-length ones included;
+    with no rounds of the chain walk (binary lifting alone), one, or the usual 32."""
+    import numpy as np
+
+    from tracedx.trace import link
+
+    rows.sort(key=lambda r: (r[0], r[1], r[2], -(r[2] + r[3])))
+    pid = np.array([r[0] for r in rows])
+    tid = np.array([r[1] for r in rows])
+    start = np.array([float(r[2]) for r in rows])
+    end = np.array([float(r[2] + r[3]) for r in rows])
+    usual, link._WALK_ROUNDS = link._WALK_ROUNDS, rounds
+    try:
+        parent, depth, root = link._nest(pid, tid, start, end)
+    finally:
+        link._WALK_ROUNDS = usual
+    ref = _stack_nest(pid * 10 + tid, start, end)
+    assert parent.tolist() == ref[0]
+    assert depth.tolist() == ref[1]
+    assert root.tolist() == ref[2]
+
+
+def test_op_tree_long_overlapping_run_stays_fast():
+    """A run of ops that each overlap the next, then many ordinary ops on the same thread: the
+    chain walk alone would need thousands of rounds over every later op (seconds); the capped
+    walk hands them to binary lifting."""
+    import time
+
     import numpy as np
 
     from tracedx.trace.link import _nest
 
-    rows.sort(key=lambda r: (r[0], r[1], -(r[1] + r[2])))
-    group = np.array([r[0] for r in rows])
-    start = np.array([float(r[1]) for r in rows])
-    end = np.array([float(r[1] + r[2]) for r in rows])
-    parent, depth, root = _nest(group, np.zeros_like(group), start, end)
-    ref = _stack_nest(group, start, end)
-    assert parent.tolist() == ref[0]
-    assert depth.tolist() == ref[1]
-    assert root.tolist() == ref[2]
+    s1 = np.arange(2000) * 3.0
+    s2 = s1[-1] + 10 + np.arange(200_000) * 3.0
+    start, end = np.r_[s1, s2], np.r_[s1 + 4, s2 + 2]
+    z = np.zeros(len(start), dtype=np.int64)
+    t = time.perf_counter()
+    parent, depth, _ = _nest(z, z, start, end)
+    assert time.perf_counter() - t < 2.0  # about 0.2 s capped; over 5 s uncapped on CI's machine
+    assert parent[1] == 0 and parent[1999] == 1998 and depth[1999] == 1999
+    assert (parent[2000:] == -1).all()
 
 
 def _largest_gap(ts):
@@ -334,6 +362,10 @@ _ts = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_ts, min_size=0, max_size=12))
+@example([500.0, 1e6])  # the cutoff holds just past its shortcut's boundary
+@example([0.0, 0.0, 5000.0])  # the ceiling holds just past its shortcut's boundary
+@example([1.0, 1.0, 1001.0])
+@example([2.0, 1999.0])
 def test_timestamp_outlier_rules_match_their_definition(ts):
     """tables._outlier_cutoff / _outlier_ceiling (with their shortcut that skips the sort when
     the rule cannot hold) give the rule's answer on finite timestamps of any spread."""
