@@ -500,3 +500,18 @@ def test_one_odd_id_does_not_refuse_the_whole_trace_under_repair(tmp_path, key, 
     ev["args"][key] = value
     r = CliRunner().invoke(main, ["diagnose", "--repair", str(b.write(tmp_path / "odd.json"))])
     assert r.exit_code == 0, r.stderr
+
+
+def test_no_events_left_says_which_were_left_out(tmp_path):
+    """--repair reads a NaN timestamp as null; the event is left out, and the one-line error
+    says so instead of only 'no events'."""
+    p = tmp_path / "nan.json"
+    p.write_text(
+        '{"traceEvents":[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":NaN,'
+        '"dur":3,"args":{"stream":7}}]}'
+    )
+    r = CliRunner().invoke(main, ["diagnose", str(p), "--repair"])
+    assert r.exit_code == 2
+    assert "no events to analyse (1 events with a negative or missing duration/timestamp" in (
+        r.output
+    )

@@ -301,7 +301,11 @@ def diagnose(
     )
     notes: list[str] = []
     if trace.steps.height == 0:
-        raise TraceError(f"{trace.path}: the trace holds no events to analyse")
+        left_out = "; ".join(
+            w.message for w in trace.warnings if w.kind in ("invalid_duration", "outlier_timestamp")
+        )
+        why = f" ({left_out})" if left_out else ""
+        raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
     chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
     if trace.steps_synthetic:
         notes.append(
