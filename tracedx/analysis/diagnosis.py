@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,23 +313,6 @@ def diagnose(
         )
     elif len(chosen) == 1:
         notes.append("a single ProfilerStep: no median over steps")
-    trace.gpu_activity()  # built once, before two threads read it
-    # The per-op tables do not depend on the timeline: a second thread computes them meanwhile.
-    # Most of both is polars and numpy, which release the GIL, so on two cores they mostly
-    # overlap (the FLOP models' loop over distinct op shapes holds it). The two sets of
-    # temporaries are then alive at once: on the 1 GB benchmark trace diagnosis peaks about
-    # 100 MB higher than in one thread, which makes it, not reading, set the process's peak
-    # (about 1.1 GB against 1.05 GB), for 0.1 to 0.3 s less time.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        per_op = pool.submit(lambda: (op_groups(trace, chosen), top_level_ops(trace, chosen)))
-        return _diagnose(trace, spec, dev_notes, notes, chosen, per_op)
-
-
-def _diagnose(
-    trace: Trace, spec, dev_notes: list[str], notes: list[str], chosen: list[int], per_op
-) -> Diagnosis:
-    """:func:`diagnose` once the device and steps are known; ``per_op`` is the future of
-    (op_groups, top_level_ops)."""
     w_all = step_windows(trace)
     w = w_all.filter(pl.col("step").is_in(chosen))
     gaps = idle_gaps(trace, w)
@@ -388,7 +370,7 @@ def _diagnose(
         gpu = gpu.filter(pl.col("device") == primary)
     kinds = gpu_breakdown(gpu, n)
     memcpy = _memcpy_table(trace, chosen)
-    ops_tbl, top = per_op.result()
+    ops_tbl = op_groups(trace, chosen)
     ops_tbl = _place_on_roofline(ops_tbl, spec)
     if "bound_fraction" in ops_tbl.columns and ops_tbl.height:
         over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
@@ -403,6 +385,7 @@ def _diagnose(
                 f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
                 "GPU's: check --device, or measure them with `tracedx calibrate`"
             )
+    top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)
     wp = w.filter(pl.col("device") == primary) if primary is not None else w
     largest = (

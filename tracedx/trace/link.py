@@ -94,46 +94,39 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     ), bad
 
 
-# Rounds of the chain walk in _nest before the intervals still walking are finished by binary
-# lifting (real traces need at most ~25; a long run of overlapping ops could need thousands).
-_WALK_ROUNDS = 32
-
-
 def _nest(
     pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parent position, depth and root position of each interval (sorted by group, start, -end).
 
     The same answer as a stack walked in order (pop while the top ends at or before the start;
-    the top left is the parent), which is the last earlier interval of the group that ends
-    after the start. Without a Python loop: each interval's candidate starts at the one just
-    before it and, while the candidate ends at or before the start, jumps to the candidate's own
-    candidate. Everything strictly between an interval and its candidate ends at or before its
-    start (true at first, and kept by each jump, as starts are sorted), so the walk stops at the
-    answer; all intervals jump at once, and each round touches only those still walking. A walk
-    can be long (a run of ops that each overlap the next): after ``_WALK_ROUNDS`` rounds, the
-    intervals still walking are finished by binary lifting over a sparse table of running
-    maxima of ``end`` (O(log n) passes). Depth and root then come from pointer jumping along
-    the parents. Returns parent positions (-1 for none), depths, roots.
+    the top left is the parent) without a Python loop: the top left is always the last earlier
+    interval of the group that ends after the start, found for all intervals at once by binary
+    lifting over a sparse table of running maxima of ``end``. Depth and root then come from
+    pointer jumping along the parents. Returns parent positions (-1 for none), depths, roots.
     """
     n = len(start)
     new = np.ones(n, dtype=bool)
     new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
-    cand = np.arange(-1, n - 1)
-    cand[new] = -1
-    walking = np.flatnonzero(cand >= 0)
-    walking = walking[end[cand[walking]] <= start[walking]]
-    for _ in range(_WALK_ROUNDS):
-        if not len(walking):
-            break
-        nxt = cand[cand[walking]]
-        cand[walking] = nxt
-        walking = walking[nxt >= 0]
-        walking = walking[end[cand[walking]] <= start[walking]]
-    if len(walking):
-        cand[walking] = _last_ending_after(start, end, walking, cand[walking], np.cumsum(new))
-    has = cand >= 0
-    up = np.where(has, cand, np.arange(n))
+    group = np.cumsum(new)
+    # levels[k][j] = max(end[j : j + 2**k])
+    levels = [end]
+    while (1 << len(levels)) <= n:
+        h = 1 << (len(levels) - 1)
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-h], prev[h:]))
+    p = np.arange(n)  # exclusive bound: all of [p, i) end at or before start[i]
+    for k in range(len(levels) - 1, -1, -1):
+        cand = p - (1 << k)
+        ok = cand >= 0
+        skip = ok & (levels[k][np.where(ok, cand, 0)] <= start)
+        p = np.where(skip, cand, p)
+    del levels
+    j = p - 1
+    jj = np.maximum(j, 0)
+    has = (j >= 0) & (group[jj] == group)
+    parent = np.where(has, j, -1)
+    up = np.where(has, j, np.arange(n))
     depth = has.astype(np.int32)
     while True:
         nxt = up[up]
@@ -141,29 +134,7 @@ def _nest(
             break
         depth = depth + depth[up]
         up = nxt
-    return cand, depth, up
-
-
-def _last_ending_after(
-    start: np.ndarray, end: np.ndarray, idx: np.ndarray, bound: np.ndarray, group: np.ndarray
-) -> np.ndarray:
-    """For each interval ``i`` of ``idx``: the last earlier interval of its group that ends
-    after ``start[i]``, or -1, knowing that ``bound[i]`` and everything after it up to ``i``
-    end at or before ``start[i]``. Binary lifting over ``levels[k][j] = max(end[j:j + 2**k])``."""
-    levels = [end]
-    while (1 << len(levels)) <= len(end):
-        h = 1 << (len(levels) - 1)
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-h], prev[h:]))
-    s = start[idx]
-    p = bound.copy()  # exclusive bound: all of [p, i) end at or before start[i]
-    for k in range(len(levels) - 1, -1, -1):
-        c = p - (1 << k)
-        ok = c >= 0
-        skip = ok & (levels[k][np.where(ok, c, 0)] <= s)
-        p = np.where(skip, c, p)
-    j = p - 1
-    return np.where((j >= 0) & (group[np.maximum(j, 0)] == group[idx]), j, -1)
+    return parent, depth, up
 
 
 def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.DataFrame:
