@@ -116,7 +116,7 @@ def render_text(diag) -> str:
             per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
             out.append(
                 f"  {short_name(t['name'], 40):<40} {t['host_time_us'] / n / 1e3:>9.3f} "
-                f"{t['device_time_us'] / n / 1e3:>10.3f} {t['kernels'] / n:>8.1f} {per:>15}"
+                f"{t['device_time_us'] / n / 1e3:>10.3f} {_per(t['kernels'] / n):>8} {per:>15}"
             )
     ops = d["ops"][:6]
     if ops:
