@@ -11,8 +11,9 @@ What it does:
    (git-ignored) and reused while the source does not change.
 2. Times ``tracedx diagnose --format json`` end to end (a subprocess: interpreter start, imports,
    parse, full diagnosis, report) and the parse stage alone (``tracedx.load``, timed inside the
-   process), over several runs; the median is reported. Peak memory is the child's maximum
-   resident set size from ``wait4`` (both tools run in a single process).
+   process), over several runs; the median is reported. Peak memory is the largest total
+   resident set of the child's process tree (sampled every 20 ms; tracedx's second reader
+   process counts while it runs), or the child's own ``wait4`` maximum when that is larger.
 3. Creates a separate virtual environment with HTA (``traceinsight`` on PyPI from 0.6,
    ``HolisticTraceAnalysis`` before) and runs, end to end in a subprocess, its trace load plus
    temporal breakdown, idle time breakdown and kernel breakdown on the same files (each alone
@@ -366,6 +367,8 @@ def bench_tracedx(path: Path, runs: int) -> dict:
 
 HTA_VENV = OUT / "hta-venv"
 HTA_PACKAGES = ("traceinsight", "HolisticTraceAnalysis")  # the PyPI name from 0.6, and before
+# The version the README's table was measured with; the older name is installed unpinned.
+HTA_PINS = {"traceinsight": "==0.6.1"}
 
 
 def ensure_hta() -> tuple[Path, str] | tuple[None, str]:
@@ -382,7 +385,9 @@ def ensure_hta() -> tuple[Path, str] | tuple[None, str]:
     for pkg in HTA_PACKAGES:
         print(f"pip install {pkg} (into {HTA_VENV}) ...", flush=True)
         r = subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", pkg], capture_output=True, text=True
+            [str(py), "-m", "pip", "install", "-q", pkg + HTA_PINS.get(pkg, "")],
+            capture_output=True,
+            text=True,
         )
         ver = _installed_version(py, pkg)
         if r.returncode == 0 and ver:

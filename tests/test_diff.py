@@ -555,3 +555,28 @@ def test_weak_evidence_is_marked_not_checked():
     side = [line for line in r.output.splitlines() if line.startswith("  step time (ms, median)")]
     # long labels widen the column: the numbers stay aligned
     assert rows and side and rows[0].index("13.500 ms") == side[0].index("14.028 ms")
+
+
+def test_ratio_at_the_on_target_bound_shows_which_side():
+    """mlp_large: 1.2533 would print as 1.25 and read as on target; diff says over-estimate, so
+    the ratio prints with three decimals there (text and md)."""
+    a, b = SAMPLES / "mlp_large-fp32.json.gz", SAMPLES / "mlp_large-bf16.json.gz"
+    r = CliRunner().invoke(main, ["diff", str(a), str(b)])
+    assert "1.253 unprofiled  -> over-estimate" in r.output
+    md = CliRunner().invoke(main, ["diff", str(a), str(b), "--format", "md"]).output
+    assert "1.253 unprofiled" in md
+    md2 = (
+        CliRunner()
+        .invoke(
+            main,
+            [
+                "diff",
+                str(SAMPLES / "h2d_copy-pageable.json.gz"),
+                str(SAMPLES / "h2d_copy-pinned.json.gz"),
+                "--format",
+                "md",
+            ],
+        )
+        .output
+    )
+    assert "- remove-host-sync (weak evidence: not checked):" in md2

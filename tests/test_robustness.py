@@ -110,11 +110,23 @@ def test_truncated_salvaged_trace_gives_no_fix_estimates(tmp_path):
     full = diagnose(tracedx.load(src))
     assert full.findings  # the whole trace has estimates (cuda-graphs 7.9x) ...
     d = diagnose(t)
-    assert d.findings == []  # ... its first 20 kB do not
-    assert any(n.startswith("no fix estimates: only the events before the break") for n in d.notes)
+    assert full.regime == "overhead-bound"
+    assert d.findings == [] and d.regime is None and d.bottleneck is None  # ... its first 20 kB
+    assert any(e.startswith("no verdict: only the events before the break") for e in d.evidence)
+    assert any(n.startswith("no fix estimates: this truncated trace") for n in d.notes)
+    assert not any("estimates are against" in n for n in d.notes)
     r = CliRunner().invoke(main, ["diagnose", str(cut), "--repair"])
     assert r.exit_code == 0 and "FIXES\n  no estimate (see the notes)" in r.output
-    assert "cuda-graphs:" not in r.output
+    assert "cuda-graphs:" not in r.output and "OVERHEAD-BOUND" not in r.output
+    html = tmp_path / "cut.html"
+    r = CliRunner().invoke(main, ["report", str(cut), "--repair", "-o", str(html)])
+    assert r.exit_code == 0 and "No estimate (see the notes)." in html.read_text()
+    # diff with a truncated BEFORE says so first, and checks no estimate
+    after = SAMPLES / "mlp_train-cudagraph.json.gz"
+    r = CliRunner().invoke(main, ["diff", str(cut), str(after), "--repair"])
+    assert r.exit_code == 0
+    assert "BEFORE was salvaged from a truncated file" in r.output
+    assert "estimate     none" in r.output
 
 
 def test_launches_but_no_gpu_events_warns(tmp_path):
@@ -512,6 +524,6 @@ def test_no_events_left_says_which_were_left_out(tmp_path):
     )
     r = CliRunner().invoke(main, ["diagnose", str(p), "--repair"])
     assert r.exit_code == 2
-    assert "no events to analyse (1 events with a negative or missing duration/timestamp" in (
+    assert "no events to analyse: 1 event(s) with a negative or missing duration/timestamp" in (
         r.output
     )

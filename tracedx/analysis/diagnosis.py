@@ -303,7 +303,7 @@ def diagnose(
         left_out = "; ".join(
             w.message for w in trace.warnings if w.kind in ("invalid_duration", "outlier_timestamp")
         )
-        why = f" ({left_out})" if left_out else ""
+        why = f": {left_out}" if left_out else ""
         raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
     chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
     if trace.steps_synthetic:
@@ -413,19 +413,15 @@ def diagnose(
         if model
         else []
     )
-    if found and any(r.startswith(TRUNCATED_NOTE) for r in trace.metadata.get("repairs") or []):
-        # Kineto does not write events in time order (host ops, runtime calls and GPU events
-        # come in separate runs), so the events before a break are not the first steps whole:
-        # steps may keep their ops and lose their launches or kernels.
-        found = []
-        notes.append(
-            "no fix estimates: only the events before the break of this truncated trace were "
-            "kept, and Kineto does not write them in time order, so any step may have lost "
-            "launches or GPU events; an estimate would be built on an incomplete timeline"
-        )
     cap = trace.metadata.get("tracedx") or {}
     unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    if model is None and isinstance(unprof, dict) and unprof.get("median"):
+    if _truncated(trace):
+        # the steps may have lost launches or kernels (see _verdict): no estimate is backed
+        found = []
+        notes.append(
+            "no fix estimates: this truncated trace's GPU timeline is incomplete (see the verdict)"
+        )
+    elif model is None and isinstance(unprof, dict) and unprof.get("median"):
         notes.append(
             f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
             "capture); with no GPU activity there is no step model and no fix estimate"
@@ -619,6 +615,11 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
 
 
+def _truncated(trace: Trace) -> bool:
+    """Whether only the events before a break of the file were kept (``--repair``)."""
+    return any(r.startswith(TRUNCATED_NOTE) for r in trace.metadata.get("repairs") or [])
+
+
 def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=None):
     ev: list[str] = []
     if trace.metadata.get("repairs"):
@@ -626,6 +627,15 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             "this trace was salvaged with --repair (" + "; ".join(trace.metadata["repairs"]) + "): "
             "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
         )
+    if _truncated(trace):
+        ev.append(
+            "no verdict: only the events before the break of this truncated trace were kept, "
+            "and Kineto does not write them in time order (host ops, runtime calls and GPU "
+            "events come in separate runs), so any step may have lost launches or GPU events; "
+            "the GPU busy time, idle causes and kernel counts below are what was kept, not the "
+            "step's"
+        )
+        return None, None, ev
     if model is None:
         return None, None, ["no GPU activity: no regime can be named from this trace"]
     idle = w["idle_fraction"].median()

@@ -481,7 +481,7 @@ def torch_compile(
         host_events=-kernels_removed * m.events_per_kernel,
     )
     ev = [
-        f"{chains:.0f} chains of back-to-back elementwise/reduction/normalization kernels per step, "
+        f"{chains:.0f} chain{'' if round(chains) == 1 else 's'} of back-to-back elementwise/reduction/normalization kernels per step, "
         f"{_ms(chain_us)} of device time; fusion removes ~{kernels_removed:.0f} kernels per step"
     ]
     deriv = (

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from tracedx.analysis.diff import MIN_SCORE
+from tracedx.analysis.diff import MIN_SCORE, ON_TARGET
 from tracedx.report.json import _clean
 from tracedx.report.text import short_name
 
@@ -96,6 +96,12 @@ def _x(v) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
+def _ratio(r: float) -> str:
+    """An estimate/achieved ratio; three decimals where two would hide which side of the
+    on-target bounds (1/1.25, 1.25) it falls (1.253 prints 1.253, not 1.25)."""
+    return f"{r:.3f}" if round(r, 2) in (round(1 / ON_TARGET, 2), ON_TARGET) else f"{r:.2f}"
+
+
 def _us(v) -> str:
     return f"{v / 1e3:.3f} ms"
 
@@ -129,9 +135,9 @@ def _prediction_lines(d: dict) -> list[str]:
         )
     rs = []
     if p["estimate_over_achieved_traced"] is not None:
-        rs.append(f"{p['estimate_over_achieved_traced']:.2f} traced")
+        rs.append(f"{_ratio(p['estimate_over_achieved_traced'])} traced")
     if p["estimate_over_achieved_unprofiled"] is not None:
-        rs.append(f"{p['estimate_over_achieved_unprofiled']:.2f} unprofiled")
+        rs.append(f"{_ratio(p['estimate_over_achieved_unprofiled'])} unprofiled")
     if rs:
         out.append("  est/achieved " + ", ".join(rs) + f"  -> {p['verdict']}")
     out.append(f"  why          {p['explanation']}")
@@ -231,11 +237,15 @@ def render_markdown(td) -> str:
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: `{d['fix']}`** ({src})")
     out.append("")
-    out += [f"- {_esc(c['fix'])}: {_esc(c['evidence'])}" for c in d["candidates"][:3]]
+    out += [
+        f"- {_esc(c['fix'])}{'' if c['score'] >= MIN_SCORE else ' (weak evidence: not checked)'}: "
+        f"{_esc(c['evidence'])}"
+        for c in d["candidates"][:3]
+    ]
     out += ["", "| estimate | achieved (traced) | achieved (unprofiled) | est/achieved | verdict |"]
     out.append("|---|---|---|---|---|")
     rat = ", ".join(
-        f"{v:.2f} {k}"
+        f"{_ratio(v)} {k}"
         for k, v in (
             ("traced", p["estimate_over_achieved_traced"]),
             ("unprofiled", p["estimate_over_achieved_unprofiled"]),

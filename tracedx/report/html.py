@@ -113,7 +113,9 @@ def _verdict(d: dict) -> str:
 def _top_fixes(d: dict) -> str:
     rec = [f for f in d["findings"] if f["recommended"]]
     rest = [f for f in d["findings"] if not f["recommended"]]
-    if not rec:
+    if not d["findings"]:
+        out = "<h3>Top fixes</h3><p>No estimate (see the notes).</p>"
+    elif not rec:
         out = "<h3>Top fixes</h3><p>No fix is worth 5% or more of the step.</p>"
     else:
         rows = []

@@ -624,7 +624,7 @@ class TableBuilder:
                 DataWarning(
                     "invalid_duration",
                     n,
-                    f"{n} events with a negative or missing duration/timestamp were left out ({detail})",
+                    f"{n} event(s) with a negative or missing duration/timestamp left out ({detail})",
                 )
             )
         if self.unknown:
