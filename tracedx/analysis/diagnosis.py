@@ -218,16 +218,35 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
     )
 
 
-def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float, float, float, int]:
-    """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels removed, chains).
+def _fusable_chains(
+    trace: Trace, steps: list[int], device: int
+) -> tuple[float, float, float, int, float | None]:
+    """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels
+    removed, chains, host us of the removed kernels).
 
     Totals over the analysed steps. Saved = sum - max per chain. Triton kernels are already fused.
     A host sync between two kernels breaks the chain (torch.compile breaks its graph at
     ``.item()``), so kernels launched after different numbers of syncs never share a chain.
+    A kernel's host cost is its top-level op's host time over the kernels that op launched (its
+    own ops', not the step's average: one op re-planning cuDNN must not make every add costly);
+    a chain removes (n - 1) kernels at its kernels' mean cost. None when no chain kernel has a
+    top-level op (graph replays, unlinked kernels).
     """
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
-        return 0.0, 0.0, 0.0, 0
+        return 0.0, 0.0, 0.0, 0, None
+    per_top = (
+        trace.kernels.filter(pl.col("top_op_id").is_not_null())
+        .group_by("top_op_id")
+        .agg(n_kernels=pl.len())
+        .join(
+            trace.ops.select(pl.col("op_id").alias("top_op_id"), pl.col("duration_us").alias("h")),
+            on="top_op_id",
+            how="inner",
+        )
+        .select("top_op_id", host_per_kernel=pl.col("h") / pl.col("n_kernels"))
+    )
+    k = k.join(per_top, on="top_op_id", how="left", maintain_order="left")
     sync_ends = np.sort(
         sync_calls(trace)
         .filter(pl.col("blocking_reason") != "pageable memcpy")["end_us"]
@@ -255,16 +274,28 @@ def _fusable_chains(trace: Trace, steps: list[int], device: int) -> tuple[float,
     runs = (
         k.filter("fus")
         .group_by("step", "stream", "run")
-        .agg(n=pl.len(), total=pl.col("duration_us").sum(), longest=pl.col("duration_us").max())
+        .agg(
+            n=pl.len(),
+            total=pl.col("duration_us").sum(),
+            longest=pl.col("duration_us").max(),
+            host=pl.col("host_per_kernel").mean(),
+        )
         .filter(pl.col("n") >= 2)
     )
     if runs.height == 0:
-        return 0.0, 0.0, 0.0, 0
+        return 0.0, 0.0, 0.0, 0, None
+    known = runs.filter(pl.col("host").is_not_null())
+    host = None
+    if known.height:
+        # chains whose kernels have no top-level op count at the mean of the others
+        per_removed = float((known["host"] * (known["n"] - 1)).sum() / (known["n"] - 1).sum())
+        host = per_removed * float((runs["n"] - 1).sum())
     return (
         float(runs["total"].sum()),
         float((runs["total"] - runs["longest"]).sum()),
         float((runs["n"] - 1).sum()),
         runs.height,
+        host,
     )
 
 
@@ -947,8 +978,12 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
             )
         )
     # torch.compile fusion
-    chain_us, saved, removed, chains = _fusable_chains(trace, steps, primary)
-    out.append(fx.torch_compile(m, chain_us / n, saved / n, removed / n, chains / n))
+    chain_us, saved, removed, chains, host = _fusable_chains(trace, steps, primary)
+    out.append(
+        fx.torch_compile(
+            m, chain_us / n, saved / n, removed / n, chains / n, None if host is None else host / n
+        )
+    )
     # math-mode fixes need peaks and FLOP models
     if spec is not None and "family" in ops_tbl.columns:
         out += _math_findings(m, ops_tbl, spec, n)

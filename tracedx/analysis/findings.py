@@ -461,18 +461,29 @@ def faster_math(
 
 
 def torch_compile(
-    m: StepModel, chain_us: float, chain_saved_us: float, kernels_removed: float, chains: float
+    m: StepModel,
+    chain_us: float,
+    chain_saved_us: float,
+    kernels_removed: float,
+    chains: float,
+    removed_host_us: float | None = None,
 ) -> Finding | None:
     """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
 
     Device: a fused chain moves about as many bytes as its largest single pass, so it takes
     about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
-    kernel saves its eager dispatch and launch cost.
+    kernel saves its eager dispatch and launch cost: ``removed_host_us`` per step (the host
+    time of the ops that launched the chains, per kernel; see diagnosis._fusable_chains), else
+    the step's mean host time per kernel. Never more than the host time of launching ops.
     """
     if chains <= 0 or kernels_removed < 1:
         return None
-    per_k = m.per_kernel_host_us or 0.0
-    h2 = m.host_us - kernels_removed * per_k
+    if removed_host_us is None:
+        removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
+    # the host time of all launching ops in the step (per-kernel mean x kernels)
+    removed_host_us = min(removed_host_us, (m.per_kernel_host_us or 0.0) * m.kernels)
+    per_k = removed_host_us / kernels_removed
+    h2 = m.host_us - removed_host_us
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
     new = Change(
@@ -488,7 +499,7 @@ def torch_compile(
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "
         f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per fused-away kernel"
     )
-    region = chain_us + kernels_removed * per_k
+    region = chain_us + removed_host_us
     return make_finding(
         m, "torch-compile", "Fuse elementwise chains with torch.compile", region, new, deriv, ev
     )
