@@ -16,6 +16,7 @@ from tests.conftest import SAMPLES
 from tracedx.analysis.diagnosis import diagnose
 from tracedx.analysis.findings import combined_speedup
 from tracedx.analysis.timeline import step_windows
+from tracedx.report import render
 
 CAL = SAMPLES / "calibration-h200.json"
 PAIRS = (
@@ -130,6 +131,12 @@ def test_pageable_copy_is_a_transfer_problem():
     d = diag("h2d_copy-pageable.json.gz")
     assert (d.regime, d.bottleneck) == ("bandwidth-bound", "host-device transfer")
     assert d.findings[0].fix == "pinned-memory"
+    # the 64 MiB host-to-device copy is not placed on the device-memory roofline
+    row = d.op_table.filter(pl.col("name") == "aten::copy_").row(0, named=True)
+    assert row["kernel_kind"] == "host-device copy"
+    assert row["host_device_copy_us"] == pytest.approx(row["device_time_us"])
+    assert row["bytes"] is None and row["regime"] is None
+    assert "aten::copy_" in render(d, "text") and "host-device copy" in render(d, "text")
 
 
 def test_dataloader_in_main_process_is_found():

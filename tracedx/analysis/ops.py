@@ -14,19 +14,27 @@ from tracedx.trace import Trace
 
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
-    """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks, tf32.
+    """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks,
+    tf32, kernel_kind, host_device_copy_us.
 
     ``tf32`` is True when any of its GEMM kernels ran on TF32 tensor cores (kernel name).
+    ``host_device_copy_us`` is the device time of its host-to-device and device-to-host
+    memcpys (PCIe or NVLink-C2C, not device memory).
     """
     gpu = trace.gpu_activity().filter(pl.col("op_id").is_not_null())
     k = trace.kernels.filter(pl.col("op_id").is_not_null())
+    hd = trace.memcpys.filter(
+        pl.col("op_id").is_not_null() & pl.col("direction").is_in(["HtoD", "DtoH"])
+    )
     if steps is not None:
         gpu = gpu.filter(pl.col("step").is_in(steps))
         k = k.filter(pl.col("step").is_in(steps))
+        hd = hd.filter(pl.col("step").is_in(steps))
     dev = gpu.group_by("op_id").agg(
         device_time_us=pl.col("duration_us").sum(),
         kernels=(pl.col("kind") == "kernel").sum(),
     )
+    hd = hd.group_by("op_id").agg(host_device_copy_us=pl.col("duration_us").sum())
     # name rules (regexes) once per distinct kernel name, not once per kernel
     by_name = k.select(pl.col("name").unique()).with_columns(
         tf32=is_tf32_expr("name"), kkind=kind_expr("name")
@@ -49,15 +57,23 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         .group_by("op_id", maintain_order=True)
         .agg(kernel_kind=pl.col("kkind").first())
     )
-    return dev.join(kk, on="op_id", how="left").join(kind, on="op_id", how="left")
+    return (
+        dev.join(kk, on="op_id", how="left")
+        .join(kind, on="op_id", how="left")
+        .join(hd, on="op_id", how="left")
+        .with_columns(pl.col("host_device_copy_us").fill_null(0.0))
+    )
 
 
 def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     """Launching ops grouped by (name, input shapes, input dtypes), totals over the steps.
 
     Columns: name, input_shapes, input_dtypes, concrete_inputs, count, device_time_us,
-    kernels, max_grid_blocks, math_mode ("tf32" or null), kernel_kind, and when the FLOP models
-    are available: flops, bytes, compute_dtype, family, tensor_core (totals for flops/bytes).
+    kernels, max_grid_blocks, math_mode ("tf32" or null), kernel_kind, host_device_copy_us,
+    and when the FLOP models are available: flops, bytes, compute_dtype, family, tensor_core
+    (totals for flops/bytes). A group whose device time is mostly host-device copies has
+    kernel_kind "host-device copy" and no FLOP/byte model: its bytes cross PCIe, so the device
+    memory roofline does not bound it (the copies line of the report does).
     """
     stats = launching_op_stats(trace, steps)
     ops = trace.ops.select("op_id", "name", "input_shapes", "input_dtypes", "concrete_inputs")
@@ -77,6 +93,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         pl.col("tf32").any().alias("tf32"),
         pl.col("kernel_kind").first(),
         pl.col("concrete_inputs").first(),
+        pl.col("host_device_copy_us").sum(),
     ]
     for c, how in (
         ("flops", "sum"),
@@ -88,6 +105,16 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         if c in j.columns:
             aggs.append(getattr(pl.col(c), how)())
     g = j.group_by(key).agg(aggs)
+    transfer = pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
+    g = g.with_columns(
+        kernel_kind=pl.when(transfer).then(pl.lit("host-device copy")).otherwise("kernel_kind")
+    )
+    if "family" in g.columns:
+        g = g.with_columns(
+            pl.when(~transfer).then(pl.col(c)).alias(c)
+            for c in ("flops", "bytes", "compute_dtype", "family", "tensor_core")
+            if c in g.columns
+        )
     if "flops" in g.columns:
         # a sum over nulls is 0 in polars: keep unmodelled groups null
         g = g.with_columns(

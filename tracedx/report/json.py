@@ -51,6 +51,7 @@ def _ops(diag, limit: int = 20) -> list[dict]:
                 "regime": r.get("regime"),
                 "family": r.get("family"),
                 "math_mode": r.get("math_mode"),
+                "kernel_kind": r.get("kernel_kind"),
             }
         )
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tracedx.report.json import diagnosis_dict
+from tracedx.report.text import _unplaced
 
 
 def _esc(s: str) -> str:
@@ -59,7 +60,7 @@ def render_markdown(diag) -> str:
             out.append(
                 f"| `{_esc(o['name'][:60])}` | {o['count']} | {o['device_time_ms']:.3f} | "
                 f"{f(o['intensity'], '.1f')} | {f(o['achieved_tflops'], '.1f')} | {f(o['achieved_gbps'], '.0f')} | "
-                f"{f(o['bound_fraction'], '.0%')} | {o['regime'] or 'unmodelled'} |"
+                f"{f(o['bound_fraction'], '.0%')} | {o['regime'] or _unplaced(o)} |"
             )
     notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
     if notes:

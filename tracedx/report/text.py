@@ -29,6 +29,12 @@ def _per(v: float) -> str:
     return f"{v:.0f}" if abs(v - round(v)) < 1e-9 else f"{v:.1f}"
 
 
+def _unplaced(o: dict) -> str:
+    """What an op row without a roofline regime shows: host-device copies are not bounded by
+    the device memory roofline (their bandwidth is in the copies line); others are unmodelled."""
+    return "host-device copy" if o.get("kernel_kind") == "host-device copy" else "unmodelled"
+
+
 def short_name(name: str, width: int = 48) -> str:
     """Shorten a long C++ template kernel/op name for display (the full name is kept in data)."""
     name = name.replace("\n", "\\n").replace("\t", "\\t")
@@ -146,7 +152,7 @@ def render_text(diag) -> str:
             out.append(
                 f"  {short_name(o['name'], 34):<34} {o['count']:>6} {o['device_time_ms']:>9.3f} "
                 f"{f(o['intensity'], '8.1f'):>8} {f(o['achieved_tflops'], '8.1f'):>8} "
-                f"{f(o['achieved_gbps'], '8.0f'):>8} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or 'unmodelled'}"
+                f"{f(o['achieved_gbps'], '8.0f'):>8} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
             )
     out.append("")
     rec = [f for f in d["findings"] if f["recommended"]]
