@@ -357,7 +357,8 @@ def test_fix_given_overrides_inference_and_diagnoses_accepted(pairs):
     b, a = (tracedx.diagnose(tracedx.load(p)) for p in pairs["tf32"])
     td = tracedx.diff(b, a, fix="bf16-autocast")
     assert td.fix == "bf16-autocast" and td.fix_source == "given"
-    assert any("evidence also points at tf32" in n for n in td.notes)
+    assert any("the evidence points at tf32" in n for n in td.notes)
+    assert any("nothing in the two traces shows bf16-autocast applied" in n for n in td.notes)
     f = next(f for f in b.findings if f.fix == "bf16-autocast")
     assert td.prediction.estimated_speedup == pytest.approx(f.estimated_speedup)
 
@@ -580,3 +581,21 @@ def test_ratio_at_the_on_target_bound_shows_which_side():
         .output
     )
     assert "- remove-host-sync (weak evidence: not checked):" in md2
+
+
+def test_given_fix_without_evidence_is_said():
+    """--fix tf32 on a CUDA-graph pair: no sign of tf32 in the traces, and the evidence points
+    elsewhere; both are said."""
+    r = CliRunner().invoke(
+        main,
+        [
+            "diff",
+            str(SAMPLES / "add_loop-eager.json.gz"),
+            str(SAMPLES / "add_loop-cudagraph.json.gz"),
+            "--fix",
+            "tf32",
+        ],
+    )
+    assert r.exit_code == 0
+    assert "nothing in the two traces shows tf32 applied (given with --fix)" in r.output
+    assert "the evidence points at cuda-graphs" in r.output

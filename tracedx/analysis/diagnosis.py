@@ -409,7 +409,7 @@ def diagnose(
             worst = over.sort("bound_fraction", descending=True).row(0, named=True)
             per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
             notes.append(
-                f"{over.height} op group(s) ran faster than the roofline allows ({worst['name']} at "
+                f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
                 f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
                 "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
                 "faster than device memory allows; when an op's data per call is well over the "

@@ -1124,10 +1124,16 @@ def diff(
             f"BEFORE ran on {na}, AFTER on {nb}: the change mixes the fix with the GPU change"
         )
     unchecked = [c.fix for c in strong if given is not None and c.fix not in given]
+    unseen = [x for x in given or [] if x not in {c.fix for c in cands}]
     if unchecked:
+        also = "also " if len(unseen) < len(given or []) else ""
         notes.append(
-            f"--fix {fix} given; the evidence also points at {', '.join(unchecked)}, which the "
+            f"--fix {fix} given; the evidence {also}points at {', '.join(unchecked)}, which the "
             "achieved speedup includes and the estimate checked does not"
+        )
+    if unseen:
+        notes.append(
+            f"nothing in the two traces shows {', '.join(unseen)} applied (given with --fix)"
         )
     if together:
         notes.append(

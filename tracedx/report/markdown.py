@@ -31,6 +31,9 @@ def render_markdown(diag) -> str:
     ):
         v = st[key]
         out.append(f"| {label} | {'n/a' if v is None else format(v, '.4g')} |")
+    unprof = st.get("unprofiled_step_ms")
+    if isinstance(unprof, dict) and unprof.get("median") is not None:
+        out.append(f"| unprofiled step (ms, timed by tracedx capture) | {unprof['median']:.4g} |")
     out += [
         "",
         "## Fixes",
