@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import tracedx
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, case
 from tests.test_reader import EXPECTED_WINDOWS, _windows, main_trace
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.diagnosis import diagnose
@@ -527,3 +527,37 @@ def test_no_events_left_says_which_were_left_out(tmp_path):
     assert "no events to analyse: 1 event(s) with a negative or missing duration/timestamp" in (
         r.output
     )
+
+
+def test_cut_after_the_event_list_keeps_verdict_and_estimates(tmp_path):
+    """A file cut inside a key written after traceEvents (traceName) lost no event: --repair
+    reads every event, and the diagnosis is the whole trace's, verdict and estimates included."""
+    import gzip
+
+    data = gzip.decompress((SAMPLES / "mlp_train-eager.json.gz").read_bytes())
+    end = data.rindex(b'"traceName"') + 20
+    cut = tmp_path / "cut_tail.json"
+    cut.write_bytes(data[:end])
+    full = diagnose(tracedx.load(SAMPLES / "mlp_train-eager.json.gz"))
+    d = diagnose(tracedx.load(cut, repair=True))
+    assert any("broken after its event list: kept all" in r for r in d.trace.metadata["repairs"])
+    assert (d.regime, d.bottleneck) == (full.regime, full.bottleneck)
+    assert [f.fix for f in d.findings] == [f.fix for f in full.findings]
+    assert d.findings[0].estimated_speedup == pytest.approx(full.findings[0].estimated_speedup)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "C02b_nan_infinity_tokens.json",
+        "C03_windows_unescaped_backslashes.txt",
+        "C13a_raw_control_char_in_name.txt",
+    ],
+)
+def test_repairs_that_lose_no_event_keep_verdict_and_estimates(name):
+    """Only a file cut inside its event list loses its verdict; NaN literals, stray
+    backslashes and control characters are repaired in place."""
+    p = case(name)
+    d = diagnose(tracedx.load(p, repair=True))
+    assert d.regime is not None and d.findings
+    assert not any(e.startswith("no verdict") for e in d.evidence)

@@ -219,7 +219,7 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
 
 
 def _fusable_chains(
-    trace: Trace, steps: list[int], device: int
+    trace: Trace, steps: list[int], device: int, cap_per_kernel_us: float | None = None
 ) -> tuple[float, float, float, int, float | None]:
     """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels
     removed, chains, host us of the removed kernels).
@@ -229,8 +229,11 @@ def _fusable_chains(
     ``.item()``), so kernels launched after different numbers of syncs never share a chain.
     A kernel's host cost is its top-level op's host time over the kernels that op launched (its
     own ops', not the step's average: one op re-planning cuDNN must not make every add costly);
-    a chain removes (n - 1) kernels at its kernels' mean cost. None when no chain kernel has a
-    top-level op (graph replays, unlinked kernels).
+    a kernel with no top-level op (graph-replayed, unlinked) costs nothing to remove. A chain
+    removes (n - 1) kernels at its kernels' mean cost, at most ``cap_per_kernel_us`` (the
+    step's mean host time per kernel: an op's time can also hold allocations, waits and other
+    work that fusion does not remove). The host total is None when no chain kernel has a
+    top-level op.
     """
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
@@ -246,6 +249,7 @@ def _fusable_chains(
         )
         .select("top_op_id", host_per_kernel=pl.col("h") / pl.col("n_kernels"))
     )
+
     k = k.join(per_top, on="top_op_id", how="left", maintain_order="left")
     sync_ends = np.sort(
         sync_calls(trace)
@@ -278,18 +282,16 @@ def _fusable_chains(
             n=pl.len(),
             total=pl.col("duration_us").sum(),
             longest=pl.col("duration_us").max(),
-            host=pl.col("host_per_kernel").mean(),
+            host=pl.col("host_per_kernel").fill_null(0.0).mean(),
+            linked=pl.col("host_per_kernel").is_not_null().any(),
         )
         .filter(pl.col("n") >= 2)
     )
     if runs.height == 0:
         return 0.0, 0.0, 0.0, 0, None
-    known = runs.filter(pl.col("host").is_not_null())
-    host = None
-    if known.height:
-        # chains whose kernels have no top-level op count at the mean of the others
-        per_removed = float((known["host"] * (known["n"] - 1)).sum() / (known["n"] - 1).sum())
-        host = per_removed * float((runs["n"] - 1).sum())
+    if cap_per_kernel_us is not None:
+        runs = runs.with_columns(pl.min_horizontal("host", pl.lit(cap_per_kernel_us)))
+    host = float((runs["host"] * (runs["n"] - 1)).sum()) if runs["linked"].any() else None
     return (
         float(runs["total"].sum()),
         float((runs["total"] - runs["longest"]).sum()),
@@ -655,8 +657,14 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
     ev: list[str] = []
     if trace.metadata.get("repairs"):
         ev.append(
-            "this trace was salvaged with --repair (" + "; ".join(trace.metadata["repairs"]) + "): "
-            "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
+            "this trace was salvaged with --repair ("
+            + "; ".join(trace.metadata["repairs"])
+            + "): "
+            + (
+                "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
+                if _truncated(trace)
+                else "the numbers cover the events that could be read"
+            )
         )
     if _truncated(trace):
         ev.append(
@@ -978,7 +986,9 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
             )
         )
     # torch.compile fusion
-    chain_us, saved, removed, chains, host = _fusable_chains(trace, steps, primary)
+    chain_us, saved, removed, chains, host = _fusable_chains(
+        trace, steps, primary, m.per_kernel_host_us
+    )
     out.append(
         fx.torch_compile(
             m, chain_us / n, saved / n, removed / n, chains / n, None if host is None else host / n

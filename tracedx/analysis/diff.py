@@ -1157,16 +1157,17 @@ def diff(
             f"{', '.join(left_out)} cannot be added to the other fixes in the step model "
             "(it changes the work per step): its estimate is not part of the one checked"
         )
+    cut = [
+        f"{side} was salvaged from a truncated file: its steps may have lost launches and GPU "
+        "events (Kineto does not write events in time order), so every change below mixes the "
+        "fix with what was lost"
+        for side, d in (("BEFORE", before), ("AFTER", after))
+        if any(r.startswith(TRUNCATED_NOTE) for r in d.trace.metadata.get("repairs") or [])
+    ]
+    notes[:0] = cut  # first: it qualifies everything else
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:
             notes.append(f"{side} has no ProfilerStep markers: the whole trace is one step")
-        if any(r.startswith(TRUNCATED_NOTE) for r in d.trace.metadata.get("repairs") or []):
-            notes.insert(
-                0,
-                f"{side} was salvaged from a truncated file: its steps may have lost launches "
-                "and GPU events (Kineto does not write events in time order), so every change "
-                "below mixes the fix with what was lost",
-            )
     if not before.findings:
         pass  # no estimate, nothing to say about what it is against
     elif before.model is not None and before.model.unprofiled_step_us:

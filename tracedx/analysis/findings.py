@@ -473,15 +473,13 @@ def torch_compile(
     Device: a fused chain moves about as many bytes as its largest single pass, so it takes
     about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
     kernel saves its eager dispatch and launch cost: ``removed_host_us`` per step (the host
-    time of the ops that launched the chains, per kernel; see diagnosis._fusable_chains), else
-    the step's mean host time per kernel. Never more than the host time of launching ops.
+    time per kernel of the ops that launched the chains, each at most the step's mean; see
+    diagnosis._fusable_chains), else the step's mean host time per kernel.
     """
     if chains <= 0 or kernels_removed < 1:
         return None
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
-    # the host time of all launching ops in the step (per-kernel mean x kernels)
-    removed_host_us = min(removed_host_us, (m.per_kernel_host_us or 0.0) * m.kernels)
     per_k = removed_host_us / kernels_removed
     h2 = m.host_us - removed_host_us
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows

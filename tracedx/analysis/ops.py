@@ -105,7 +105,9 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         if c in j.columns:
             aggs.append(getattr(pl.col(c), how)())
     g = j.group_by(key).agg(aggs)
-    transfer = pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
+    transfer = (pl.col("host_device_copy_us") > 0) & (
+        pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
+    )
     g = g.with_columns(
         kernel_kind=pl.when(transfer).then(pl.lit("host-device copy")).otherwise("kernel_kind")
     )

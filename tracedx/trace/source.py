@@ -187,8 +187,14 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
     try:
         obj = json.loads(text, strict=False, parse_constant=_const)
     except json.JSONDecodeError:
-        obj, kept = _salvage_events(text, _const, p)
-        notes.append(f"{TRUNCATED_NOTE}: kept the {kept} complete event(s) before the break")
+        obj, kept, whole = _salvage_events(text, _const, p)
+        if whole:
+            notes.append(
+                f"the JSON is broken after its event list: kept all {kept} event(s); keys "
+                "written after the list (such as traceName) may be lost"
+            )
+        else:
+            notes.append(f"{TRUNCATED_NOTE}: kept the {kept} complete event(s) before the break")
     if n_inf or n_nonfinite:
         notes.append(
             f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null"
@@ -206,8 +212,11 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
     return _as_tracefile(p, doc), notes
 
 
-def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[dict, int]:
-    """Parse the complete events of a truncated trace, one at a time."""
+def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[dict, int, bool]:
+    """Parse the complete events of a truncated trace, one at a time.
+
+    Returns (document, events kept, whether the event list was read to its closing ``]``: the
+    break is after it, and no event was lost)."""
     start = text.find('"traceEvents"')
     if start < 0:
         raise TraceFormatError(f"{p}: nothing to salvage: no `traceEvents` array before the break")
@@ -216,10 +225,12 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
     events: list = []
     i += 1
     n = len(text)
+    whole = False
     while i < n:
         while i < n and text[i] in " \t\r\n,":
             i += 1
         if i >= n or text[i] == "]":
+            whole = i < n
             break
         try:
             ev, i = dec.raw_decode(text, i)
@@ -234,7 +245,7 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
         head = {}
     head = head if isinstance(head, dict) else {}
     head["traceEvents"] = events
-    return head, len(events)
+    return head, len(events), whole
 
 
 def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFile, list[str]]:
