@@ -28,7 +28,6 @@ from tracedx.analysis.timeline import (
 )
 from tracedx.errors import TraceError
 from tracedx.trace import Trace
-from tracedx.trace.source import TRUNCATED_NOTE
 
 SCHEMA = "tracedx.diagnosis/1"
 FUSABLE_KINDS = ("elementwise", "reduction", "normalization")
@@ -448,7 +447,7 @@ def diagnose(
     )
     cap = trace.metadata.get("tracedx") or {}
     unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    if _truncated(trace):
+    if trace.truncated:
         # the steps may have lost launches or kernels (see _verdict): no estimate is backed
         found = []
         notes.append(
@@ -648,11 +647,6 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
 
 
-def _truncated(trace: Trace) -> bool:
-    """Whether only the events before a break of the file were kept (``--repair``)."""
-    return any(r.startswith(TRUNCATED_NOTE) for r in trace.metadata.get("repairs") or [])
-
-
 def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=None):
     ev: list[str] = []
     if trace.metadata.get("repairs"):
@@ -662,11 +656,11 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             + "): "
             + (
                 "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
-                if _truncated(trace)
+                if trace.truncated
                 else "the numbers cover the events that could be read"
             )
         )
-    if _truncated(trace):
+    if trace.truncated:
         ev.append(
             "no verdict: only the events before the break of this truncated trace were kept, "
             "and Kineto does not write them in time order (host ops, runtime calls and GPU "

@@ -33,7 +33,6 @@ from tracedx.analysis.kernels import kind_expr
 from tracedx.analysis.timeline import sync_calls
 from tracedx.errors import TraceError
 from tracedx.trace import Trace
-from tracedx.trace.source import TRUNCATED_NOTE
 
 SCHEMA = "tracedx.diff/1"
 UNKNOWN = "unknown"
@@ -1023,7 +1022,7 @@ def _prediction(
     elif f is None:
         verdict = "no estimate"
         why = f"BEFORE's diagnosis has no {fix} finding; {_no_finding_reason(fix, sa, before)}"
-        if any(r.startswith(TRUNCATED_NOTE) for r in before.trace.metadata.get("repairs") or []):
+        if before.trace.truncated:
             why = "BEFORE was salvaged from a truncated file: it has no estimate (see the notes)"
         if ach:
             why += f"; achieved {ach:.2f}x traced" + (f", {ach_u:.2f}x unprofiled" if ach_u else "")
@@ -1162,22 +1161,18 @@ def diff(
         "events (Kineto does not write events in time order), so every change below mixes the "
         "fix with what was lost"
         for side, d in (("BEFORE", before), ("AFTER", after))
-        if any(r.startswith(TRUNCATED_NOTE) for r in d.trace.metadata.get("repairs") or [])
+        if d.trace.truncated
     ]
     notes[:0] = cut  # first: it qualifies everything else
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:
             notes.append(f"{side} has no ProfilerStep markers: the whole trace is one step")
-    if not before.findings:
-        pass  # no estimate, nothing to say about what it is against
-    elif before.model is not None and before.model.unprofiled_step_us:
+    if before.findings:  # say what the estimates are against (there may be none)
         notes.append(
             "BEFORE's estimates are against its unprofiled step (profiler cost per host event "
             "taken out); the unprofiled speedup is the one to compare"
-        )
-    else:
-        notes.append(
-            "estimates are against the traced step time; the profiler slows the host "
+            if before.model is not None and before.model.unprofiled_step_us
+            else "estimates are against the traced step time; the profiler slows the host "
             "(GUIDE.md 2.7), so the unprofiled speedup is the one that counts"
         )
     verdicts = {

@@ -12,6 +12,9 @@ import polars as pl
 from tracedx.analysis.kernels import is_tf32_expr, kind_expr
 from tracedx.trace import Trace
 
+# kernel_kind of an op group whose device time is mostly host-device memcpys (see op_groups)
+HOST_DEVICE_COPY = "host-device copy"
+
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks,
@@ -109,7 +112,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
     )
     g = g.with_columns(
-        kernel_kind=pl.when(transfer).then(pl.lit("host-device copy")).otherwise("kernel_kind")
+        kernel_kind=pl.when(transfer).then(pl.lit(HOST_DEVICE_COPY)).otherwise("kernel_kind")
     )
     if "family" in g.columns:
         g = g.with_columns(

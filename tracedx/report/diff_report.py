@@ -96,6 +96,11 @@ def _x(v) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
+def _weak(candidate: dict) -> str:
+    """The mark of a candidate fix whose evidence is too weak to count as applied."""
+    return "" if candidate["score"] >= MIN_SCORE else " (weak evidence: not checked)"
+
+
 def _ratio(r: float) -> str:
     """An estimate/achieved ratio; three decimals where two would hide which side of the
     on-target bounds (1/1.25, 1.25) it falls (1.253 prints 1.253, not 1.25)."""
@@ -112,8 +117,7 @@ def _prediction_lines(d: dict) -> list[str]:
     src = "given with --fix" if d["fix_source"] == "given" else "inferred"
     out.append(f"APPLIED FIX: {d['fix']} ({src})")
     for c in d["candidates"][:3]:
-        weak = "" if c["score"] >= MIN_SCORE else " (weak evidence: not checked)"
-        out.append(f"  evidence     {c['fix']}{weak}: {c['evidence']}")
+        out.append(f"  evidence     {c['fix']}{_weak(c)}: {c['evidence']}")
     f = p["finding"]
     if f:
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
@@ -237,11 +241,7 @@ def render_markdown(td) -> str:
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: `{d['fix']}`** ({src})")
     out.append("")
-    out += [
-        f"- {_esc(c['fix'])}{'' if c['score'] >= MIN_SCORE else ' (weak evidence: not checked)'}: "
-        f"{_esc(c['evidence'])}"
-        for c in d["candidates"][:3]
-    ]
+    out += [f"- {_esc(c['fix'])}{_weak(c)}: {_esc(c['evidence'])}" for c in d["candidates"][:3]]
     out += ["", "| estimate | achieved (traced) | achieved (unprofiled) | est/achieved | verdict |"]
     out.append("|---|---|---|---|---|")
     rat = ", ".join(

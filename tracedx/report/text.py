@@ -6,6 +6,7 @@ import math
 
 import polars as pl
 
+from tracedx.analysis.ops import HOST_DEVICE_COPY
 from tracedx.report.json import diagnosis_dict
 
 
@@ -32,7 +33,7 @@ def _per(v: float) -> str:
 def _unplaced(o: dict) -> str:
     """What an op row without a roofline regime shows: host-device copies are not bounded by
     the device memory roofline (their bandwidth is in the copies line); others are unmodelled."""
-    return "host-device copy" if o.get("kernel_kind") == "host-device copy" else "unmodelled"
+    return HOST_DEVICE_COPY if o.get("kernel_kind") == HOST_DEVICE_COPY else "unmodelled"
 
 
 def short_name(name: str, width: int = 48) -> str:

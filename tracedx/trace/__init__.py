@@ -21,7 +21,7 @@ from tracedx.trace.link import (
     link_gpu,
     link_launches_to_ops,
 )
-from tracedx.trace.source import read_into
+from tracedx.trace.source import TRUNCATED_NOTE, read_into
 from tracedx.trace.tables import DataWarning, TableBuilder
 
 __all__ = ["DataWarning", "Trace", "load"]
@@ -76,6 +76,13 @@ class Trace:
         for t in (self.kernels, self.memcpys, self.memsets):
             ids.update(x for x in t["device"].unique().to_list() if x is not None)
         return sorted(ids)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether ``--repair`` kept only the events before a break inside the event list: any
+        step may then have lost launches or GPU events (Kineto does not write events in time
+        order)."""
+        return any(r.startswith(TRUNCATED_NOTE) for r in self.metadata.get("repairs") or [])
 
     @property
     def has_gpu_activity(self) -> bool:

@@ -285,10 +285,10 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 
 CHUNK_BYTES = 16 << 20
 # A second process decodes and converts chunks alongside (it takes each chunk offered while
-# fewer than two of its chunks are out) when the JSON is at least this big. Below, it
-# costs more than it gives: on the 2-core benchmark machine (benchmarks/bench.py's traces) it
-# saved no time at 100 MB and about 5% at 300 MB, for 100 to 150 MB more memory (its own
-# interpreter and imports); at 650 MB it saved 15%, at 1 GB 25 to 35%.
+# fewer than two of its chunks are out) when the JSON is at least this big. Measured on the
+# 2-core benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and
+# about 5% at 300 MB, for 100 to 150 MB more memory (its own interpreter and imports), 15% at
+# 650 MB and 25 to 35% of the load at 1 GB.
 PARALLEL_MIN_BYTES = 256 << 20
 _READ_BYTES = 8 << 20
 _GZIP_IN = 1 << 20
