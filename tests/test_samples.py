@@ -206,3 +206,21 @@ def test_fusion_saves_the_fused_ops_host_time_not_the_steps_mean():
     assert not f.recommended and f.estimated_speedup < 1.05
     per_k = float(f.derivation.split("host saves ")[1].split(" us")[0])
     assert per_k < d.model.per_kernel_host_us / 3
+
+
+def test_a_kernel_past_its_cpu_window_is_its_launching_steps_busy_time():
+    # elementwise-compile is host-bound (CPU windows): its one fused kernel per step (126.0,
+    # 128.3, 127.2, 126.2, 126.5 us) starts late in its step's window and runs past its end.
+    # Busy time is the launching step's: median 126.5 us, and the steps add up to the kernel
+    # table's total over the analysed steps (634.3 us), not 71-116 us per step.
+    d = diag("elementwise-compile.json.gz")
+    t = tracedx.load(SAMPLES / "elementwise-compile.json.gz")
+    w = d.windows
+    kernels = t.kernels.filter(pl.col("step").is_not_null())
+    assert w["gpu_busy_us"].to_list() == pytest.approx(
+        kernels.sort("step")["duration_us"].to_list(), abs=1e-3
+    )
+    assert float(w["gpu_busy_us"].sum()) == pytest.approx(
+        float(kernels["duration_us"].sum()), abs=1e-3
+    )
+    assert round(float(w["gpu_busy_us"].median()) / 1e3, 3) == 0.127
