@@ -38,8 +38,9 @@ def main() -> None:
             loss = run(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
-    done("gpt2_train", args.steps, device, layers=layers, batch=batch, seq=seq,
-         compile=args.compile)
+    done(
+        "gpt2_train", args.steps, device, layers=layers, batch=batch, seq=seq, compile=args.compile
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def assert_defined(t):
     for r in w.iter_rows(named=True):
         assert r["step_time_us"] is not None and math.isfinite(r["step_time_us"])
         if t.has_gpu_activity:
-            assert 0 <= r["gpu_busy_us"]
+            assert r["gpu_busy_us"] >= 0
             assert 0 <= r["idle_fraction"] <= 1
     g = idle_gaps(t, w)
     if g.height:  # idle by cause adds up to the idle time over the steps (busy is the launching
