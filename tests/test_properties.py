@@ -26,7 +26,7 @@ from tracedx.analysis.diagnosis import diagnose
 from tracedx.analysis.timeline import idle_by_cause, idle_gaps, step_windows
 
 BWD = 4343
-LAUNCH_GAP_FIXES = ("cuda-graphs", "remove-host-sync", "dataloader-workers", "larger-batch")
+LAUNCH_GAP_FIXES = ("cuda-graphs", "remove-host-sync", "dataloader-workers")
 EPS = 1e-6
 
 work = st.tuples(

@@ -997,7 +997,10 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
         out.append(
             fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
         )
-    out.append(fx.larger_batch(m, idle_fraction))
+    from tracedx.analysis.batch import batch_model, step_memory
+
+    bm = batch_model(trace, steps, primary, ops_tbl)
+    out.append(fx.larger_batch(m, idle_fraction, bm.growth, step_memory(trace, steps, primary)))
     res = [f for f in out if f is not None]
     return sorted(res, key=lambda f: -f.estimated_speedup)
 

@@ -503,42 +503,75 @@ def torch_compile(
     )
 
 
-def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
-    """Grow the batch 2x: per-sample time falls when the GPU waits on the host (TensorBoard
-    plugin rule: GPU utilization under 50% -> larger batch).
+def larger_batch(
+    m: StepModel, idle_fraction: float, growth=None, memory=None, factor: float = 2.0
+) -> Finding | None:
+    """Grow the batch k-fold (k = ``factor``, 2 by default): per-sample time = step(kB) / k.
 
-    What grows with the batch grows k times: GPU time, the DataLoader's main-thread time (it
-    loads and transforms every sample) and the host's blocking pageable copies; launch and
-    Python time per step stay. Per-sample time = step' / k.
+    step(kB) = max(H', G') + E' on the step model, where H' is the host time per step, which
+    stays (launches and Python do not grow with the batch) but for the DataLoader's main-thread
+    time and the blocking pageable copies, which grow k-fold; and G' = G x ``growth(k)``, the
+    GPU time grown by kernel kind and roofline position (:mod:`tracedx.analysis.batch`: weight-
+    sized and optimizer kernels fixed, compute-bound GEMMs k-fold, under-filled ones less,
+    elementwise by bytes above a launch floor). ``growth`` is a callable k -> G'/G (None: G
+    grows k-fold). ``memory`` is a :class:`~tracedx.analysis.batch.StepMemory` or None: with
+    it the evidence gives the bytes the batch needs and the largest k that fits (and a batch
+    that does not fit is not proposed); without it the headroom is unknown.
     """
-    if idle_fraction < 0.5 or m.busy_us <= 0:
+    if m.busy_us <= 0:
         return None
-    k = 2.0
-    e_page = min(m.serial_us, m.pageable_block_us)
-    new_step = m.predict(
-        gpu_us=k * m.gpu_us,
-        host_us=m.host_us + (k - 1) * m.dataloader_us,
-        serial_us=m.serial_us + (k - 1) * e_page,
-        host_events=m.host_events + (k - 1) * m.dataloader_events,
-    )
-    new_per_batch = new_step / k
+    k = factor
+    grow = (lambda x: x) if growth is None else growth
+
+    def per_sample(x: float) -> float:
+        e_page = min(m.serial_us, m.pageable_block_us)
+        step = m.predict(
+            gpu_us=grow(x) * m.gpu_us,
+            host_us=m.host_us + (x - 1) * m.dataloader_us,
+            serial_us=m.serial_us + (x - 1) * e_page,
+            host_events=m.host_events + (x - 1) * m.dataloader_events,
+        )
+        return step / x
+
+    new_per_batch = per_sample(k)
+    new_step = new_per_batch * k
     ev = [
-        f"GPU idle {idle_fraction:.0%} of the step; a 2x batch doubles GPU work per launch "
-        f"(step {_ms(m.predict())} -> ~{_ms(new_step)} for twice the samples)",
-        "time per original batch of samples; needs the memory for 2x activations",
+        f"GPU idle {idle_fraction:.0%} of the step; at {k:g}x the batch the GPU time grows "
+        f"{grow(k):.2f}x (step {_ms(m.predict())} -> ~{_ms(new_step)} for {k:g}x the samples)",
     ]
+    if memory is None:
+        ev.append("memory headroom unknown: no [memory] events (tracedx capture --profile-memory)")
+    else:
+        need = memory.bytes_at(k)
+        ev.append(
+            f"memory: peak {memory.peak_allocated_bytes / 2**30:.2f} GiB allocated "
+            f"({memory.peak_reserved_bytes / 2**30:.2f} GiB reserved), of which "
+            f"{memory.batch_bytes / 2**30:.2f} GiB grows with the batch; {k:g}x needs "
+            f"~{need / 2**30:.2f} GiB"
+        )
+        km = memory.max_factor
+        if km is not None:
+            if km >= 2 and km != k:
+                ev.append(
+                    f"the largest batch that fits is ~{km}x: ~{m.predict() / per_sample(km):.2f}x "
+                    "per sample"
+                )
+            if km < k:
+                ev.append(f"{k:g}x does not fit in the device's memory (at most {km}x)")
+                new_per_batch = m.predict()
     if m.dataloader_us > 0:
         ev.append(
             f"the DataLoader's {_ms(m.dataloader_us)} per step on the main thread grows with the batch"
         )
     deriv = (
-        "amortized launch overhead: per-sample time = max(host + DataLoader, 2 x GPU) / 2, "
-        "DataLoader time and blocking copies doubled with the batch"
+        f"per-sample time = max(host + {k:g} x DataLoader, GPU x growth({k:g})) / {k:g}: host "
+        "time per step stays; GPU time grows by kernel kind (optimizer and weight-sized kernels "
+        "fixed, GEMMs by roofline position, the rest by bytes above a launch floor)"
     )
     return make_finding(
         m,
         "larger-batch",
-        "Increase the batch size (2x) to fill the idle GPU",
+        f"Increase the batch size ({k:g}x) to fill the idle GPU",
         m.step_us - m.busy_us,
         new_per_batch,
         deriv,

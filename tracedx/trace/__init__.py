@@ -52,6 +52,10 @@ class Trace:
       ``duration_us`` (the host window). Without markers, one synthetic step 0 spanning the
       trace (``steps_synthetic`` is True).
     - ``python_frames``: python_function events (with_stack=True).
+    - ``memory``: ``[memory]`` allocator events (``profile_memory=True``): ``start_us``,
+      ``device`` (-1 or null for host memory), ``device_type`` (1 = CUDA), ``bytes`` (> 0
+      allocated, < 0 freed), ``allocated_bytes`` and ``reserved_bytes`` (the caching
+      allocator's totals on that device after the event), ``step``. Empty without them.
     """
 
     path: str
@@ -67,6 +71,7 @@ class Trace:
     steps_synthetic: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
+    memory: pl.DataFrame = field(default_factory=lambda: pl.DataFrame())
     _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -318,6 +323,9 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
         annotations=annotations,
         steps=steps,
         python_frames=raw.python_frames,
+        memory=assign_step(raw.memory, steps, "start_us")
+        if raw.memory is not None
+        else pl.DataFrame(),
         steps_synthetic=synthetic,
         metadata=meta,
         warnings=warnings,
