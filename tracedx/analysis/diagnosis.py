@@ -983,9 +983,17 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     chain_us, saved, removed, chains, host = _fusable_chains(
         trace, steps, primary, m.per_kernel_host_us
     )
+    # host time outside any op: the step's host time less its top-level ops' (launching or not)
+    python_us = max(m.host_us - (m.per_kernel_host_us or 0.0) * m.kernels - m.host_no_gpu_us, 0.0)
     out.append(
         fx.torch_compile(
-            m, chain_us / n, saved / n, removed / n, chains / n, None if host is None else host / n
+            m,
+            chain_us / n,
+            saved / n,
+            removed / n,
+            chains / n,
+            None if host is None else host / n,
+            python_us,
         )
     )
     # math-mode fixes need peaks and FLOP models

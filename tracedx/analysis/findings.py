@@ -467,20 +467,31 @@ def torch_compile(
     kernels_removed: float,
     chains: float,
     removed_host_us: float | None = None,
+    python_us: float = 0.0,
 ) -> Finding | None:
     """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
 
-    Device: a fused chain moves about as many bytes as its largest single pass, so it takes
-    about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
-    kernel saves its eager dispatch and launch cost: ``removed_host_us`` per step (the host
-    time per kernel of the ops that launched the chains, each at most the step's mean; see
-    diagnosis._fusable_chains), else the step's mean host time per kernel.
+    What compile changes, from the eager trace:
+
+    - Device: a fused chain moves about as many bytes as its largest single pass, so it takes
+      about the time of its longest kernel (saving sum - max per chain). GEMMs, attention and
+      the kernels outside chains stay.
+    - Launches: each fused-away kernel saves its eager dispatch and launch cost:
+      ``removed_host_us`` per step (the host time per kernel of the ops that launched the
+      chains, each at most the step's mean; see diagnosis._fusable_chains), else the step's
+      mean host time per kernel; its recorded host events (and their profiler cost) go too.
+    - Python: the step's host time outside any op (``python_us``: module calls, framework code
+      between ops) goes in the share of the kernels that fuse away (kernels removed / kernels):
+      the compiled graph replaces the Python that issued them, and the kernels that stay are
+      launched by the compiled wrapper at about the cost the eager step paid for them.
     """
     if chains <= 0 or kernels_removed < 1:
         return None
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
     per_k = removed_host_us / kernels_removed
+    py_removed = python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels else 0.0
+    removed_host_us += py_removed
     h2 = m.host_us - removed_host_us
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
@@ -495,7 +506,10 @@ def torch_compile(
     ]
     deriv = (
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "
-        f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per fused-away kernel"
+        f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per "
+        f"fused-away kernel and {_ms(py_removed)} of the step's {_ms(python_us)} of Python between "
+        "ops (its share of the kernels removed); GEMMs, attention and the optimizer stay; "
+        "assumes the kernels left cost the compiled wrapper what they cost eager"
     )
     region = chain_us + removed_host_us
     return make_finding(
