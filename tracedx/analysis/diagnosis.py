@@ -516,6 +516,11 @@ def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
     return place_on_roofline(ops_tbl, spec)
 
 
+# A step with this many of the program's own host syncs or more is a loop of syncs (an
+# .item() per iteration): see StepModel.sync_serial.
+SERIAL_SYNCS_PER_STEP = 2
+
+
 def _step_model(
     trace: Trace, steps: list[int], w: pl.DataFrame, causes: pl.DataFrame, n: int
 ) -> fx.StepModel:
@@ -640,6 +645,11 @@ def _step_model(
         if host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
             model.tax_us = min(max(model.step_us - t_u, 0.0), model.host_us) / host_events
+            if own_sync_count >= SERIAL_SYNCS_PER_STEP and model.gpu_us > 0:
+                # host and GPU serialised by the syncs: t_u = (H - tax x events) + G
+                model.sync_serial = True
+                h_eff = min(max(t_u - model.gpu_us, 0.0), model.host_us)
+                model.tax_us = (model.host_us - h_eff) / host_events
     return model
 
 
