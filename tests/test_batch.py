@@ -83,3 +83,44 @@ def test_no_memory_events_means_headroom_unknown():
     d = tracedx.diagnose(tracedx.load(p))
     f = {x.fix: x for x in d.findings}["larger-batch"]
     assert any("memory headroom unknown" in e for e in f.evidence)
+
+
+def _mem_trace(tmp_path, with_totals: bool):
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, T0, 100)
+    b.launched_kernel("aten::mm", T0 + 1, 5, T0 + 10, 50)
+    for ts, size, total in ((T0 + 2, 4096, 8192), (T0 + 60, -4096, 4096)):
+        args = {"Bytes": size, "Device Id": 0, "Device Type": 1, "Addr": 1}
+        if with_totals:
+            args |= {"Total Allocated": total, "Total Reserved": 2 * total}
+        b.add(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "s": "t",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": ts,
+                "args": args,
+            }
+        )
+    return tracedx.load(b.write(tmp_path / f"mem{with_totals}.json"))
+
+
+def test_memory_events_by_hand(tmp_path):
+    t = _mem_trace(tmp_path, True)
+    assert t.memory["bytes"].to_list() == [4096, -4096]
+    m = step_memory(t, [1], 0)
+    # peak 8192 allocated (16384 reserved), low 4096: 4096 bytes grow with the batch
+    assert (m.peak_allocated_bytes, m.peak_reserved_bytes) == (8192, 16384)
+    assert (m.persistent_bytes, m.batch_bytes) == (4096, 4096)
+
+
+def test_memory_events_without_totals_leave_headroom_unknown(tmp_path):
+    # older Kineto writes [memory] sizes without the allocator's totals: no headroom, no error
+    t = _mem_trace(tmp_path, False)
+    assert t.memory.height == 2
+    assert step_memory(t, [1], 0) is None

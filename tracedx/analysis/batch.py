@@ -249,6 +249,7 @@ def step_memory(trace: Trace, steps: list[int], device: int) -> StepMemory | Non
         pl.col("step").is_in(steps)
         & (pl.col("device") == device)
         & (pl.col("device_type").fill_null(1) == 1)
+        & pl.col("allocated_bytes").is_not_null()  # older Kineto: sizes without totals
     )
     if m.height == 0:
         return None
@@ -259,9 +260,12 @@ def step_memory(trace: Trace, steps: list[int], device: int) -> StepMemory | Non
     )
     peak = float(per["peak"].median())
     low = float(per["low"].median())
+    reserved = per["reserved"].median()
     cap = None
     props = trace.metadata.get("device_properties") or []
     for p in props:
         if isinstance(p, dict) and p.get("id", 0) == device and p.get("totalGlobalMem"):
             cap = float(p["totalGlobalMem"]) * USABLE_MEMORY_SHARE
-    return StepMemory(peak, float(per["reserved"].median()), low, max(peak - low, 0.0), cap)
+    return StepMemory(
+        peak, float(reserved) if reserved is not None else peak, low, max(peak - low, 0.0), cap
+    )
