@@ -47,7 +47,7 @@ import polars as pl
 from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_rows, free_segments
 from tracedx.analysis.intervals import union
 from tracedx.analysis.timeline import CAUSES
-from tracedx.trace.collectives import COMM_KERNEL_RE, DTYPE_BYTES
+from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
 
 SCHEMA = "tracedx.rank-summary/1"
 TABLES = ("steps", "colls", "kernels", "opsig")
@@ -252,9 +252,20 @@ def _clean(v: Any) -> Any:
     return str(v)
 
 
+def _count(v: Any) -> int | None:
+    """A rank or size as written: an int, or digits (Kineto's on-demand form writes text)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
 def _rank(trace, dist: dict | None) -> tuple[int | None, str | None]:
-    r = dist.get("rank") if dist else None
-    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+    r = _count(dist.get("rank")) if dist else None
+    if r is not None:
         return r, "distributedInfo"
     # the group rank in the default group is the global rank; send/recv write the peer's
     rpc = trace.comm_args.filter(
@@ -272,7 +283,12 @@ def _hostname(trace, path: str) -> str | None:
     m = TB_NAME_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
     if m:
         return m.group("host")
-    return trace.metadata.get("host_name")
+    if isinstance(trace.metadata.get("host_name"), str):
+        return trace.metadata["host_name"]
+    cap = trace.metadata.get("tracedx") or {}  # `tracedx capture` under torchrun
+    dist = cap.get("distributed") if isinstance(cap, dict) else None
+    host = dist.get("hostname") if isinstance(dist, dict) else None
+    return host if isinstance(host, str) else None
 
 
 def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
@@ -341,11 +357,8 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
 def _kernels_table(trace, steps: list[int], device) -> pl.DataFrame:
     if device is None:
         return pl.DataFrame(schema=KERNEL_COLUMNS)
-    k = trace.kernels.filter(
-        (pl.col("device") == device)
-        & pl.col("step").is_in(steps)
-        & ~pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE)
-    )
+    k = trace.kernels
+    k = k.filter((pl.col("device") == device) & pl.col("step").is_in(steps) & ~is_comm_kernel(k))
     return (
         k.group_by("name")
         .agg(
@@ -436,7 +449,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
         "file_mtime": mtime,
         "rank": rank,
         "rank_source": rank_source,
-        "world_size": dist.get("world_size") if dist else None,
+        "world_size": _count(dist.get("world_size")) if dist else None,
         "backend": dist.get("backend") if dist else None,
         "pg_config": dist.get("pg_config") if dist else None,
         "hostname": _hostname(trace, path),

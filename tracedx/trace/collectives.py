@@ -32,6 +32,15 @@ COMM_KERNEL_RE = (
     r"^nccl|nccldevkernel|ncclkernel|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall"
 )
 
+
+def is_comm_kernel(kernels: pl.DataFrame, col: str = "name") -> pl.Expr:
+    """Whether each row of ``kernels`` is a communication kernel (:data:`COMM_KERNEL_RE` on the
+    lower-cased name), the rule run once per distinct name, not once per kernel."""
+    names = kernels.get_column(col).unique()
+    comm = names.filter(names.str.to_lowercase().str.contains(COMM_KERNEL_RE))
+    return pl.col(col).is_in(comm.implode())
+
+
 COLL_TYPES = (
     "all_reduce",
     "all_gather",
@@ -236,7 +245,7 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
     from tracedx.trace.link import assign_step
 
     k = (
-        kernels.filter(pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE))
+        kernels.filter(is_comm_kernel(kernels))
         .select(
             "device",
             "stream",
