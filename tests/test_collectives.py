@@ -170,3 +170,20 @@ def test_distributed_info_as_text(tmp_path):
         "distributedInfo",
         8,
     )
+
+
+def test_rank_disagreements_are_notes(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.collective(T0 + 10, 5, T0 + 20, 10, rank=1, group_size=4, pg_ranks="[0, 1, 2, 3]")
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 2, "world_size": 8}
+    s = summarize(_one(b, tmp_path))
+    assert s.meta["rank"] == 2
+    assert (
+        "the default group's record_param_comms give rank 1, distributedInfo rank 2"
+        in s.meta["notes"]
+    )
+    assert (
+        "the default group's record_param_comms give group size 4, distributedInfo world size 8"
+        in s.meta["notes"]
+    )

@@ -401,7 +401,7 @@ def test_hta_trace_filter_ranks(rank):
     assert c["pg_name"].is_null().all()
 
 
-def test_summary_of_a_large_trace_is_small():
+def test_summary_of_a_large_trace_is_small(tmp_path):
     p = SAMPLES / "convnet_dataloader-main.json.gz"
     import gzip
 
@@ -409,6 +409,11 @@ def test_summary_of_a_large_trace_is_small():
     s = summarize_path(p)
     assert s.steps.height == len(s.meta["steps"]) >= 1
     assert len(s.to_bytes()) < 100_000
+    # no collectives: the empty tables keep their schema through both forms
+    assert s.colls.height == 0
+    assert RankSummary.from_bytes(s.to_bytes()) == s
+    r = summ.read(s.write(tmp_path / "big"))
+    assert r == s and r.colls.schema == s.colls.schema
 
 
 def test_bytes_do_not_depend_on_polars_threads(tmp_path):

@@ -263,19 +263,35 @@ def _count(v: Any) -> int | None:
     return None
 
 
-def _rank(trace, dist: dict | None) -> tuple[int | None, str | None]:
+def _rank(trace, dist: dict | None, notes: list[str]) -> tuple[int | None, str | None]:
+    """The global rank: ``distributedInfo.rank``, else the ``Rank`` of the earliest
+    default-group ``record_param_comms`` (a group rank, which in the default group is the
+    global rank; ``send``/``recv`` write the peer's, so they are skipped). When both exist and
+    disagree, or ``Group size`` disagrees with the world size, a note says so."""
     r = _count(dist.get("rank")) if dist else None
-    if r is not None:
-        return r, "distributedInfo"
-    # the group rank in the default group is the global rank; send/recv write the peer's
     rpc = trace.comm_args.filter(
         (pl.col("source") == "cpu_op")
         & (pl.col("pg_desc") == "default_pg")
-        & pl.col("rank").is_not_null()
         & ~pl.col("collective_name").str.to_lowercase().is_in(["send", "recv", "wait"])
-    ).sort("start_us")
-    if rpc.height:
-        return int(rpc["rank"][0]), "record_param_comms"
+    )
+    ranks = sorted(set(rpc["rank"].drop_nulls().to_list()))
+    sizes = sorted(set(rpc["group_size"].drop_nulls().to_list()))
+    world = _count(dist.get("world_size")) if dist else None
+    if ranks and (len(ranks) > 1 or (r is not None and ranks != [r])):
+        notes.append(
+            f"the default group's record_param_comms give rank {', '.join(map(str, ranks))}"
+            + (f", distributedInfo rank {r}" if r is not None else "")
+        )
+    if sizes and (len(sizes) > 1 or (world is not None and sizes != [world])):
+        notes.append(
+            f"the default group's record_param_comms give group size {', '.join(map(str, sizes))}"
+            + (f", distributedInfo world size {world}" if world is not None else "")
+        )
+    if r is not None:
+        return r, "distributedInfo"
+    first = rpc.filter(pl.col("rank").is_not_null()).sort("start_us", maintain_order=True)
+    if first.height:
+        return int(first["rank"][0]), "record_param_comms"
     return None, None
 
 
@@ -432,7 +448,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
     if left_out:
         notes.append(f"{left_out} collective(s) outside the analysed steps left out of the summary")
     dist = trace.distributed_info
-    rank, rank_source = _rank(trace, dist)
+    rank, rank_source = _rank(trace, dist, notes)
     path = str(trace.path)
     size = mtime = None
     try:
