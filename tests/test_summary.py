@@ -215,6 +215,17 @@ def test_free_segments_capped():
     assert segs[15] == {"start_us": 30.0, "end_us": 41.0}
 
 
+def test_hostname_from_file_names():
+    m = summ.TB_NAME_RE.match
+    assert m("node7_1234.1700000000000000000.pt.trace.json").group("host") == "node7"
+    assert m("gpu-a_b.example.com_99.1700000000123.pt.trace.json.gz").group("host") == (
+        "gpu-a_b.example.com"
+    )
+    # a custom worker name with a short counter (HTA's rank-34.Jul_15_10_52_41.1074...)
+    assert m("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz") is None
+    assert m("rank0_trace.json") is None
+
+
 def test_round_trips_and_determinism(hand, tmp_path):
     s = summarize_path(hand)
     b = s.to_bytes()

@@ -52,9 +52,11 @@ from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
 SCHEMA = "tracedx.rank-summary/1"
 TABLES = ("steps", "colls", "kernels", "opsig")
 MAX_FREE_SEGMENTS = 16
-# a tensorboard_trace_handler file name: {worker_name}.{time_ns}.pt.trace.json[.gz], the
-# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py)
-TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(\.gz)?$")
+# a tensorboard_trace_handler file name: {worker_name}.{time}.pt.trace.json[.gz], the
+# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py); the time is ns
+# (older versions: ms), so 10 digits or more: a custom worker name such as
+# "rank-34.Jul_15_10_52_41" followed by a short counter is not a host and pid
+TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(\.gz)?$")
 _SIZED_BY_MAX = ("all_reduce", "all_gather", "reduce_scatter")
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
