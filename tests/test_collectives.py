@@ -153,7 +153,7 @@ def test_one_rank_of_a_job_note(tmp_path):
 def test_one_rank_of_a_gloo_job_note():
     from conftest import DATA
 
-    (f, _) = sorted((DATA / "gloo_ddp_cpu").glob("*.gz"))
+    (f, _) = sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz"))
     (note,) = _peer_notes(tracedx.load(f))
     assert note.startswith("this trace is one rank of a 2-rank job: its collectives include")
 
@@ -187,3 +187,33 @@ def test_rank_disagreements_are_notes(tmp_path):
         "the default group's record_param_comms give group size 4, distributedInfo world size 8"
         in s.meta["notes"]
     )
+
+
+def test_what_gloo_writes_for_each_collective():
+    """tests/data/gloo_ddp_cpu/README.md lists the calls of this capture (torch 2.13, CPU)."""
+    from conftest import DATA
+
+    c = tracedx.load(DATA / "gloo_ddp_cpu" / "collective_kinds_rank0.json.gz").collectives
+    assert c["host_side"].all()
+    got = c.select("coll_type", "in_nelems", "out_nelems").rows()
+    assert sorted(got, key=str) == sorted(
+        [
+            ("all_gather", 8, None),  # the output's size (8 x group size) is not in the label
+            ("all_gather", 8, None),
+            ("all_reduce", 8, 8),  # reduce_scatter (a list): two all-reduces
+            ("all_reduce", 8, 8),
+            ("all_reduce", 16, 16),  # reduce_scatter_tensor: its input
+            ("all_reduce", 7, 7),  # all_reduce_coalesced: [[4], [3]]
+            ("all_to_all", 8, 8),
+            ("all_to_all", 8, 8),
+            ("reduce", 8, 8),
+            ("gather", 8, None),
+            ("scatter", 8, None),
+            ("send", 8, None),
+            ("send", 8, None),
+            ("recv", 8, None),
+        ],
+        key=str,
+    )
+    s = summarize(tracedx.load(DATA / "gloo_ddp_cpu" / "collective_kinds_rank0.json.gz"))
+    assert s.colls.filter(pl.col("coll_type") == "all_gather")["msg_bytes"].to_list() == [32, 32]

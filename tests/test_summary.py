@@ -435,7 +435,7 @@ def test_bytes_do_not_depend_on_polars_threads(tmp_path):
 
     files = [
         SAMPLES / "convnet_dataloader-main.json.gz",
-        *sorted((DATA / "gloo_ddp_cpu").glob("*.gz")),
+        *sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")),
     ]
     out = {}
     for n in (1, 3):
