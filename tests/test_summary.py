@@ -455,3 +455,11 @@ def test_bytes_do_not_depend_on_polars_threads_or_hash_seed(tmp_path):
             d = tmp_path / f"d{i}_{n}"
             out[n] += [(d / p).read_bytes() for p in sorted(os.listdir(d))]
     assert out[1] == out[3]
+
+
+def test_gloo_pair_orders_agree():
+    """Without process-group fields, gloo collectives can only be matched by (step, ordinal):
+    the two ranks of the captured job list the same operations in the same order."""
+    a, b = (summarize_path(f) for f in sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")))
+    key = ["step", "ordinal", "coll_type", "in_nelems", "dtype"]
+    assert a.colls.select(key).rows() == b.colls.select(key).rows()
