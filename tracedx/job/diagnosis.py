@@ -187,11 +187,11 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
     agg = (
         steps.group_by("rank")
         .agg(
-            steps=pl.len(),
+            pl.len().alias("steps"),
             *[pl.col(c).drop_nulls().median() for c in have],
-            wait_us=pl.col("wait_us").sum(),
-            collectives=pl.col("collectives").sum(),
-            last_arrivals=pl.col("last_arrivals").sum(),
+            pl.col("wait_us").sum(),
+            pl.col("collectives").sum(),
+            pl.col("last_arrivals").sum(),
         )
         .sort("rank")
         if steps.height
@@ -247,7 +247,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         return _med(ranks[c].to_list()) if c in ranks.columns else None
 
     U, E, X = typ("compute_us"), typ("exposed_wait_us"), typ("exposed_transfer_us")
-    I, M = typ("idle_us"), typ("transfer_us")
+    idle, M = typ("idle_us"), typ("transfer_us")
     us = [u for u in (ranks["compute_us"].to_list() if "compute_us" in ranks.columns else [])]
     lb = load_balance(us)
     umax = max((u for u in us if u is not None), default=None)
@@ -256,7 +256,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         "compute_us": U,
         "exposed_wait_us": E,
         "exposed_transfer_us": X,
-        "idle_us": I,
+        "idle_us": idle,
         "transfer_us": M,
         "load_balance": lb,
         "communication_efficiency": umax / T if umax is not None and T else None,
@@ -315,12 +315,9 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     if len(ss) > 1 and (len(singles) > 1 or (singles and (regime, bott) not in singles)):
         shown = "; ".join(
             f"rank {r}: {a} ({b})"
-            for r, a, b in zip(
-                ranks["rank"],
-                ranks["single_rank_regime"],
-                ranks["single_rank_bottleneck"],
-                strict=True,
-            )[:4]
+            for r, a, b in ranks.select(
+                "rank", "single_rank_regime", "single_rank_bottleneck"
+            ).head(4).iter_rows()
             if a
         )
         notes.append(
@@ -384,12 +381,12 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
     )
     st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
     spread = (max(st_col) - min(st_col)) / T if len(st_col) else 0.0
-    U, E, X, I = (
+    U, E, X, gi = (
         typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
     )
     ev.append(
         f"step {T / 1e3:.3f} ms (median over ranks; spread {spread:.1%}): compute {_pct(U, T)}, "
-        f"exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}, GPU idle {_pct(I, T)} "
+        f"exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}, GPU idle {_pct(gi, T)} "
         "(median rank)"
     )
     if typ["load_balance"] is not None:
@@ -400,7 +397,7 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
     if st.reason and len(job.summaries) > 1:
         ev.append(f"no straggler: {st.reason}")
     idle = _idle_medians(job)
-    wait_idle = (I or 0.0) + (E or 0.0)
+    wait_idle = (gi or 0.0) + (E or 0.0)
     if wait_idle / T >= IDLE_BOUND:
         regime, bott = "overhead-bound", _idle_bottleneck(idle)
         ev.append(
