@@ -227,14 +227,47 @@ def test_data_shape_cause():
     """Rank 1 runs a longer sequence: its op shapes differ and its compute is longer."""
     ss = two_rank()
     ss[0].opsig = pl.DataFrame(
-        {"name": ["aten::mm"], "input_dims": ["[[8, 512], [512, 512]]"], "count": [25], "gpu_us": [1e4]}
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 512], [512, 512]]"],
+            "count": [25],
+            "gpu_us": [1e4],
+        }
     )
     ss[1].opsig = pl.DataFrame(
-        {"name": ["aten::mm"], "input_dims": ["[[8, 640], [640, 512]]"], "count": [25], "gpu_us": [1.2e4]}
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 640], [640, 512]]"],
+            "count": [25],
+            "gpu_us": [1.2e4],
+        }
     )
     jd = diagnose_job(Job(ss))
     assert jd.straggler.cause == "data shapes"
     assert any("[[8, 640], [640, 512]]" in e for e in jd.straggler.evidence)
+
+
+def test_link_straggler():
+    """2 x 2 mesh: TP groups [0, 1], [2, 3]; DP groups [0, 2], [1, 3]. Everyone arrives at once;
+    the groups with rank 3 take 200 us per all-reduce, the others 100 us (same bytes)."""
+    ss = []
+    for r in range(4):
+        tp, dp = ("[0, 1]", "[2, 3]")[r // 2], ("[0, 2]", "[1, 3]")[r % 2]
+        st, cl = [], []
+        for k in range(5):
+            t0 = k * 5000.0
+            a = 200.0 if "3" in tp else 100.0
+            b = 200.0 if "3" in dp else 100.0
+            cl.append(sb.coll(k, t0 + 1000, a, pg="tp", desc="mesh_tp", ranks=tp, seq=k))
+            cl.append(sb.coll(k, t0 + 1000 + a, b, pg="dp", desc="mesh_dp", ranks=dp, seq=k))
+            st.append(sb.step(k, start=t0, time=1400, compute=1000, comm=a + b, python=400 - a - b))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = jd.straggler
+    assert s is not None and s.rank == 3 and s.cause == "link"
+    # extra per step: TP [2, 3] 200 - 100 and DP [1, 3] 200 - 100
+    assert s.excess_us == 200.0 and s.effect == pytest.approx(200 / 1400)
+    assert jd.regime == "bandwidth-bound"
 
 
 def test_balanced_ranks_get_one_verdict():
@@ -273,8 +306,10 @@ def test_subgroups_sharing_a_name_are_not_merged():
     ss = []
     for r in range(4):
         ranks = "[0, 1]" if r < 2 else "[2, 3]"
-        cl = [sb.coll(0, 100.0 + r, 50.0, pg="1", desc="mesh_tp", ranks=ranks, seq=s, ordinal=s)
-              for s in range(3)]
+        cl = [
+            sb.coll(0, 100.0 + r, 50.0, pg="1", desc="mesh_tp", ranks=ranks, seq=s, ordinal=s)
+            for s in range(3)
+        ]
         ss.append(sb.summary(r, [sb.step(0, time=1000, compute=500, comm=150)], cl))
     m = match_collectives(ss)
     assert m.collectives.height == 6
@@ -348,13 +383,14 @@ def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
             end = t0 + 1500
             off = theta + jit if r >= 2 else 0.0
             d = end - start + (jit if r >= 2 else 0.0)
-            steps[r].append(sb.step(k, start=t0 + (off if r >= 2 else 0), time=1500, compute=1000, comm=d))
+            steps[r].append(
+                sb.step(k, start=t0 + (off if r >= 2 else 0), time=1500, compute=1000, comm=d)
+            )
             colls[r].append(
                 sb.coll(k, start + (theta if r >= 2 else 0.0), d, ranks="[0, 1, 2, 3]", n=4, seq=k)
             )
     return [
-        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB")
-        for r in range(4)
+        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB") for r in range(4)
     ]
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import polars as pl
 
 from tracedx.analysis import findings as fx
-from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.analysis.diagnosis import Diagnosis, diagnose
+from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.analysis.kernels import kind_expr
 from tracedx.analysis.timeline import sync_calls
 from tracedx.errors import TraceError

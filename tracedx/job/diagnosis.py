@@ -315,9 +315,9 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     if len(ss) > 1 and (len(singles) > 1 or (singles and (regime, bott) not in singles)):
         shown = "; ".join(
             f"rank {r}: {a} ({b})"
-            for r, a, b in ranks.select(
-                "rank", "single_rank_regime", "single_rank_bottleneck"
-            ).head(4).iter_rows()
+            for r, a, b in ranks.select("rank", "single_rank_regime", "single_rank_bottleneck")
+            .head(4)
+            .iter_rows()
             if a
         )
         notes.append(
