@@ -1,4 +1,4 @@
-"""Multi-rank (distributed job) analysis: per-rank summaries and the cross-rank step.
+"""Multi-rank jobs: per-rank summaries (the map) and the cross-rank diagnosis (the reduce).
 
-See ``docs/multirank.md`` for the contract between the modules.
+The contract between the modules is docs/multirank.md.
 """
