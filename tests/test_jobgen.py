@@ -9,7 +9,8 @@ import pytest
 from jobgen import NCCL_KERNEL, JobSpec, comms_id, generate
 
 import tracedx
-from tracedx.job.discover import hostname_from_filename, rank_from_filename
+from tracedx.job.discover import rank_from_filename
+from tracedx.job.summary import TB_NAME_RE
 
 
 def _events(path):
@@ -121,7 +122,7 @@ def test_windows_missing_rank_and_file_names(tmp_path):
     assert job.steps == {0: [10, 11, 12, 13], 1: [11, 12, 13], 3: [10, 11, 12]}
     assert _steps(_events(job.paths[1])) == [11, 12, 13]
     for r, p in job.paths.items():
-        assert hostname_from_filename(p) == "node0" and rank_from_filename(p) is None
+        assert TB_NAME_RE.match(p.name)["host"] == "node0" and rank_from_filename(p) is None
         assert _events(p)["distributedInfo"]["rank"] == r
     assert rank_from_filename(generate(JobSpec(world=2, names="hta"), tmp_path / "h").paths[1]) == 1
 
