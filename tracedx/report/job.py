@@ -184,7 +184,8 @@ def render_text(jd) -> str:
         f"  {'rank':>4} {'host':<12} {'step ms':>9} {'compute':>9} {'exp.wait':>9} "
         f"{'exp.xfer':>9} {'overlap':>8} {'last in':>8}  verdict"
     )
-    for r in d["ranks"]:
+    shown = _shown_ranks(d)
+    for r in shown:
         ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
         last = f"{r.get('last_arrivals') or 0}/{r.get('collectives') or 0}"
         out.append(
@@ -193,6 +194,11 @@ def render_text(jd) -> str:
             f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>9} "
             f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>9} {ov:>8} {last:>8}  "
             f"{r.get('regime') or 'n/a'} ({r.get('bottleneck') or 'n/a'})"
+        )
+    if len(shown) < n:
+        out.append(
+            f"  ... {n - len(shown)} more ranks (the ranks with the most and least exposed wait "
+            "are shown; --format json lists all)"
         )
     c = d["collectives"]
     if c["count"]:
@@ -236,6 +242,22 @@ def render_text(jd) -> str:
         for x in d["notes"]:
             out.append(f"  - {x}")
     return "\n".join(out) + "\n"
+
+
+MAX_RANK_ROWS = 16
+
+
+def _shown_ranks(d: dict) -> list[dict]:
+    """All ranks up to MAX_RANK_ROWS; above, the straggler and the ranks with the most and the
+    least exposed wait, in rank order."""
+    ranks = d["ranks"]
+    if len(ranks) <= MAX_RANK_ROWS:
+        return ranks
+    by = sorted(ranks, key=lambda r: (-(r.get("exposed_wait_ms") or 0.0), r["rank"]))
+    keep = {r["rank"] for r in by[:5] + by[-5:]}
+    if d["straggler"]:
+        keep.add(d["straggler"]["rank"])
+    return [r for r in ranks if r["rank"] in keep]
 
 
 def render_markdown(jd) -> str:
