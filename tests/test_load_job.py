@@ -76,7 +76,7 @@ def test_directory_glob_and_file_list_give_one_job(host_job):
 
 
 def test_unreadable_rank_is_a_note_and_the_others_are_analysed(host_job, tmp_path):
-    for r, p in host_job.paths.items():
+    for p in host_job.paths.values():
         shutil.copy(p, tmp_path / p.name)
     bad = tmp_path / host_job.paths[2].name
     bad.write_text('{"traceEvents": [')
