@@ -57,9 +57,7 @@ def main() -> None:
         nbytes = n * esize
         algbw = nbytes / t / 1e9
         busbw = algbw * 2 * (world - 1) / world
-        rows.append(
-            {"bytes": nbytes, "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw}
-        )
+        rows.append({"bytes": nbytes, "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw})
         if rank == 0:
             print(
                 f"all_reduce {nbytes:>12,d} bytes {dtype}: {t * 1e6:10.1f} us, algbw "
