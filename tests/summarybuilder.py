@@ -1,15 +1,14 @@
 """Build per-rank summaries by hand for the cross-rank tests (docs/multirank.md's shapes).
 
 Every figure of a summary is given explicitly, so a test can compute the job's numbers by hand.
-``summary()`` returns a ``tracedx.job.summary.RankSummary`` where that class exists, else a
-minimal stand-in with the same attributes (meta, steps, colls, kernels, opsig).
+``summary()`` returns a :class:`tracedx.job.summary.RankSummary`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
+
+from tracedx.job.summary import RankSummary
 
 IDLE = (
     "idle_kernel_wait_us",
@@ -44,15 +43,6 @@ COLL_SCHEMA = {
     "msg_bytes": pl.Int64,
     "free_us": FREE,
 }
-
-
-@dataclass
-class _Summary:
-    meta: dict
-    steps: pl.DataFrame
-    colls: pl.DataFrame
-    kernels: pl.DataFrame
-    opsig: pl.DataFrame
 
 
 def coll(
@@ -139,7 +129,7 @@ def summary(
     kernels: list[dict] | None = None,
     opsig: list[dict] | None = None,
     **meta,
-) -> object:
+) -> RankSummary:
     m = {
         "schema": "tracedx.rank-summary/1",
         "rank": rank,
@@ -171,4 +161,4 @@ def summary(
         opsig or [],
         schema={"name": pl.Utf8, "input_dims": pl.Utf8, "count": pl.Int64, "gpu_us": pl.Float64},
     )
-    return _Summary(m, st, cl, kn, op)
+    return RankSummary(m, st, cl, kn, op)
