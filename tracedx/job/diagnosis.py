@@ -321,8 +321,9 @@ def diagnose_job(job: Job) -> JobDiagnosis:
             if a
         )
         notes.append(
-            f"the ranks' single-rank verdicts ({shown}) count the waiting inside their "
-            "communication kernels as device time; the job verdict splits waiting from transfer"
+            f"single-rank verdicts ({shown}) are each read from one rank's trace, where waiting "
+            "for peers counts as communication; the job verdict is one for all ranks, with "
+            "waiting split from transfer"
         )
     if len(ss) == 1:
         ws = ss[0].meta.get("world_size")
@@ -331,8 +332,6 @@ def diagnose_job(job: Job) -> JobDiagnosis:
                 f"one rank of a {ws}-rank job: its communication time includes waiting for "
                 "peers; the other ranks' traces are needed to split waiting from transfer"
             )
-    if st.reason and len(ss) > 1:
-        notes.append(f"no straggler: {st.reason}")
     return JobDiagnosis(
         job=job,
         ranks=ranks,
@@ -371,9 +370,17 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
         return None, None, ["no analysed steps: no verdict"]
     ev = []
     hosts = len(set(clock.host_of.values()))
-    pgs = ", ".join(
-        f"{r['pg_desc'] or r['pg_name']} {r['group_size']}"
+    kinds = Counter(
+        (r["pg_desc"] or (f"group {r['pg_name']}" if r["pg_name"] else "unnamed"), r["group_size"])
         for r in (groups.iter_rows(named=True) if groups.height else [])
+    )
+    pgs = ", ".join(
+        "no process-group metadata"
+        if desc == "unnamed" and not size
+        else f"{desc} {n} x {size or '?'} ranks"
+        if n > 1
+        else f"{desc} of {size or '?'} ranks"
+        for (desc, size), n in sorted(kinds.items(), key=lambda kv: str(kv[0]))
     )
     ev.append(
         f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} on {hosts} "

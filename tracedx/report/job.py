@@ -210,8 +210,12 @@ def render_text(jd) -> str:
             ref = ""
             if g.get("link_gbs"):
                 ref = f" ({g['busbw_fraction']:.0%} of {g['link']} {g['link_gbs']:.0f} GB/s)"
+            who = g["pg_desc"] or "group"
+            ranks = g["pg_key"].split(":", 1)[1] if ":" in g["pg_key"] else ""
+            n_txt = f", n={g['group_size']}" if g["group_size"] else ""
+            label = f"{who} {ranks}" if ranks else who
             out.append(
-                f"  {g['pg_desc'] or g['pg_key']} {g['coll_type']} x{g['count']} (n={g['group_size']}): "
+                f"  {label} {g['coll_type']} x{g['count']}{n_txt}: "
                 f"{int(g['msg_bytes'] or 0):,} bytes, transfer {_f(g['transfer_ms'])}, "
                 f"busbw {bw}{ref}, median max wait {_f(g['max_wait_ms'])}"
             )
