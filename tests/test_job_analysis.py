@@ -369,7 +369,7 @@ def test_one_rank_job_cannot_split_waiting():
 # --- clocks ----------------------------------------------------------------------------------
 
 
-def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
+def clock_job(theta: float, *, late_rank: int = 0, n: int = 30, hostnames: bool = True) -> list:
     """4 ranks, hosts A (0, 1) and B (2, 3); B's clock reads ``theta`` us late. True times: rank
     ``late_rank`` starts its all-reduce 300 us after the others; all end together, host B's
     ends jittered by -2, 0, +2 us in turn."""
@@ -389,9 +389,8 @@ def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
             colls[r].append(
                 sb.coll(k, start + (theta if r >= 2 else 0.0), d, ranks="[0, 1, 2, 3]", n=4, seq=k)
             )
-    return [
-        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB") for r in range(4)
-    ]
+    names = ["hostA", "hostA", "hostB", "hostB"] if hostnames else [None] * 4
+    return [sb.summary(r, steps[r], colls[r], hostname=names[r]) for r in range(4)]
 
 
 def test_clock_offset_recovered_with_uncertainty():
@@ -415,6 +414,26 @@ def test_clock_offset_recovered_with_uncertainty():
     assert jd.straggler is not None and jd.straggler.rank == 0
     raw = jd.members.filter(pl.col("coll_id") == 0).sort("abs_start_us")
     assert raw["rank"][-1] in (2, 3)
+
+
+def test_clock_offsets_per_rank_without_hostnames():
+    """No hostnames and a 700 us median end skew (> 500 us): the ranks cannot share a clock, so
+    each rank's offset is estimated: ranks 2 and 3 read 700 us late, rank 1 0."""
+    ss = clock_job(700.0, hostnames=False)
+    m = match_collectives(ss)
+    ce = estimate_offsets(m.members, m.collectives, ss)
+    assert ce.source == "per rank" and ce.mode == "corrected"
+    th = dict(zip(ce.hosts["host"], ce.hosts["theta_us"], strict=True))
+    assert th == pytest.approx({"rank 0": 0.0, "rank 1": 0.0, "rank 2": 700.0, "rank 3": 700.0})
+    # rank 2 against rank 0 per collective: 700 + jit, corrected jit: u = 1.4826 * 2
+    u = dict(zip(ce.hosts["host"], ce.hosts["uncertainty_us"], strict=True))
+    assert u["rank 2"] == pytest.approx(1.4826 * 2)
+    assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 700.0, 3: 700.0}
+    assert diagnose_job(Job(ss)).straggler.rank == 0
+    # at 400 us (median end skew under 500 us) the ranks are taken to share one clock
+    ss = clock_job(400.0, hostnames=False)
+    m = match_collectives(ss)
+    assert estimate_offsets(m.members, m.collectives, ss).mode == "one host"
 
 
 def test_small_clock_offset_not_applied():

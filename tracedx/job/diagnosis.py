@@ -312,7 +312,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         for a, b in zip(ranks["single_rank_regime"], ranks["single_rank_bottleneck"], strict=True)
         if a
     }
-    if len(ss) > 1 and (len(singles) > 1 or (singles and (regime, bott) not in singles)):
+    if len(ss) > 1 and len(singles) > 1:
         shown = "; ".join(
             f"rank {r}: {a} ({b})"
             for r, a, b in ranks.select("rank", "single_rank_regime", "single_rank_bottleneck")
@@ -382,9 +382,14 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
         else f"{desc} of {size or '?'} ranks"
         for (desc, size), n in sorted(kinds.items(), key=lambda kv: str(kv[0]))
     )
+    where = (
+        f"on {hosts} host{'s' if hosts != 1 else ''}"
+        if clock.source in ("hostname", "gpus_per_node")
+        else "(hosts unknown: no hostnames)"
+    )
     ev.append(
-        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} on {hosts} "
-        f"host{'s' if hosts != 1 else ''}" + (f"; process groups: {pgs}" if pgs else "")
+        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} {where}"
+        + (f"; process groups: {pgs}" if pgs else "")
     )
     st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
     spread = (max(st_col) - min(st_col)) / T if len(st_col) else 0.0

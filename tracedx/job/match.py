@@ -299,8 +299,12 @@ def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]
         )
     un = colls.filter(pl.col("status") == "unmatched")
     if un.height:
+        miss = sorted({int(x) for m in un["missing_ranks"].to_list() if m for x in m.split(", ")})
+        absent = [m for m in miss if m not in job_ranks]
+        why = f" (their peers without a trace: {_short(absent)})" if absent else ""
         out.append(
-            f"{un.height} collectives were found on one rank only: no wait can be split from them"
+            f"{un.height} collectives were found on one rank only{why}: no wait can be split "
+            "from them"
         )
     return out
 
