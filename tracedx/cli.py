@@ -191,6 +191,8 @@ def _diagnose_job(files, fmt, html_path, analysis) -> None:
     if html_path:
         raise TraceError("--html takes one trace; a job's report is text, json or md for now")
     options = {k: v for k, v in analysis.items() if v not in (None, False)}
+    if "device_name" in options:
+        options["device"] = options.pop("device_name")
     jd = diagnose_job(load_job(files, **options))
     render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
     click.echo(render(), nl=False)
