@@ -409,3 +409,31 @@ def test_summary_of_a_large_trace_is_small():
     s = summarize_path(p)
     assert s.steps.height == len(s.meta["steps"]) >= 1
     assert len(s.to_bytes()) < 100_000
+
+
+def test_bytes_do_not_depend_on_polars_threads(tmp_path):
+    """The scale-out compares job outputs byte for byte across executors, whose workers set
+    POLARS_MAX_THREADS differently: float sums, chunking and string layout must not leak."""
+    import subprocess
+    import sys
+
+    files = [
+        SAMPLES / "convnet_dataloader-main.json.gz",
+        *sorted((DATA / "gloo_ddp_cpu").glob("*.gz")),
+    ]
+    out = {}
+    for n in (1, 3):
+        code = (
+            "import sys\nfrom tracedx.job.summary import summarize_path\n"
+            f"for i, f in enumerate({[str(f) for f in files]!r}):\n"
+            "    s = summarize_path(f)\n"
+            f"    open(f'{tmp_path}/b{{i}}_{n}', 'wb').write(s.to_bytes())\n"
+            f"    s.write(f'{tmp_path}/d{{i}}_{n}')\n"
+        )
+        env = {**os.environ, "POLARS_MAX_THREADS": str(n)}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        out[n] = [(tmp_path / f"b{i}_{n}").read_bytes() for i in range(len(files))]
+        for i in range(len(files)):
+            d = tmp_path / f"d{i}_{n}"
+            out[n] += [(d / p).read_bytes() for p in sorted(os.listdir(d))]
+    assert out[1] == out[3]

@@ -169,7 +169,12 @@ class RankSummary:
         doc: dict[str, Any] = {"schema": SCHEMA, "meta": self.meta}
         for t in TABLES:
             buf = BytesIO()
-            getattr(self, t).write_ipc_stream(buf, compression="zstd")
+            # the bytes depend on the content only: one record batch whatever the chunking,
+            # and plain Arrow strings (polars' string views lay the same strings out in
+            # buffers that depend on how they were built)
+            getattr(self, t).rechunk().write_ipc_stream(
+                buf, compression="zstd", compat_level=pl.CompatLevel.oldest()
+            )
             doc[t] = buf.getvalue()
         return _ENCODER.encode(doc)
 
@@ -199,7 +204,7 @@ class RankSummary:
                 msgspec.json.format(_JSON.encode({"schema": SCHEMA, "meta": self.meta})) + b"\n"
             )
             for t in TABLES:
-                getattr(self, t).write_parquet(tmp / f"{t}.parquet", statistics=False)
+                getattr(self, t).rechunk().write_parquet(tmp / f"{t}.parquet", statistics=False)
             if d.exists():
                 old = d.parent / f".{d.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(d, old)
@@ -274,12 +279,12 @@ def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
     w = d.windows
     w = w.filter(pl.col("device") == device) if device is not None else w
     w = w.filter(pl.col("step").is_in(d.steps))
-    causes = d.idle_causes
+    gaps = d.gaps
     if device is not None:
-        causes = causes.filter(pl.col("device") == device)
+        gaps = gaps.filter(pl.col("device") == device)
     cols = []
     for c in CAUSES:
-        per = causes.filter(pl.col("cause") == c).group_by("step").agg(pl.col("idle_us").sum())
+        per = gaps.filter(pl.col("cause") == c).group_by("step").agg(idle_us=_sum("duration_us"))
         w = w.join(per.rename({"idle_us": f"idle_{c.replace(' ', '_')}_us"}), on="step", how="left")
         col = f"idle_{c.replace(' ', '_')}_us"
         # no gap of a cause: 0 where the GPU was measured, null without GPU activity
@@ -288,6 +293,12 @@ def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
         )
     w = w.with_columns(cols).join(metrics, on="step", how="left")
     return w.select(list(STEP_COLUMNS)).cast(STEP_COLUMNS).sort("step")
+
+
+def _sum(col: str) -> pl.Expr:
+    """A float sum that does not depend on how polars splits the work (the values are added in
+    sorted order): summaries must be byte-identical whatever ``POLARS_MAX_THREADS`` is."""
+    return pl.col(col).sort().sum()
 
 
 def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
@@ -339,7 +350,7 @@ def _kernels_table(trace, steps: list[int], device) -> pl.DataFrame:
         k.group_by("name")
         .agg(
             count=pl.len(),
-            total_us=pl.col("duration_us").sum(),
+            total_us=_sum("duration_us"),
             median_us=pl.col("duration_us").median(),
         )
         .cast(KERNEL_COLUMNS)
@@ -358,12 +369,12 @@ def _opsig_table(trace, steps: list[int], device) -> pl.DataFrame:
         per_op = (
             gpu.filter((pl.col("device") == device) & pl.col("top_op_id").is_not_null())
             .group_by("top_op_id")
-            .agg(gpu_us=pl.col("duration_us").sum())
+            .agg(gpu_us=_sum("duration_us"))
         )
         ops = ops.join(per_op, left_on="op_id", right_on="top_op_id", how="left")
     else:
         ops = ops.with_columns(gpu_us=pl.lit(None, pl.Float64))
-    g = ops.group_by("name", "input_shapes").agg(count=pl.len(), gpu_us=pl.col("gpu_us").sum())
+    g = ops.group_by("name", "input_shapes").agg(count=pl.len(), gpu_us=_sum("gpu_us"))
     dims = [
         json.dumps(v.to_list() if isinstance(v, pl.Series) else v, separators=(",", ":"))
         if v is not None
@@ -438,17 +449,20 @@ def summarize(trace, diagnosis=None) -> RankSummary:
             "regime": d.regime,
             "bottleneck": d.bottleneck,
             "findings": [
-                {"id": f.fix, "estimated_speedup": f.estimated_speedup} for f in d.findings
+                # 9 significant digits: the diagnosis' float sums may differ in the last bits
+                # with the number of polars threads; the summary must not
+                {"id": f.fix, "estimated_speedup": float(f"{f.estimated_speedup:.9g}")}
+                for f in d.findings
             ],
         },
         "notes": notes,
     }
     return RankSummary(
         meta=_clean(meta),
-        steps=steps_t,
-        colls=colls,
-        kernels=_kernels_table(trace, steps, device),
-        opsig=_opsig_table(trace, steps, device),
+        steps=steps_t.rechunk(),
+        colls=colls.rechunk(),
+        kernels=_kernels_table(trace, steps, device).rechunk(),
+        opsig=_opsig_table(trace, steps, device).rechunk(),
     )
 
 

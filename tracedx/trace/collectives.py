@@ -170,6 +170,41 @@ def coll_type(name: str | None) -> str:
     return _TYPE_OF.get(n, "unknown")
 
 
+def parse_ranks(
+    text: str | None,
+    group_size: int | None = None,
+    rank_start: int | None = None,
+    rank_stride: int | None = None,
+) -> list[int] | None:
+    """The global ranks of a group from ``Process Group Ranks`` (``"[0, 1, 2]"``).
+
+    PyTorch truncates the list after 30 ranks with ``", ..."`` (``format_list``,
+    ``kTruncatLength``); a truncated list is completed from ``Global rank start`` and
+    ``Global rank stride`` (ranks ``start + i * stride``) and ``Group size`` when those are
+    given and agree with the listed prefix, else None (unknown). None for text that is not a
+    list of integers.
+    """
+    if not isinstance(text, str):
+        return None
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    items = [x.strip() for x in body[1:-1].split(",") if x.strip()]
+    truncated = bool(items) and items[-1] == "..."
+    if truncated:
+        items = items[:-1]
+    try:
+        ranks = [int(x) for x in items]
+    except ValueError:
+        return None
+    if not truncated:
+        return ranks
+    if group_size is None or rank_start is None or not rank_stride:
+        return None
+    full = [rank_start + i * rank_stride for i in range(group_size)]
+    return full if full[: len(ranks)] == ranks else None
+
+
 def _metadata_in_force(
     rows: pl.DataFrame, host: pl.DataFrame, by: str, at: str, key: str
 ) -> pl.DataFrame:

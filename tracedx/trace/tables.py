@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
+from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, CommArgs, Event
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -157,6 +157,7 @@ _INT_TYPES = frozenset((int, _NONE_TYPE))
 _NUM_TYPES = frozenset((int, float, _NONE_TYPE))
 _EMPTY_RAW = msgspec.Raw()
 _EMPTY_ARGS = Args()
+_EMPTY_COMM_ARGS = CommArgs()
 
 
 def _get(objs: list, name: str) -> list:
@@ -448,7 +449,7 @@ def _nelems(dims: Any) -> int | None:
 def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFrame:
     """The side-table rows of ``evs[idx]`` (the few events that carry collective metadata)."""
     ev = [evs[i] for i in idx]
-    a = [args[i] if args[i] is not None else _EMPTY_ARGS for i in idx]
+    a = [args[i] if args[i] is not None else _EMPTY_COMM_ARGS for i in idx]
     gpu = source == "kernel"
     n = len(ev)
     cols: dict[str, Any] = {
@@ -495,7 +496,11 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
 
 
 def _with_collective(args: list) -> list[int]:
-    """Indices of the events whose args carry a ``Collective name`` (C-speed scan)."""
+    """Indices of the events whose args carry a ``Collective name`` (C-speed scan); none when
+    the chunk was decoded without collective fields (its bytes hold no ``Collective name``)."""
+    first = next((a for a in args if a is not None), None)
+    if not isinstance(first, CommArgs):
+        return []
     names = _get(args, "collective_name")
     if names.count(None) == len(names):
         return []
@@ -834,7 +839,13 @@ class TableBuilder:
                 df = df.with_columns(
                     self._values(kind, col, field, df[col]) for col, field in interned.items()
                 )
-        return df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        if kind == "comm":  # rows of several kinds: one order whatever the chunking
+            df = df.sort(
+                "start_us", "source", "pid", "tid", "device", "stream", "correlation",
+                "external_id", "duration_us", "name", nulls_last=True, maintain_order=True,
+            )  # fmt: skip
+        return df
 
     def _values(self, kind: str, col: str, field: int, codes: pl.Series) -> pl.Series:
         uniq = self._interners[kind].decoded(field)
