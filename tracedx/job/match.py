@@ -20,10 +20,11 @@ two sides have different types and sequence counters, so they are not matched he
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import polars as pl
+
+from tracedx.trace.collectives import parse_ranks
 
 P2P = ("send", "recv")
 # Statuses whose members give usable durations (transfer time and waits).
@@ -46,18 +47,6 @@ _MEMBER_COLS = {
     "dtype": pl.Utf8,
     "msg_bytes": pl.Int64,
 }
-
-
-def parse_ranks(text: str | None) -> tuple[list[int], bool]:
-    """The global ranks of a ``Process Group Ranks`` string and whether the list is complete.
-
-    PyTorch truncates the list to 30 entries and ends it with ``...`` (``format_list`` in
-    ``torch/csrc/profiler/util.cpp``): then only a prefix is known (``complete`` False).
-    """
-    if not text:
-        return [], False
-    ranks = [int(x) for x in re.findall(r"-?\d+", text)]
-    return ranks, "..." not in text
 
 
 def pg_key_expr() -> pl.Expr:
@@ -213,11 +202,9 @@ def match_collectives(summaries: list) -> Matched:
     statuses, missing = [], []
     for r in colls.iter_rows(named=True):
         present = set(r["_ranks"])
-        expected, complete = parse_ranks(r["pg_ranks"])
-        n = r["group_size"] or (len(expected) if complete else None)
-        miss: list[int] = []
-        if complete and expected:
-            miss = sorted(set(expected) - present)
+        expected = parse_ranks(r["pg_ranks"], r["group_size"]) or []
+        n = r["group_size"] or (len(expected) or None)
+        miss = sorted(set(expected) - present)
         if r["_types"] > 1:
             st = "type mismatch"
         elif r["_gsizes"] > 1:

@@ -32,7 +32,7 @@ from statistics import median
 import polars as pl
 
 from tracedx.job.clock import SYNC_TYPES
-from tracedx.job.match import parse_ranks
+from tracedx.trace.collectives import parse_ranks
 
 MIN_COLLECTIVES = 20
 P_VALUE = 0.01
@@ -289,7 +289,7 @@ def _link_straggler(
         rows = g.to_dicts()
         for row in rows:
             others = median(x["tau"] for x in rows if x is not row)
-            ranks = set(parse_ranks(row["pg_ranks"])[0])
+            ranks = set(parse_ranks(row["pg_ranks"], row["group_size"]) or [])
             if others > 0 and row["tau"] >= LINK_RATIO * others:
                 slow.append(ranks)
                 extra += (row["tau"] - others) * row["n"] / max(row["steps"], 1)
