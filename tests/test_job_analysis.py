@@ -467,3 +467,13 @@ def test_json_schema_and_text():
     assert "JOB VERDICT: COMPUTE-BOUND, bottleneck: load imbalance: straggler rank 1" in t
     assert "balance-ranks: 1.19x -> 1.350 ms" in t
     assert "| 1 |" in jd.to_markdown()
+
+
+def test_job_without_collectives():
+    """Two ranks that never communicate: no collective, no straggler, a verdict all the same."""
+    ss = [sb.summary(r, [sb.step(0, time=1000, compute=800, python=200)], []) for r in (0, 1)]
+    jd = diagnose_job(Job(ss))
+    assert jd.collectives.height == 0 and jd.straggler is None and jd.findings == []
+    assert jd.regime == "compute-bound"
+    assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0]  # no communication: 0, not null
+    assert json.loads(jd.to_json())["collectives"]["count"] == 0

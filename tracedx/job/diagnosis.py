@@ -234,7 +234,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     clock = estimate_offsets(matched.members, matched.collectives, ss)
     colls, members = collective_metrics(matched, clock, ss)
     steps = rank_step_metrics(ss, members)
-    notes += matched.notes + clock.notes
+    notes += _rank_notes(ss) + matched.notes + clock.notes
 
     # the typical step: T per step is the median over ranks; T the median over steps
     T = None
@@ -349,6 +349,33 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         typical=typical,
         notes=notes,
     )
+
+
+def _rank_notes(ss: list) -> list[str]:
+    """The ranks' own (single-rank) load warnings and notes, each text once with the ranks it
+    applies to (the one-rank note that peers' traces are needed is left out of a job)."""
+    by: dict[str, list[int]] = {}
+    for x in ss:
+        texts = [str(w.get("message")) for w in x.meta.get("warnings") or []]
+        for n in texts + [str(n) for n in x.meta.get("notes") or []]:
+            if len(ss) > 1 and "include waiting for the other ranks" in n:
+                continue  # the one-rank note: the job has the other ranks
+            by.setdefault(n, []).append(int(x.meta["rank"]))
+    out = []
+    for text, ranks in by.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_span(ranks)}"
+        out.append(f"{who}: {text}")
+    return out
+
+
+def _span(ranks: list[int]) -> str:
+    """0-3, 5 for [0, 1, 2, 3, 5]."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(parts)
 
 
 def _cause_regime(s: Straggler, job: Job) -> str:

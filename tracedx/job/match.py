@@ -85,6 +85,24 @@ class Matched:
     notes: list[str] = field(default_factory=list)
 
 
+COLLECTIVE_SCHEMA = {
+    "pg_key": pl.Utf8,
+    "step": pl.Int64,
+    "seq": pl.Int64,
+    "match_key": pl.Utf8,
+    "pg_name": pl.Utf8,
+    "pg_desc": pl.Utf8,
+    "pg_ranks": pl.Utf8,
+    "coll_type": pl.Utf8,
+    "group_size": pl.Int64,
+    "msg_bytes": pl.Int64,
+    "members": pl.UInt32,
+    "coll_id": pl.Int64,
+    "status": pl.Utf8,
+    "missing_ranks": pl.Utf8,
+}
+
+
 def _rank_rows(s) -> pl.DataFrame | None:
     c = s.colls
     if c is None or c.height == 0:
@@ -117,8 +135,14 @@ def match_collectives(summaries: list) -> Matched:
     parts = [p for s in summaries if (p := _rank_rows(s)) is not None]
     notes: list[str] = []
     if not parts:
-        empty = pl.DataFrame(schema={"coll_id": pl.Int64, "rank": pl.Int64})
-        return Matched(empty, pl.DataFrame(schema={"coll_id": pl.Int64}), pl.DataFrame(), empty)
+        empty = pl.DataFrame(
+            schema={"coll_id": pl.Int64, "rank": pl.Int64, "abs_start_us": pl.Float64,
+                    "abs_end_us": pl.Float64, **_MEMBER_COLS}
+        )  # fmt: skip
+        colls = pl.DataFrame(schema=COLLECTIVE_SCHEMA)
+        groups = pl.DataFrame(schema={"pg_key": pl.Utf8, "pg_name": pl.Utf8, "pg_desc": pl.Utf8,
+                                      "pg_ranks": pl.Utf8, "group_size": pl.Int64})  # fmt: skip
+        return Matched(empty, colls, groups, empty)
     rows = pl.concat(parts, how="vertical_relaxed")
     ref = rows["_base_ns"].min()
     rows = (
