@@ -24,29 +24,21 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from tracedx.job.summary import COLL_COLUMNS, FREE_DTYPE
 from tracedx.trace.collectives import parse_ranks
 
 P2P = ("send", "recv")
 # Statuses whose members give usable durations (transfer time and waits).
 USABLE = ("ok", "partial")
 
+# the colls columns the matching reads (types from the summary's schema)
 _MEMBER_COLS = {
-    "step": pl.Int64,
-    "stream": pl.Int64,
-    "coll_type": pl.Utf8,
-    "pg_name": pl.Utf8,
-    "pg_desc": pl.Utf8,
-    "pg_ranks": pl.Utf8,
-    "group_size": pl.Int64,
-    "seq": pl.Int64,
-    "comms_id": pl.Utf8,
-    "ordinal": pl.Int64,
-    "start_us": pl.Float64,
-    "end_us": pl.Float64,
-    "duration_us": pl.Float64,
-    "dtype": pl.Utf8,
-    "msg_bytes": pl.Int64,
-}
+    k: COLL_COLUMNS[k]
+    for k in (
+        "step", "stream", "coll_type", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq",
+        "comms_id", "ordinal", "start_us", "end_us", "duration_us", "dtype", "msg_bytes",
+    )
+}  # fmt: skip
 
 
 def pg_key_expr() -> pl.Expr:
@@ -112,11 +104,7 @@ def _rank_rows(s) -> pl.DataFrame | None:
         pl.col(k).cast(t) if k in c.columns else pl.lit(None, dtype=t).alias(k)
         for k, t in _MEMBER_COLS.items()
     ]
-    free = (
-        pl.col("free_us")
-        if "free_us" in c.columns
-        else pl.lit(None, dtype=pl.List(pl.Struct({"start_us": pl.Float64, "end_us": pl.Float64})))
-    )
+    free = pl.col("free_us") if "free_us" in c.columns else pl.lit(None, dtype=FREE_DTYPE)
     return c.select(
         pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
         pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
