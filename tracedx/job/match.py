@@ -125,7 +125,8 @@ def match_collectives(summaries: list) -> Matched:
     if not parts:
         empty = pl.DataFrame(
             schema={"coll_id": pl.Int64, "rank": pl.Int64, "abs_start_us": pl.Float64,
-                    "abs_end_us": pl.Float64, **_MEMBER_COLS}
+                    "abs_end_us": pl.Float64, **_MEMBER_COLS, "free_us": FREE_DTYPE,
+                    "pg_key": pl.Utf8}
         )  # fmt: skip
         colls = pl.DataFrame(schema=COLLECTIVE_SCHEMA)
         groups = pl.DataFrame(schema={"pg_key": pl.Utf8, "pg_name": pl.Utf8, "pg_desc": pl.Utf8,
