@@ -124,3 +124,96 @@ def test_no_collectives_no_side_rows(tmp_path):
     t = _one(b, tmp_path)
     assert t.comm_args.height == 0 and t.collectives.height == 0
     assert t.collectives.schema["comms_id"] == pl.Utf8
+
+
+def _peer_notes(t) -> list[str]:
+    return [n for n in tracedx.diagnose(t).notes if "waiting for the other ranks" in n]
+
+
+def test_one_rank_of_a_job_note(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.launched_kernel("aten::mm", T0 + 5, 10, T0 + 20, 100)
+    b.collective(T0 + 30, 5, T0 + 130, 200, group_size=1, pg_ranks="[0]")
+    assert _peer_notes(_one(b, tmp_path, "one.json")) == []  # a group of one: nobody to wait for
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 4}
+    (note,) = _peer_notes(_one(b, tmp_path, "four.json"))
+    # one step: the NCCL kernel's 200 us
+    assert note.startswith(
+        "this trace is one rank of a 4-rank job: its communication kernels (0.200 ms per step)"
+    )
+    del b.top["distributedInfo"]
+    b.collective(T0 + 300, 5, T0 + 400, 50)  # group size 2
+    (note,) = _peer_notes(_one(b, tmp_path, "two.json"))
+    assert note.startswith(
+        "this trace is one rank of a multi-rank job: its communication kernels (0.250 ms"
+    )
+
+
+def test_one_rank_of_a_gloo_job_note():
+    from conftest import DATA
+
+    (f, _) = sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz"))
+    (note,) = _peer_notes(tracedx.load(f))
+    assert note.startswith("this trace is one rank of a 2-rank job: its collectives include")
+
+
+def test_distributed_info_as_text(tmp_path):
+    """Kineto's on-demand path writes distributedInfo values as text."""
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.collective(T0 + 10, 5, T0 + 20, 10, rank=0)
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": "3", "world_size": "8"}
+    s = summarize(_one(b, tmp_path))
+    assert (s.meta["rank"], s.meta["rank_source"], s.meta["world_size"]) == (
+        3,
+        "distributedInfo",
+        8,
+    )
+
+
+def test_rank_disagreements_are_notes(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.collective(T0 + 10, 5, T0 + 20, 10, rank=1, group_size=4, pg_ranks="[0, 1, 2, 3]")
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 2, "world_size": 8}
+    s = summarize(_one(b, tmp_path))
+    assert s.meta["rank"] == 2
+    assert (
+        "the default group's record_param_comms give rank 1, distributedInfo rank 2"
+        in s.meta["notes"]
+    )
+    assert (
+        "the default group's record_param_comms give group size 4, distributedInfo world size 8"
+        in s.meta["notes"]
+    )
+
+
+def test_what_gloo_writes_for_each_collective():
+    """tests/data/gloo_ddp_cpu/README.md lists the calls of this capture (torch 2.13, CPU)."""
+    from conftest import DATA
+
+    c = tracedx.load(DATA / "gloo_ddp_cpu" / "collective_kinds_rank0.json.gz").collectives
+    assert c["host_side"].all()
+    got = c.select("coll_type", "in_nelems", "out_nelems").rows()
+    assert sorted(got, key=str) == sorted(
+        [
+            ("all_gather", 8, None),  # the output's size (8 x group size) is not in the label
+            ("all_gather", 8, None),
+            ("all_reduce", 8, 8),  # reduce_scatter (a list): two all-reduces
+            ("all_reduce", 8, 8),
+            ("all_reduce", 16, 16),  # reduce_scatter_tensor: its input
+            ("all_reduce", 7, 7),  # all_reduce_coalesced: [[4], [3]]
+            ("all_to_all", 8, 8),
+            ("all_to_all", 8, 8),
+            ("reduce", 8, 8),
+            ("gather", 8, None),
+            ("scatter", 8, None),
+            ("send", 8, None),
+            ("send", 8, None),
+            ("recv", 8, None),
+        ],
+        key=str,
+    )
+    s = summarize(tracedx.load(DATA / "gloo_ddp_cpu" / "collective_kinds_rank0.json.gz"))
+    assert s.colls.filter(pl.col("coll_type") == "all_gather")["msg_bytes"].to_list() == [32, 32]

@@ -215,6 +215,17 @@ def test_free_segments_capped():
     assert segs[15] == {"start_us": 30.0, "end_us": 41.0}
 
 
+def test_hostname_from_file_names():
+    m = summ.TB_NAME_RE.match
+    assert m("node7_1234.1700000000000000000.pt.trace.json").group("host") == "node7"
+    assert m("gpu-a_b.example.com_99.1700000000123.pt.trace.json.gz").group("host") == (
+        "gpu-a_b.example.com"
+    )
+    # a custom worker name with a short counter (HTA's rank-34.Jul_15_10_52_41.1074...)
+    assert m("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz") is None
+    assert m("rank0_trace.json") is None
+
+
 def test_round_trips_and_determinism(hand, tmp_path):
     s = summarize_path(hand)
     b = s.to_bytes()
@@ -401,7 +412,7 @@ def test_hta_trace_filter_ranks(rank):
     assert c["pg_name"].is_null().all()
 
 
-def test_summary_of_a_large_trace_is_small():
+def test_summary_of_a_large_trace_is_small(tmp_path):
     p = SAMPLES / "convnet_dataloader-main.json.gz"
     import gzip
 
@@ -409,6 +420,11 @@ def test_summary_of_a_large_trace_is_small():
     s = summarize_path(p)
     assert s.steps.height == len(s.meta["steps"]) >= 1
     assert len(s.to_bytes()) < 100_000
+    # no collectives: the empty tables keep their schema through both forms
+    assert s.colls.height == 0
+    assert RankSummary.from_bytes(s.to_bytes()) == s
+    r = summ.read(s.write(tmp_path / "big"))
+    assert r == s and r.colls.schema == s.colls.schema
 
 
 def test_bytes_do_not_depend_on_polars_threads(tmp_path):
@@ -419,7 +435,7 @@ def test_bytes_do_not_depend_on_polars_threads(tmp_path):
 
     files = [
         SAMPLES / "convnet_dataloader-main.json.gz",
-        *sorted((DATA / "gloo_ddp_cpu").glob("*.gz")),
+        *sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")),
     ]
     out = {}
     for n in (1, 3):

@@ -47,14 +47,16 @@ import polars as pl
 from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_rows, free_segments
 from tracedx.analysis.intervals import union
 from tracedx.analysis.timeline import CAUSES
-from tracedx.trace.collectives import COMM_KERNEL_RE, DTYPE_BYTES
+from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
 
 SCHEMA = "tracedx.rank-summary/1"
 TABLES = ("steps", "colls", "kernels", "opsig")
 MAX_FREE_SEGMENTS = 16
-# a tensorboard_trace_handler file name: {worker_name}.{time_ns}.pt.trace.json[.gz], the
-# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py)
-TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(\.gz)?$")
+# a tensorboard_trace_handler file name: {worker_name}.{time}.pt.trace.json[.gz], the
+# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py); the time is ns
+# (older versions: ms), so 10 digits or more: a custom worker name such as
+# "rank-34.Jul_15_10_52_41" followed by a short counter is not a host and pid
+TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(\.gz)?$")
 _SIZED_BY_MAX = ("all_reduce", "all_gather", "reduce_scatter")
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
@@ -252,19 +254,46 @@ def _clean(v: Any) -> Any:
     return str(v)
 
 
-def _rank(trace, dist: dict | None) -> tuple[int | None, str | None]:
-    r = dist.get("rank") if dist else None
-    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-        return r, "distributedInfo"
-    # the group rank in the default group is the global rank; send/recv write the peer's
+def _count(v: Any) -> int | None:
+    """A rank or size as written: an int, or digits (Kineto's on-demand form writes text)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
+def _rank(trace, dist: dict | None, notes: list[str]) -> tuple[int | None, str | None]:
+    """The global rank: ``distributedInfo.rank``, else the ``Rank`` of the earliest
+    default-group ``record_param_comms`` (a group rank, which in the default group is the
+    global rank; ``send``/``recv`` write the peer's, so they are skipped). When both exist and
+    disagree, or ``Group size`` disagrees with the world size, a note says so."""
+    r = _count(dist.get("rank")) if dist else None
     rpc = trace.comm_args.filter(
         (pl.col("source") == "cpu_op")
         & (pl.col("pg_desc") == "default_pg")
-        & pl.col("rank").is_not_null()
         & ~pl.col("collective_name").str.to_lowercase().is_in(["send", "recv", "wait"])
-    ).sort("start_us")
-    if rpc.height:
-        return int(rpc["rank"][0]), "record_param_comms"
+    )
+    ranks = sorted(set(rpc["rank"].drop_nulls().to_list()))
+    sizes = sorted(set(rpc["group_size"].drop_nulls().to_list()))
+    world = _count(dist.get("world_size")) if dist else None
+    if ranks and (len(ranks) > 1 or (r is not None and ranks != [r])):
+        notes.append(
+            f"the default group's record_param_comms give rank {', '.join(map(str, ranks))}"
+            + (f", distributedInfo rank {r}" if r is not None else "")
+        )
+    if sizes and (len(sizes) > 1 or (world is not None and sizes != [world])):
+        notes.append(
+            f"the default group's record_param_comms give group size {', '.join(map(str, sizes))}"
+            + (f", distributedInfo world size {world}" if world is not None else "")
+        )
+    if r is not None:
+        return r, "distributedInfo"
+    first = rpc.filter(pl.col("rank").is_not_null()).sort("start_us", maintain_order=True)
+    if first.height:
+        return int(first["rank"][0]), "record_param_comms"
     return None, None
 
 
@@ -272,7 +301,12 @@ def _hostname(trace, path: str) -> str | None:
     m = TB_NAME_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
     if m:
         return m.group("host")
-    return trace.metadata.get("host_name")
+    if isinstance(trace.metadata.get("host_name"), str):
+        return trace.metadata["host_name"]
+    cap = trace.metadata.get("tracedx") or {}  # `tracedx capture` under torchrun
+    dist = cap.get("distributed") if isinstance(cap, dict) else None
+    host = dist.get("hostname") if isinstance(dist, dict) else None
+    return host if isinstance(host, str) else None
 
 
 def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
@@ -341,11 +375,8 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
 def _kernels_table(trace, steps: list[int], device) -> pl.DataFrame:
     if device is None:
         return pl.DataFrame(schema=KERNEL_COLUMNS)
-    k = trace.kernels.filter(
-        (pl.col("device") == device)
-        & pl.col("step").is_in(steps)
-        & ~pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE)
-    )
+    k = trace.kernels
+    k = k.filter((pl.col("device") == device) & pl.col("step").is_in(steps) & ~is_comm_kernel(k))
     return (
         k.group_by("name")
         .agg(
@@ -419,7 +450,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
     if left_out:
         notes.append(f"{left_out} collective(s) outside the analysed steps left out of the summary")
     dist = trace.distributed_info
-    rank, rank_source = _rank(trace, dist)
+    rank, rank_source = _rank(trace, dist, notes)
     path = str(trace.path)
     size = mtime = None
     try:
@@ -436,7 +467,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
         "file_mtime": mtime,
         "rank": rank,
         "rank_source": rank_source,
-        "world_size": dist.get("world_size") if dist else None,
+        "world_size": _count(dist.get("world_size")) if dist else None,
         "backend": dist.get("backend") if dist else None,
         "pg_config": dist.get("pg_config") if dist else None,
         "hostname": _hostname(trace, path),

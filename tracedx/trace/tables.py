@@ -434,16 +434,29 @@ def _comms_id(v: Any) -> str | None:
     return v or None
 
 
-def _nelems(dims: Any) -> int | None:
-    """Elements of the first input of ``Input Dims`` (``[[1000]]`` -> 1000)."""
-    if isinstance(dims, list) and dims and isinstance(dims[0], list):
-        n = 1
-        for d in dims[0]:
-            if not isinstance(d, int) or isinstance(d, bool):
-                return None
-            n *= d
-        return n if n < 2**63 else None
-    return None
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, list):
+        return None
+    n = 1
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool):
+            return None
+        n *= d
+    return n if n < 2**63 else None
+
+
+def _nelems(dims: Any, every_input: bool = False) -> int | None:
+    """Elements of the first input of ``Input Dims`` (``[[1000]]`` -> 1000), or of all inputs
+    (a coalesced all-reduce: ``gloo:all_reduce`` with ``[[4], [3]]`` moves 7)."""
+    if not (isinstance(dims, list) and dims):
+        return None
+    if not every_input:
+        return _numel(dims[0])
+    sizes = [_numel(d) for d in dims]
+    if any(n is None for n in sizes):
+        return None
+    total = sum(sizes)
+    return total if total < 2**63 else None
 
 
 def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFrame:
@@ -469,15 +482,15 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
         # dims and type give the message (ProcessGroup record_function inputs)
         cols["collective_name"] = [nm.split(":", 1)[1].split(" ")[0] for nm in cols["name"]]
         dims, types = [], []
-        for x in a:
+        for x, op in zip(a, cols["collective_name"], strict=True):
             try:
                 d = msgspec.json.decode(x.input_dims) if x.input_dims else None
                 t = msgspec.json.decode(x.input_type) if x.input_type else None
             except msgspec.DecodeError:
                 d = t = None
-            dims.append(_nelems(d))
+            dims.append(_nelems(d, every_input=op.replace("_", "").startswith("allreduce")))
             types.append(t[0] if isinstance(t, list) and t and isinstance(t[0], str) else None)
-        cols["in_nelems"] = cols["out_nelems"] = dims
+        cols["in_nelems"] = dims  # out: tracedx.trace.collectives decides by type
         cols["dtype"] = types
         for c in COMM_SCHEMA:
             cols.setdefault(c, [None] * n)
