@@ -13,7 +13,10 @@ def test_gloo_cpu_ddp_pair_is_communication_bound():
     """A tiny MLP under CPU DDP on gloo: each step's gradient all-reduce (5.9 ms) dwarfs its
     0.5 ms of compute, and neither rank waits for the other: communication binds, no straggler,
     one verdict for both ranks."""
-    jd = diagnose_job(load_job([str(DATA / "gloo_ddp_cpu")], progress=False))
+    files = sorted(str(p) for p in (DATA / "gloo_ddp_cpu").glob("vm_*.pt.trace.json.gz"))
+    assert len(files) == 2
+    jd = diagnose_job(load_job(files, progress=False))
+    assert jd.job.ranks == [0, 1] and jd.typical["step_us"] > 0
     assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"
     assert jd.straggler is None
     assert jd.ranks["regime"].n_unique() == 1 and jd.ranks["bottleneck"].n_unique() == 1
@@ -21,6 +24,7 @@ def test_gloo_cpu_ddp_pair_is_communication_bound():
     assert t["exposed_transfer_us"] > 5 * t["compute_us"]
     assert t["exposed_wait_us"] < 0.05 * t["step_us"]
     assert set(jd.collectives["status"]) == {"ok"}
+    assert not any("has 2 files" in n or "different ProfilerStep" in n for n in jd.notes)
 
 
 def test_c16_nccl_pair_one_verdict():
