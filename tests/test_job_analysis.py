@@ -199,8 +199,19 @@ def test_straggler_consistency_threshold():
 # --- causes ----------------------------------------------------------------------------------
 
 
-def test_host_straggler_cause_and_profiler_caveat():
-    """Rank 1's GPU idles 400 us per step in host work before the collective; equal compute."""
+@pytest.mark.parametrize(
+    "idle, cause",
+    [
+        ("host_work", "host work"),
+        ("dataloader", "DataLoader"),
+        ("host_sync", "host syncs"),
+        ("python", "python"),
+        ("kernel_launch", "kernel launch"),
+    ],
+)
+def test_host_straggler_cause_and_profiler_caveat(idle, cause):
+    """Rank 1's GPU idles 400 us per step before the collective (for the given single-rank idle
+    cause); equal compute."""
     ss = []
     for r in (0, 1):
         st, cl = [], []
@@ -210,12 +221,12 @@ def test_host_straggler_cause_and_profiler_caveat():
                 st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=600))
                 cl.append(sb.coll(k, t0 + 1000, 600, seq=k))
             else:
-                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=200, host_work=400))
+                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=200, **{idle: 400}))
                 cl.append(sb.coll(k, t0 + 1400, 200, seq=k))
         ss.append(sb.summary(r, st, cl))
     jd = diagnose_job(Job(ss))
     s = jd.straggler
-    assert s.rank == 1 and s.cause == "host work" and s.host_side
+    assert s.rank == 1 and s.cause == cause and s.host_side
     assert s.excess_us == 400.0  # (1000 + 400) - (1000 + 0)
     assert jd.regime == "overhead-bound" and jd.bottleneck == "load imbalance"
     b = {x.fix: x for x in jd.findings}["balance-ranks"]
@@ -477,3 +488,14 @@ def test_job_without_collectives():
     assert jd.regime == "compute-bound"
     assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0]  # no communication: 0, not null
     assert json.loads(jd.to_json())["collectives"]["count"] == 0
+
+
+def test_device_table_links_per_direction():
+    from tracedx.devices import DEVICES
+
+    h = DEVICES["h100-sxm"]
+    assert h.link_gbs() == (450.0, "NVLink 4")  # datasheet 900 GB/s bidirectional
+    assert h.pcie_gbs == 64.0  # PCIe Gen5 x16, 128 GB/s bidirectional
+    assert h.link_gbs(intra_host=False) == (None, None)  # the network: not in the table
+    assert DEVICES["l4"].link_gbs() == (32.0, "PCIe")  # no NVLink: PCIe Gen4 x16
+    assert "datasheet" in h.sources["gpu_link_gbs"]
