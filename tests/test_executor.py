@@ -126,3 +126,54 @@ def test_json_size_reads_the_gzip_trailer(tmp_path):
 def test_is_url():
     assert ex.is_url("s3://bucket/rank0.json.gz") and ex.is_url("file:///tmp/x.json")
     assert not ex.is_url("/tmp/x.json") and not ex.is_url("C:/x.json")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_the_workers_and_counts_no_partial_summary(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    store = tmp_path / "summaries"
+    paths = _ranks(tmp_path, ["a", "sleep 60", "sleep 60"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.rankmap", str(store), *paths],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    pidfiles = [p + ".pid" for p in paths[1:]]
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(p) and open(p).read() for p in pidfiles):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    pids = [int(open(p).read()) for p in pidfiles]
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and out.strip() == "interrupted"
+    assert time.monotonic() - start < 20  # not the 60 s the tasks sleep
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids)
+    done = sorted(p.name for p in store.iterdir() if not p.name.startswith("."))
+    assert len(done) <= 1  # at most rank 0's summary; the sleeping ranks have none
+    # a second run reuses only complete summaries: the sleeping ranks run again
+    for p in paths[1:]:
+        open(p, "w").write("b")
+    (store / ("." + ex.summary_name(paths[1], 1, 0.0) + ".123.tmp")).write_bytes(b"partial")
+    again = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, summaries_dir=store,
+                         progress=False)
+    assert [r.data for r in again] == [b"summary of a", b"summary of b", b"summary of b"]
+    assert [r.reused for r in again][1:] == [False, False]

@@ -16,8 +16,10 @@ the driver holds only summaries.
 - A worker that dies (killed, out of memory, ``os._exit``) breaks a local pool: the ranks that
   were running are then re-run one at a time, so the one that kills its worker is found; it gets
   one more attempt, then becomes a note. On Dask the scheduler re-runs a task whose worker died
-  (``distributed.scheduler.allowed-failures``, default 3; tracedx's own LocalCluster sets 1),
-  then it fails with ``KilledWorker``, which becomes a note; exceptions get ``retries=1``.
+  until it has been on ``distributed.scheduler.allowed-failures`` + 1 dying workers (default 3
+  + 1: Dask also counts the tasks merely queued on a dying worker, so 1 would fail innocent
+  ranks), then it fails with ``KilledWorker``, which becomes a note; exceptions in a task get
+  ``retries=1``.
 - A rank that cannot be read (``TraceError``, or any other exception in its task) is a note;
   the other ranks are still analysed.
 - With ``summaries_dir`` each task also writes its summary there (atomically: a temporary name,
@@ -546,13 +548,14 @@ def _dask_executor(client):
 
 def local_cluster(n_workers: int = 2, **kwargs):
     """A Dask ``LocalCluster`` set up as tracedx expects: processes of one thread each, no
-    dashboard, a task whose worker dies re-run once (``allowed-failures: 1``), and
-    ``POLARS_MAX_THREADS`` set to each worker's CPU share. Needs ``tracedx[dask]``."""
+    dashboard, ``POLARS_MAX_THREADS`` set to each worker's CPU share, and one task at a time
+    sent to each worker thread (``worker-saturation: 1.0``: a worker that dies then takes no
+    queued rank down with it). Needs ``tracedx[dask]``."""
     import dask
     from distributed import LocalCluster
 
     threads = max(1, cpu_count() // n_workers)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
         return LocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,
