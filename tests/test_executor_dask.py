@@ -63,3 +63,15 @@ def test_a_missing_dask_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_dask)
     with pytest.raises(TraceError, match=r"pip install 'tracedx\[dask\]'"):
         ex.map_ranks(_ranks(tmp_path, ["a"]), client="tcp://127.0.0.1:1", fn=rankmap.fake_task)
+
+
+def test_a_real_dask_scheduler_and_workers_give_the_same_results(tmp_path):
+    from tests.daskprocs import dask_cluster
+
+    paths = _ranks(tmp_path, ["a", "bad", "c", "die-once"])
+    with dask_cluster(tmp_path) as address:
+        remote = ex.map_ranks(paths, client=address, fn=rankmap.fake_task, progress=False)
+    local = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
+    assert remote == local
+    assert [r.data for r in local] == [b"summary of a", None, b"summary of c",
+                                       b"summary of die-once"]
