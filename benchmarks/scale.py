@@ -44,7 +44,6 @@ import platform
 import random
 import re
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,8 +74,13 @@ def _plan(doc: dict) -> dict:
     launching runtime event's time), plus the main thread's (pid, tid) and the largest ids."""
     events = doc["traceEvents"]
     steps = sorted(
-        (e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-         and str(e.get("name", "")).startswith("ProfilerStep#")),
+        (
+            e
+            for e in events
+            if e.get("ph") == "X"
+            and e.get("cat") == "user_annotation"
+            and str(e.get("name", "")).startswith("ProfilerStep#")
+        ),
         key=lambda e: e["ts"],
     )
     launch_ts = {
@@ -94,10 +98,15 @@ def _plan(doc: dict) -> dict:
             and t0 <= launch_ts.get(e.get("args", {}).get("correlation"), -1) < t1
         ]
         if ends:
-            plan.append({
-                "step": int(s["name"].split("#")[1]), "cpu_end": t1, "last_kernel_end": max(ends),
-                "pid": s["pid"], "tid": s["tid"],
-            })
+            plan.append(
+                {
+                    "step": int(s["name"].split("#")[1]),
+                    "cpu_end": t1,
+                    "last_kernel_end": max(ends),
+                    "pid": s["pid"],
+                    "tid": s["tid"],
+                }
+            )
     return {"steps": plan}
 
 
@@ -118,8 +127,12 @@ def make_job(n: int, source: Path = SOURCE, out: Path | None = None) -> Path:
     rng = random.Random(n)
     straggler = n // 3
     arrivals = [
-        [p["last_kernel_end"] + rng.uniform(0, JITTER_US)
-         + (STRAGGLER_DELAY_US if r == straggler else 0.0) for p in plan]
+        [
+            p["last_kernel_end"]
+            + rng.uniform(0, JITTER_US)
+            + (STRAGGLER_DELAY_US if r == straggler else 0.0)
+            for p in plan
+        ]
         for r in range(n)
     ]
     ends = [max(arrivals[r][i] for r in range(n)) + TRANSFER_US for i in range(len(plan))]
@@ -152,37 +165,86 @@ def _rank_doc(doc, r, n, plan, arrivals, ends, ranks_text) -> dict:
         events.append(e)
     base = shift_id + ID_SHIFT // 2  # ids of the added events: past the source's own
     coll = {
-        "Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
-        "Group size": n, "dtype": "Float", "In split size": "[]", "Out split size": "[]",
-        "Process Group Name": "0", "Process Group Description": "default_pg",
+        "Collective name": "allreduce",
+        "In msg nelems": 1 << 20,
+        "Out msg nelems": 1 << 20,
+        "Group size": n,
+        "dtype": "Float",
+        "In split size": "[]",
+        "Out split size": "[]",
+        "Process Group Name": "0",
+        "Process Group Description": "default_pg",
         "Process Group Ranks": ranks_text,
     }
     for i, p in enumerate(plan):
         ext, corr = base + 2 * i, base + 2 * i + 1
         t_cpu = p["cpu_end"] - 20.0 + dt
-        events.append({
-            "ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": p["pid"],
-            "tid": p["tid"], "ts": t_cpu, "dur": 8.0,
-            "args": {"External id": ext, "Record function id": 0, **coll, "Seq": i,
-                     "Global rank start": 0, "Global rank stride": 1},
-        })
-        events.append({
-            "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": p["pid"],
-            "tid": p["tid"], "ts": t_cpu + 1.0, "dur": 5.0,
-            "args": {"External id": ext, "cbid": 211, "correlation": corr},
-        })
-        events.append({
-            "ph": "X", "cat": "kernel",
-            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-            "pid": 0, "tid": COMM_STREAM, "ts": arrivals[i] + dt, "dur": ends[i] - arrivals[i],
-            "args": {"External id": ext, "queued": 0, "device": 0, "context": 1,
-                     "stream": COMM_STREAM, "correlation": corr, **coll},
-        })
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "record_param_comms",
+                "pid": p["pid"],
+                "tid": p["tid"],
+                "ts": t_cpu,
+                "dur": 8.0,
+                "args": {
+                    "External id": ext,
+                    "Record function id": 0,
+                    **coll,
+                    "Seq": i,
+                    "Global rank start": 0,
+                    "Global rank stride": 1,
+                },
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": p["pid"],
+                "tid": p["tid"],
+                "ts": t_cpu + 1.0,
+                "dur": 5.0,
+                "args": {"External id": ext, "cbid": 211, "correlation": corr},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                "pid": 0,
+                "tid": COMM_STREAM,
+                "ts": arrivals[i] + dt,
+                "dur": ends[i] - arrivals[i],
+                "args": {
+                    "External id": ext,
+                    "queued": 0,
+                    "device": 0,
+                    "context": 1,
+                    "stream": COMM_STREAM,
+                    "correlation": corr,
+                    **coll,
+                },
+            }
+        )
     out = {k: v for k, v in doc.items() if k != "traceEvents"}
     out["distributedInfo"] = {
-        "backend": "nccl", "rank": r, "world_size": n, "pg_count": 1,
-        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-                       "pg_size": n, "ranks": list(range(n))}],
+        "backend": "nccl",
+        "rank": r,
+        "world_size": n,
+        "pg_count": 1,
+        "pg_config": [
+            {
+                "pg_name": "0",
+                "pg_desc": "default_pg",
+                "backend_config": "cuda:nccl",
+                "pg_size": n,
+                "ranks": list(range(n)),
+            }
+        ],
         "nccl_version": "2.21.5",
     }
     out.pop("tracedx", None)  # a capture stamp of one process, not of a job
@@ -237,10 +299,18 @@ def run_one(folder: Path, mode: str, workers: int) -> dict:
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return {
-        "ok": True, "ranks": len(paths), "mode": mode, "workers": workers,
-        "startup_s": t_start - t0, "map_s": t_map - t_start, "reduce_s": t_reduce - t_map,
-        "total_s": t_end - t0, "driver_peak_bytes": me, "worker_peak_bytes": kids,
-        "summary_bytes": summary_bytes, "answer": answer,
+        "ok": True,
+        "ranks": len(paths),
+        "mode": mode,
+        "workers": workers,
+        "startup_s": t_start - t0,
+        "map_s": t_map - t_start,
+        "reduce_s": t_reduce - t_map,
+        "total_s": t_end - t0,
+        "driver_peak_bytes": me,
+        "worker_peak_bytes": kids,
+        "summary_bytes": summary_bytes,
+        "answer": answer,
     }
 
 
@@ -280,9 +350,14 @@ def _measure(folder: Path, mode: str, workers: int, timeout: float) -> dict:
     m = re.search(rb"SCALE_RESULT (.*)", r["stdout"])
     if r["rc"] != 0 or not m:
         err = r["stderr"].decode(errors="replace").strip().splitlines()
-        return {"ok": False, "mode": mode, "workers": workers, "wall_s": r["wall_s"],
-                "error": (err[-1] if err else f"exit {r['rc']}")[:300],
-                "timed_out": r["timed_out"]}
+        return {
+            "ok": False,
+            "mode": mode,
+            "workers": workers,
+            "wall_s": r["wall_s"],
+            "error": (err[-1] if err else f"exit {r['rc']}")[:300],
+            "timed_out": r["timed_out"],
+        }
     out = json.loads(m.group(1))
     out["wall_s"] = r["wall_s"]
     out["tree_peak_bytes"] = r["peak_bytes"]
@@ -300,8 +375,12 @@ def _hta(folder: Path, timeout: float) -> dict:
     r = _run_wait4([str(py), str(HERE / "hta_run.py"), str(folder)], timeout)
     m = re.search(rb"HTA_RESULT (.*)", r["stdout"])
     out = json.loads(m.group(1)) if m else {"ok": False, "error": f"exit {r['rc']}"}
-    out.update(version=version, wall_s=r["wall_s"], tree_peak_bytes=r["peak_bytes"],
-               timed_out=r["timed_out"])
+    out.update(
+        version=version,
+        wall_s=r["wall_s"],
+        tree_peak_bytes=r["peak_bytes"],
+        timed_out=r["timed_out"],
+    )
     return out
 
 
@@ -310,15 +389,19 @@ def _gib(b) -> str:
 
 
 def render(results: list[dict]) -> str:
-    rows = ["| ranks | JSON total | engine | wall s | map s | reduce s | driver peak GiB "
-            "| largest worker GiB | process tree GiB |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| ranks | JSON total | engine | wall s | map s | reduce s | driver peak GiB "
+        "| largest worker GiB | process tree GiB |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for job in results:
         for run in job["runs"]:
             name = run.get("engine") or f"{run['mode']} x{run['workers']}"
             if not run.get("ok"):
-                rows.append(f"| {job['ranks']} | {job['json_bytes'] / MB:.0f} MB | {name} | "
-                            f"failed: {run.get('error', '?')} | | | | | |")
+                rows.append(
+                    f"| {job['ranks']} | {job['json_bytes'] / MB:.0f} MB | {name} | "
+                    f"failed: {run.get('error', '?')} | | | | | |"
+                )
                 continue
             rows.append(
                 f"| {job['ranks']} | {job['json_bytes'] / MB:.0f} MB | {name} | "
@@ -336,8 +419,14 @@ def growth(results: list[dict]) -> dict:
     for mode, workers in CONFIGS:
         pts = []
         for job in results:
-            run = next((r for r in job["runs"] if r.get("mode") == mode
-                        and r.get("workers") == workers and r.get("ok")), None)
+            run = next(
+                (
+                    r
+                    for r in job["runs"]
+                    if r.get("mode") == mode and r.get("workers") == workers and r.get("ok")
+                ),
+                None,
+            )
             if run:
                 pts.append((job["ranks"], job["json_bytes"], run["map_s"], run["reduce_s"]))
         if len(pts) < 2:
@@ -399,23 +488,36 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
         from tracedx.job.executor import json_size
 
-        job = {"ranks": n, "folder": str(folder), "json_bytes": sum(json_size(str(f)) for f in files),
-               "gz_bytes": sum(f.stat().st_size for f in files), "runs": []}
-        print(f"N={n}: {job['json_bytes'] / MB:.0f} MB JSON ({job['gz_bytes'] / MB:.0f} MB gz) "
-              f"ready in {time.perf_counter() - t:.1f} s", flush=True)
+        job = {
+            "ranks": n,
+            "folder": str(folder),
+            "json_bytes": sum(json_size(str(f)) for f in files),
+            "gz_bytes": sum(f.stat().st_size for f in files),
+            "runs": [],
+        }
+        print(
+            f"N={n}: {job['json_bytes'] / MB:.0f} MB JSON ({job['gz_bytes'] / MB:.0f} MB gz) "
+            f"ready in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         if args.make_only:
             continue
         for mode, workers in CONFIGS:
             run = _measure(folder, mode, workers, args.timeout)
             job["runs"].append(run)
-            print(f"  {mode} x{workers}: " + json.dumps(
-                {k: v for k, v in run.items() if k != "answer"}), flush=True)
+            print(
+                f"  {mode} x{workers}: "
+                + json.dumps({k: v for k, v in run.items() if k != "answer"}),
+                flush=True,
+            )
         if not args.no_hta and n <= args.hta_max:
             run = _hta(folder, args.timeout)
             run["engine"] = f"HTA {run.get('version', '')}".strip()
             if run.get("ok"):
-                run["map_s"], run["reduce_s"] = run.get("load_s", 0), run["total_s"] - run.get(
-                    "load_s", 0) - run.get("import_s", 0)
+                run["map_s"], run["reduce_s"] = (
+                    run.get("load_s", 0),
+                    run["total_s"] - run.get("load_s", 0) - run.get("import_s", 0),
+                )
                 run["driver_peak_bytes"] = None
                 run["worker_peak_bytes"] = None
             job["runs"].append(run)
@@ -426,8 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     g = growth(results)
     doc = {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, {_mem_gib():.0f} GiB, "
-                   f"load {os.getloadavg()[0]:.1f} at the end",
-        "python": platform.python_version(), "results": results, "growth": g,
+        f"load {os.getloadavg()[0]:.1f} at the end",
+        "python": platform.python_version(),
+        "results": results,
+        "growth": g,
         "projection": projection(results, g),
     }
     (OUT / "scale.json").write_text(json.dumps(doc, indent=1))

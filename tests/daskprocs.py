@@ -27,27 +27,63 @@ def _dask_cli() -> list[str]:
 @contextlib.contextmanager
 def dask_cluster(tmp: Path, n_workers: int = 2, timeout: float = 60):
     sched_file = tmp / "scheduler.json"
-    env = dict(os.environ, POLARS_MAX_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION="1.0")
-    logs = [open(tmp / "scheduler.log", "wb"), open(tmp / "workers.log", "wb")]
-    procs = [subprocess.Popen(
-        [*_dask_cli(), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-         "--scheduler-file", str(sched_file)],
-        env=env, stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True)]
+    env = dict(
+        os.environ,
+        POLARS_MAX_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION="1.0",
+    )
+    stack = contextlib.ExitStack()
+    logs = [stack.enter_context((tmp / n).open("wb")) for n in ("scheduler.log", "workers.log")]
+    procs = [
+        subprocess.Popen(
+            [
+                *_dask_cli(),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            env=env,
+            stdout=logs[0],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ]
     try:
         deadline = time.monotonic() + timeout
         while not sched_file.exists() or not sched_file.read_text().strip():
             if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError("dask scheduler did not start: "
-                                   + (tmp / "scheduler.log").read_text()[-2000:])
+                raise RuntimeError(
+                    "dask scheduler did not start: " + (tmp / "scheduler.log").read_text()[-2000:]
+                )
             time.sleep(0.2)
         time.sleep(0.2)
         address = json.loads(sched_file.read_text())["address"]
-        procs.append(subprocess.Popen(
-            [*_dask_cli(), "worker", address, "--nworkers", str(n_workers), "--nthreads", "1",
-             "--no-dashboard", "--memory-limit", "0"],
-            env=env, stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    *_dask_cli(),
+                    "worker",
+                    address,
+                    "--nworkers",
+                    str(n_workers),
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--memory-limit",
+                    "0",
+                ],
+                env=env,
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         from distributed import Client
 
         with Client(address, timeout=timeout) as c:
@@ -63,5 +99,4 @@ def dask_cluster(tmp: Path, n_workers: int = 2, timeout: float = 60):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        for f in logs:
-            f.close()
+        stack.close()

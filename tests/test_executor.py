@@ -9,8 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import gzip
 import os
-
-import pytest
+from pathlib import Path
 
 from tests import rankmap
 from tracedx.job import executor as ex
@@ -43,30 +42,40 @@ def test_unreadable_rank_is_a_note_and_the_rest_is_kept(tmp_path):
 def test_a_worker_killed_once_is_retried_and_its_rank_kept(tmp_path):
     paths = _ranks(tmp_path, ["a", "die-once", "c", "d"])
     out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
-    assert [r.data for r in out] == [b"summary of a", b"summary of die-once", b"summary of c",
-                                     b"summary of d"]
+    assert [r.data for r in out] == [
+        b"summary of a",
+        b"summary of die-once",
+        b"summary of c",
+        b"summary of d",
+    ]
     assert os.path.exists(paths[1] + ".tried")
 
 
 def test_a_worker_killed_twice_is_a_note_and_the_others_are_kept(tmp_path):
     paths = _ranks(tmp_path, ["a", "die", "sleep 0.5", "d"])
     out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
-    assert [r.data for r in out] == [b"summary of a", None, b"summary of sleep 0.5",
-                                     b"summary of d"]
+    assert [r.data for r in out] == [
+        b"summary of a",
+        None,
+        b"summary of sleep 0.5",
+        b"summary of d",
+    ]
     assert out[1].note.startswith(f"{paths[1]}: its worker process died twice (exit status 3)")
 
 
 def test_summaries_dir_is_written_then_reused_without_running_tasks(tmp_path, capsys):
     store = tmp_path / "summaries"
     paths = _ranks(tmp_path, ["a", "b", "bad"])
-    first = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, summaries_dir=store,
-                         progress=False)
+    first = ex.map_ranks(
+        paths, fn=rankmap.fake_task, workers=2, summaries_dir=store, progress=False
+    )
     assert sorted(p.suffix for p in store.iterdir()) == [ex.SUMMARY_SUFFIX] * 2
     assert "reused" not in capsys.readouterr().err
     # a task that would fail proves the second run reads nothing but the store
     (tmp_path / "rank1.txt").write_text("b")  # same content, new mtime: a new key
-    second = ex.map_ranks(paths, fn=rankmap.fake_task, workers=1, summaries_dir=store,
-                          progress=False)
+    second = ex.map_ranks(
+        paths, fn=rankmap.fake_task, workers=1, summaries_dir=store, progress=False
+    )
     err = capsys.readouterr().err
     assert f"reused 1 of 3 rank summaries from {store}" in err
     assert [r.reused for r in second] == [True, False, False]
@@ -152,14 +161,16 @@ def test_ctrl_c_stops_the_workers_and_counts_no_partial_summary(tmp_path):
     paths = _ranks(tmp_path, ["a", "sleep 60", "sleep 60"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.rankmap", str(store), *paths],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     pidfiles = [p + ".pid" for p in paths[1:]]
     deadline = time.monotonic() + 60
-    while not all(os.path.exists(p) and open(p).read() for p in pidfiles):
+    while not all(os.path.exists(p) and Path(p).read_text() for p in pidfiles):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
-    pids = [int(open(p).read()) for p in pidfiles]
+    pids = [int(Path(p).read_text()) for p in pidfiles]
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
@@ -171,9 +182,10 @@ def test_ctrl_c_stops_the_workers_and_counts_no_partial_summary(tmp_path):
     assert len(done) <= 1  # at most rank 0's summary; the sleeping ranks have none
     # a second run reuses only complete summaries: the sleeping ranks run again
     for p in paths[1:]:
-        open(p, "w").write("b")
+        Path(p).write_text("b")
     (store / ("." + ex.summary_name(paths[1], 1, 0.0) + ".123.tmp")).write_bytes(b"partial")
-    again = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, summaries_dir=store,
-                         progress=False)
+    again = ex.map_ranks(
+        paths, fn=rankmap.fake_task, workers=2, summaries_dir=store, progress=False
+    )
     assert [r.data for r in again] == [b"summary of a", b"summary of b", b"summary of b"]
     assert [r.reused for r in again][1:] == [False, False]

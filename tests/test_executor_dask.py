@@ -36,8 +36,7 @@ def test_dask_map_matches_the_local_pool(client, tmp_path):
 def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
     paths = _ranks(tmp_path, ["a", "die-once", "die", "d"])
     out = ex.map_ranks(paths, client=client, fn=rankmap.fake_task, progress=False)
-    assert [r.data for r in out] == [b"summary of a", b"summary of die-once", None,
-                                     b"summary of d"]
+    assert [r.data for r in out] == [b"summary of a", b"summary of die-once", None, b"summary of d"]
     assert out[2].note.startswith(f"{paths[2]}: the worker running it died every time")
 
 
@@ -73,5 +72,9 @@ def test_a_real_dask_scheduler_and_workers_give_the_same_results(tmp_path):
         remote = ex.map_ranks(paths, client=address, fn=rankmap.fake_task, progress=False)
     local = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
     assert remote == local
-    assert [r.data for r in local] == [b"summary of a", None, b"summary of c",
-                                       b"summary of die-once"]
+    assert [r.data for r in local] == [
+        b"summary of a",
+        None,
+        b"summary of c",
+        b"summary of die-once",
+    ]

@@ -133,12 +133,11 @@ def available_memory_bytes() -> int:
     """Memory this process may still use: ``MemAvailable`` of /proc/meminfo, lowered to the
     cgroup v2 limit's headroom (``memory.max - memory.current``) inside a container."""
     avail = None
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                break
     if avail is None:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -429,7 +428,6 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
     all finished, else the (task, reason) pairs in flight when the pool broke (a worker died);
     tasks not yet started stay in ``queue``."""
     import multiprocessing
-
     from concurrent.futures.process import BrokenProcessPool
 
     pool = cf.ProcessPoolExecutor(
@@ -470,7 +468,11 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
 
 def _death_reason(pool) -> str:
     codes = sorted(
-        {p.exitcode for p in getattr(pool, "_processes", {}).values() if p.exitcode not in (None, 0)}
+        {
+            p.exitcode
+            for p in getattr(pool, "_processes", {}).values()
+            if p.exitcode not in (None, 0)
+        }
     )
     how = []
     for c in codes:
