@@ -219,8 +219,9 @@ def summarize_task(
 
         with _local_copy(path) as local:
             summary = summarize_path(local, **options)
-        if local != path and hasattr(summary, "meta"):
-            summary.meta["path"] = path
+        if local != path:  # a URL: the summary names it, not this worker's temporary copy
+            size, mtime = file_identity(path)
+            summary.meta.update(path=path, file_size_bytes=size, file_mtime=mtime)
         data = summary.to_bytes()
     except TraceError as e:
         return "note", str(e)
