@@ -39,6 +39,25 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     grid: msgspec.Raw = msgspec.field(default=msgspec.Raw())
     block: msgspec.Raw = msgspec.field(default=msgspec.Raw())
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    # collective metadata (record_param_comms cpu ops, and the NCCL kernels Kineto copies it
+    # onto, in this order; PyTorch's ParamCommsDebugInfo / Kineto appendCollectiveMetadata)
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    in_split_size: Any = msgspec.field(default=None, name="In split size")
+    out_split_size: Any = msgspec.field(default=None, name="Out split size")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    rank: Any = msgspec.field(default=None, name="Rank")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    comms_id: Any = msgspec.field(default=None, name="Comms Id")
+    rank_start: Any = msgspec.field(default=None, name="Global rank start")
+    rank_stride: Any = msgspec.field(default=None, name="Global rank stride")
+    src_rank: Any = msgspec.field(default=None, name="Src Rank")
+    dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
     bytes: Any = None
     external_id_lc: Id = msgspec.field(default=None, name="external id")
     # host sync events (enable_cuda_sync_events)
@@ -91,6 +110,7 @@ class TraceFile(msgspec.Struct):
     with_flops: Any = None
     with_stack: Any = None
     trace_id: Any = None
+    host_name: Any = None  # the profiled host (seen in torch 2.13 traces)
     # written by `tracedx capture` (tracedx version, torch version, schedule, unprofiled timing)
     tracedx: Any = None
 
@@ -152,6 +172,7 @@ class FastPart(msgspec.Struct):
     with_flops: Any = msgspec.UNSET
     with_stack: Any = msgspec.UNSET
     trace_id: Any = msgspec.UNSET
+    host_name: Any = msgspec.UNSET
     tracedx: Any = msgspec.UNSET
 
 
