@@ -13,7 +13,25 @@ import os
 import time
 
 from tracedx.errors import TraceFormatError
-from tracedx.job.executor import _store
+
+# map_ranks(..., **STANDIN): these tasks, their bytes kept as they are, stored as plain files
+STANDIN: dict = {}
+
+
+def _store(directory: str, name: str, data: bytes) -> None:
+    """Write atomically: a temporary name, then os.replace."""
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, final)
+
+
+def read_stored(entry: str, path: str):
+    if not os.path.isfile(entry):
+        return None
+    with open(entry, "rb") as f:
+        return f.read()
 
 
 def fake_task(path, options, summaries_dir, name):
@@ -42,6 +60,9 @@ def fake_task(path, options, summaries_dir, name):
     return "ok", out
 
 
+STANDIN.update(fn=fake_task, decode=bytes, read_stored=read_stored)
+
+
 def polars_threads_task(path, options, summaries_dir, name):
     import polars as pl
 
@@ -52,13 +73,14 @@ if __name__ == "__main__":  # the Ctrl-C test's driver: python -m tests.rankmap 
     import signal
     import sys
 
+    from tests import rankmap  # the tasks by their module's name, not __main__'s
     from tracedx.job.executor import map_ranks
 
     # a shell's background jobs start with SIGINT ignored; a terminal's foreground job does not
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
-        map_ranks(sys.argv[2:], fn=fake_task, workers=2, summaries_dir=sys.argv[1], progress=False)
+        map_ranks(sys.argv[2:], workers=2, summaries_dir=sys.argv[1], progress=False, **rankmap.STANDIN)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         sys.exit(130)

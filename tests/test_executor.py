@@ -26,23 +26,23 @@ def _ranks(tmp_path, contents):
 
 def test_local_pool_returns_every_rank_in_input_order(tmp_path):
     paths = _ranks(tmp_path, [f"r{i}" for i in range(5)])
-    out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
+    out = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
     assert [r.path for r in out] == paths
-    assert [r.data for r in out] == [f"summary of r{i}".encode() for i in range(5)]
+    assert [r.summary for r in out] == [f"summary of r{i}".encode() for i in range(5)]
     assert all(r.note is None and not r.reused for r in out)
 
 
 def test_unreadable_rank_is_a_note_and_the_rest_is_kept(tmp_path):
     paths = _ranks(tmp_path, ["a", "bad", "c"])
-    out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
-    assert [r.data for r in out] == [b"summary of a", None, b"summary of c"]
+    out = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
+    assert [r.summary for r in out] == [b"summary of a", None, b"summary of c"]
     assert out[1].note == f"{paths[1]}: not a trace"
 
 
 def test_a_worker_killed_once_is_retried_and_its_rank_kept(tmp_path):
     paths = _ranks(tmp_path, ["a", "die-once", "c", "d"])
-    out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
-    assert [r.data for r in out] == [
+    out = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
+    assert [r.summary for r in out] == [
         b"summary of a",
         b"summary of die-once",
         b"summary of c",
@@ -53,8 +53,8 @@ def test_a_worker_killed_once_is_retried_and_its_rank_kept(tmp_path):
 
 def test_a_worker_killed_twice_is_a_note_and_the_others_are_kept(tmp_path):
     paths = _ranks(tmp_path, ["a", "die", "sleep 0.5", "d"])
-    out = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
-    assert [r.data for r in out] == [
+    out = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
+    assert [r.summary for r in out] == [
         b"summary of a",
         None,
         b"summary of sleep 0.5",
@@ -67,19 +67,19 @@ def test_summaries_dir_is_written_then_reused_without_running_tasks(tmp_path, ca
     store = tmp_path / "summaries"
     paths = _ranks(tmp_path, ["a", "b", "bad"])
     first = ex.map_ranks(
-        paths, fn=rankmap.fake_task, workers=2, summaries_dir=store, progress=False
+        paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False
     )
     assert sorted(p.suffix for p in store.iterdir()) == [ex.SUMMARY_SUFFIX] * 2
     assert "reused" not in capsys.readouterr().err
     # a task that would fail proves the second run reads nothing but the store
     (tmp_path / "rank1.txt").write_text("b")  # same content, new mtime: a new key
     second = ex.map_ranks(
-        paths, fn=rankmap.fake_task, workers=1, summaries_dir=store, progress=False
+        paths, **rankmap.STANDIN, workers=1, summaries_dir=store, progress=False
     )
     err = capsys.readouterr().err
     assert f"reused 1 of 3 rank summaries from {store}" in err
     assert [r.reused for r in second] == [True, False, False]
-    assert [r.data for r in second] == [r.data for r in first]
+    assert [r.summary for r in second] == [r.summary for r in first]
 
 
 def test_reuse_is_keyed_by_path_size_mtime_and_version(tmp_path, monkeypatch):
@@ -97,8 +97,8 @@ def test_reuse_is_keyed_by_path_size_mtime_and_version(tmp_path, monkeypatch):
 def test_any_concurrent_futures_executor_runs_the_map(tmp_path):
     paths = _ranks(tmp_path, ["a", "bad", "c"])
     with cf.ThreadPoolExecutor(2) as pool:
-        out = ex.map_ranks(paths, executor=pool, fn=rankmap.fake_task, progress=False)
-    assert [r.data for r in out] == [b"summary of a", None, b"summary of c"]
+        out = ex.map_ranks(paths, executor=pool, **rankmap.STANDIN, progress=False)
+    assert [r.summary for r in out] == [b"summary of a", None, b"summary of c"]
     assert "not a trace" in out[1].note
 
 
@@ -106,8 +106,8 @@ def test_polars_threads_are_capped_in_each_local_worker(tmp_path, monkeypatch):
     monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
     monkeypatch.setattr(ex, "cpu_count", lambda: 4)
     paths = _ranks(tmp_path, ["a", "b"])
-    out = ex.map_ranks(paths, fn=rankmap.polars_threads_task, workers=2, progress=False)
-    assert [r.data for r in out] == [b"2 2", b"2 2"]  # 4 CPUs / 2 workers
+    out = ex.map_ranks(paths, fn=rankmap.polars_threads_task, decode=bytes, workers=2, progress=False)
+    assert [r.summary for r in out] == [b"2 2", b"2 2"]  # 4 CPUs / 2 workers
     assert "POLARS_MAX_THREADS" not in os.environ  # the driver's own environment is restored
 
 
@@ -185,9 +185,9 @@ def test_ctrl_c_stops_the_workers_and_counts_no_partial_summary(tmp_path):
         Path(p).write_text("b")
     (store / ("." + ex.summary_name(paths[1], 1, 0.0) + ".123.tmp")).write_bytes(b"partial")
     again = ex.map_ranks(
-        paths, fn=rankmap.fake_task, workers=2, summaries_dir=store, progress=False
+        paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False
     )
-    assert [r.data for r in again] == [b"summary of a", b"summary of b", b"summary of b"]
+    assert [r.summary for r in again] == [b"summary of a", b"summary of b", b"summary of b"]
     assert [r.reused for r in again][1:] == [False, False]
 
 
@@ -209,5 +209,5 @@ def test_an_fsspec_url_is_copied_by_the_worker_and_sized_from_its_gzip_trailer()
 
 def test_no_progress_output_when_stderr_is_not_a_terminal(tmp_path, capfd):
     paths = _ranks(tmp_path, ["a", "b"])
-    ex.map_ranks(paths, fn=rankmap.fake_task, workers=1)  # progress=None: only on a TTY
+    ex.map_ranks(paths, **rankmap.STANDIN, workers=1)  # progress=None: only on a TTY
     assert capfd.readouterr().err == ""

@@ -27,22 +27,22 @@ def _ranks(tmp_path, contents):
 
 def test_dask_map_matches_the_local_pool(client, tmp_path):
     paths = _ranks(tmp_path, ["a", "bad", "c", "d"])
-    on_dask = ex.map_ranks(paths, client=client, fn=rankmap.fake_task, progress=False)
-    local = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
+    on_dask = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
+    local = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
     assert on_dask == local
     assert on_dask[1].note == f"{paths[1]}: not a trace"
 
 
 def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
     paths = _ranks(tmp_path, ["a", "die-once", "die", "d"])
-    out = ex.map_ranks(paths, client=client, fn=rankmap.fake_task, progress=False)
-    assert [r.data for r in out] == [b"summary of a", b"summary of die-once", None, b"summary of d"]
+    out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
+    assert [r.summary for r in out] == [b"summary of a", b"summary of die-once", None, b"summary of d"]
     assert out[2].note.startswith(f"{paths[2]}: the worker running it died every time")
 
 
 def test_polars_threads_are_capped_on_the_local_cluster(client, tmp_path):
     paths = _ranks(tmp_path, ["a"])
-    (out,) = ex.map_ranks(paths, client=client, fn=rankmap.polars_threads_task, progress=False)
+    (out,) = ex.map_ranks(paths, client=client, fn=rankmap.polars_threads_task, decode=bytes, progress=False)
     n = max(1, ex.cpu_count() // 2)
     assert out.data == f"{n} {n}".encode()
 
@@ -61,7 +61,7 @@ def test_a_missing_dask_is_one_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setattr(builtins, "__import__", no_dask)
     with pytest.raises(TraceError, match=r"pip install 'tracedx\[dask\]'"):
-        ex.map_ranks(_ranks(tmp_path, ["a"]), client="tcp://127.0.0.1:1", fn=rankmap.fake_task)
+        ex.map_ranks(_ranks(tmp_path, ["a"]), client="tcp://127.0.0.1:1", **rankmap.STANDIN)
 
 
 def test_a_real_dask_scheduler_and_workers_give_the_same_results(tmp_path):
@@ -69,10 +69,10 @@ def test_a_real_dask_scheduler_and_workers_give_the_same_results(tmp_path):
 
     paths = _ranks(tmp_path, ["a", "bad", "c", "die-once"])
     with dask_cluster(tmp_path) as address:
-        remote = ex.map_ranks(paths, client=address, fn=rankmap.fake_task, progress=False)
-    local = ex.map_ranks(paths, fn=rankmap.fake_task, workers=2, progress=False)
+        remote = ex.map_ranks(paths, client=address, **rankmap.STANDIN, progress=False)
+    local = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
     assert remote == local
-    assert [r.data for r in local] == [
+    assert [r.summary for r in local] == [
         b"summary of a",
         None,
         b"summary of c",

@@ -22,10 +22,10 @@ the driver holds only summaries.
   ``retries=1``.
 - A rank that cannot be read (``TraceError``, or any other exception in its task) is a note;
   the other ranks are still analysed.
-- With ``summaries_dir`` each task also writes its summary there (atomically: a temporary name,
-  then ``os.replace``), under a name keyed by the trace's path, size, mtime and the tracedx
-  version, and a later run reuses them without reading the traces. An interrupted run leaves at
-  most temporary files, never counted as summaries.
+- With ``summaries_dir`` each task also writes its summary there (``RankSummary.write``: a
+  temporary sibling directory renamed into place), under a name keyed by the trace's path,
+  size, mtime and the tracedx version, and a later run reuses them without reading the traces.
+  An interrupted run leaves at most hidden temporary directories, never read as summaries.
 - Ctrl-C (KeyboardInterrupt in the driver) terminates the local workers (they ignore SIGINT
   themselves) or cancels the Dask futures, then re-raises.
 """
@@ -37,8 +37,10 @@ import contextlib
 import hashlib
 import math
 import os
+import re
 import signal
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,13 +59,13 @@ SUMMARY_SUFFIX = ".rank-summary"
 
 @dataclass(frozen=True)
 class RankResult:
-    """The map's answer for one input: a summary (``data``, RankSummary bytes) or a ``note``.
+    """The map's answer for one input: a ``summary`` (a RankSummary) or a ``note`` (one line).
 
-    ``reused`` is True when ``data`` was read back from the summaries directory.
+    ``reused`` is True when the summary was read back from the summaries directory.
     """
 
     path: str
-    data: bytes | None = None
+    summary: object = None
     note: str | None = None
     reused: bool = False
 
@@ -183,74 +185,111 @@ def plan_workers(
 
 
 def summary_name(path: str, size: int, mtime: float) -> str:
-    """The summaries-directory file name of a trace: a hash of its path, size, mtime and the
-    tracedx version, so a changed file or a new tracedx never reuses a stale summary."""
+    """The summaries-directory entry of a trace: its file name and a hash of its path, size,
+    mtime and the tracedx version, so a changed file or a new tracedx never reuses a stale
+    summary (``rank-3.json.gz.1f0c...e2.summary``)."""
     from tracedx import __version__
 
     key = f"{path}\0{size}\0{mtime!r}\0{__version__}".encode()
-    return hashlib.sha256(key).hexdigest()[:32] + SUMMARY_SUFFIX
-
-
-def _store(directory: str, name: str, data: bytes) -> None:
-    """Write ``data`` as ``directory/name`` atomically (temporary name, fsync, os.replace)."""
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").rsplit("/", 1)[-1])[:80]
+    return f"{base}.{hashlib.sha256(key).hexdigest()[:16]}{SUMMARY_SUFFIX}"
 
 
 def summarize_task(
     path: str, options: dict, summaries_dir: str | None, name: str | None
 ) -> tuple[str, object]:
-    """The default map task: ``("ok", summary bytes)`` or ``("note", one line)``.
+    """The default map task: ``("ok", RankSummary bytes)`` or ``("note", one line)``.
 
-    Runs in a worker: opens ``path`` itself (local or fsspec URL), summarises it with
-    ``tracedx.job.summary.summarize_path(path, **options)`` and, with ``summaries_dir``, stores
-    the bytes there as ``name``. A trace that cannot be read is a note, not an exception, so an
-    engine's retries are left for workers that die.
+    Runs in a worker: ``tracedx.job.summary.summarize_path(path, **options)`` opens the file
+    itself (local path or fsspec URL); with ``summaries_dir`` the summary is also written there
+    as ``name`` (``RankSummary.write``: atomic by rename). A trace that cannot be read is a
+    note, not an exception, so an engine's retries are left for workers that die.
     """
     from tracedx.errors import TraceError
 
     try:
         from tracedx.job.summary import summarize_path
 
-        with _local_copy(path) as local:
-            summary = summarize_path(local, **options)
-        if local != path:  # a URL: the summary names it, not this worker's temporary copy
-            size, mtime = file_identity(path)
-            summary.meta.update(path=path, file_size_bytes=size, file_mtime=mtime)
+        summary = summarize_path(path, **options)
         data = summary.to_bytes()
     except TraceError as e:
         return "note", str(e)
     except Exception as e:  # a bug or an odd file: this rank is a note, the job goes on
         return "note", f"{path}: cannot be summarised: {type(e).__name__}: {e}"
     if summaries_dir:
-        _store(summaries_dir, name, data)
+        summary.write(os.path.join(summaries_dir, name))
     return "ok", data
 
 
-@contextlib.contextmanager
-def _local_copy(path: str):
-    """A local file for ``path``: itself, or a URL copied to a temporary file by this worker."""
-    if not is_url(path) or path.startswith("file://"):
-        yield path[len("file://") :] if path.startswith("file://") else path
-        return
-    import shutil
-    import tempfile
+def _decode_summary(data: bytes):
+    from tracedx.job.summary import RankSummary
 
-    fs, p = _fs(path)
-    suffix = ".json.gz" if path.endswith(".gz") else ".json"
-    fd, tmp = tempfile.mkstemp(prefix="tracedx-", suffix=suffix)
+    return RankSummary.from_bytes(data)
+
+
+def _read_stored(entry: str, path: str):
+    """A stored summary of ``path``, or None when ``entry`` is missing or not its summary."""
+    from tracedx.job.summary import RankSummary
+
+    if not os.path.isdir(entry):
+        return None
     try:
-        with os.fdopen(fd, "wb") as out, fs.open(p, "rb") as src:
-            shutil.copyfileobj(src, out, 8 << 20)
-        yield tmp
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        s = RankSummary.read(entry)
+    except (ValueError, OSError):
+        return None
+    return s if s.meta.get("path") == path else None
+
+
+_SPAWN_LOCK = threading.Lock()
+
+try:  # the spawn start method without re-running the caller's __main__ (see _spawn_context)
+    from multiprocessing import context as _mp_context
+    from multiprocessing import popen_spawn_posix as _popen_spawn_posix
+    from multiprocessing import spawn as _mp_spawn
+
+    class _NoMainPopen(_popen_spawn_posix.Popen):
+        def _launch(self, process_obj):
+            with _SPAWN_LOCK:
+                real = _mp_spawn.get_preparation_data
+
+                def without_main(name):
+                    d = real(name)
+                    d.pop("init_main_from_path", None)
+                    d.pop("init_main_from_name", None)
+                    return d
+
+                _mp_spawn.get_preparation_data = without_main
+                try:
+                    super()._launch(process_obj)
+                finally:
+                    _mp_spawn.get_preparation_data = real
+
+    class _NoMainProcess(_mp_context.SpawnProcess):
+        _start_method = "spawn"
+
+        @staticmethod
+        def _Popen(process_obj):
+            return _NoMainPopen(process_obj)
+
+    class _NoMainContext(_mp_context.SpawnContext):
+        Process = _NoMainProcess
+
+except ImportError:  # Windows: the plain spawn context
+    _NoMainContext = None
+
+
+def _spawn_context():
+    """The spawn start method, without re-running the caller's ``__main__`` in each worker.
+
+    multiprocessing's spawn normally imports the parent's main script in every child, so a
+    script without an ``if __name__ == "__main__":`` guard, or code piped to ``python -``,
+    kills every worker. The tasks live in importable modules and need nothing from it, so the
+    preparation data sent to each worker leaves the main module out (on POSIX; elsewhere the
+    plain spawn context).
+    """
+    import multiprocessing
+
+    return _NoMainContext() if _NoMainContext is not None else multiprocessing.get_context("spawn")
 
 
 def _init_local_worker() -> None:
@@ -275,22 +314,29 @@ def map_ranks(
     progress: bool | None = None,
     workers: int | None = None,
     fn: Callable | None = None,
+    decode: Callable | None = None,
+    read_stored: Callable | None = None,
 ) -> list[RankResult]:
     """Summarise every trace of ``paths``; one ``RankResult`` per path, in the same order.
 
     ``executor``: anything with ``submit(fn, *args) -> concurrent.futures.Future``; ``client``:
     a ``distributed.Client`` or a scheduler address (``tcp://host:8786``), used through
     ``Client.get_executor(retries=1)``; neither: a local spawn process pool of ``workers``
-    processes (default ``plan_workers``). ``summaries_dir``: where summaries are stored and
+    processes (default ``plan_workers``; when it plans one, the tasks run in this process). ``summaries_dir``: where summaries are stored and
     reused (created if missing). ``options``: keyword arguments of ``summarize_path``.
     ``progress``: a rich progress bar on stderr (None: only when stderr is a terminal).
+    ``progress`` may also be a callable ``progress(done, total, path)``.
     ``fn``: the task, ``fn(path, options, summaries_dir, name) -> ("ok", bytes) | ("note",
-    str)`` (default ``summarize_task``; tests swap it).
+    str)`` (default ``summarize_task``), ``decode(bytes)`` turns its bytes into the result's
+    ``summary`` in the driver (default ``RankSummary.from_bytes``) and ``read_stored(entry,
+    path)`` reads a stored one or returns None (default ``RankSummary.read``); tests swap them.
 
     Raises KeyboardInterrupt after stopping the workers; TraceError when ``client`` needs
     Dask and it is not installed.
     """
     fn = fn or summarize_task
+    decode = decode or _decode_summary
+    read_stored = read_stored or _read_stored
     options = dict(options or {})
     paths = [str(p) for p in paths]
     results: list[RankResult | None] = [None] * len(paths)
@@ -309,10 +355,9 @@ def map_ranks(
             except OSError:
                 size, mtime = -1, 0.0  # the task reports the missing file as a note
             name = summary_name(path, size, mtime)
-            cached = os.path.join(store, name)
-            if size >= 0 and os.path.isfile(cached):
-                with open(cached, "rb") as f:
-                    results[i] = RankResult(path, data=f.read(), reused=True)
+            stored = read_stored(os.path.join(store, name), path) if size >= 0 else None
+            if stored is not None:
+                results[i] = RankResult(path, summary=stored, reused=True)
                 reused += 1
                 continue
         tasks.append((i, (path, options, store, name)))
@@ -326,16 +371,20 @@ def map_ranks(
     def done(i: int, outcome) -> None:
         kind, payload = outcome
         if kind == "ok":
-            results[i] = RankResult(paths[i], data=payload)
+            results[i] = RankResult(paths[i], summary=decode(payload))
         else:
             results[i] = RankResult(paths[i], note=str(payload))
-        bar.advance()
+        bar.advance(paths[i])
 
     with _Progress(len(paths), reused, progress) as bar:
         if tasks:
             if executor is None and client is None:
                 n = workers or plan_workers([json_size(paths[i]) for i, _ in tasks])
-                _run_local(fn, tasks, n, done, _recycle_after(paths, tasks))
+                if n == 1 and workers is None:  # one at a time fits: no process to start
+                    for i, args in tasks:
+                        done(i, fn(*args))
+                else:
+                    _run_local(fn, tasks, n, done, _recycle_after(paths, tasks))
             else:
                 own = None
                 if executor is None:
@@ -357,9 +406,10 @@ def _recycle_after(paths: list[str], tasks: list[Task]) -> int:
 class _Progress:
     """A rich progress bar over ranks on stderr, or nothing (not a terminal, or quiet)."""
 
-    def __init__(self, total: int, completed: int, show: bool | None):
+    def __init__(self, total: int, completed: int, show):
         self.total, self.completed = total, completed
-        self.show = sys.stderr.isatty() if show is None else show
+        self.callback = show if callable(show) else None
+        self.show = (sys.stderr.isatty() and total > 1) if show is None else show is True
         self._bar = None
 
     def __enter__(self):
@@ -379,7 +429,10 @@ class _Progress:
             self._task = self._bar.add_task("ranks", total=self.total, completed=self.completed)
         return self
 
-    def advance(self) -> None:
+    def advance(self, path: str) -> None:
+        self.completed += 1
+        if self.callback is not None:
+            self.callback(self.completed, self.total, path)
         if self._bar is not None:
             self._bar.advance(self._task)
 
@@ -428,21 +481,22 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
     """Run tasks from ``queue`` (consumed) with at most ``workers`` in flight. Returns [] when
     all finished, else the (task, reason) pairs in flight when the pool broke (a worker died);
     tasks not yet started stay in ``queue``."""
-    import multiprocessing
     from concurrent.futures.process import BrokenProcessPool
 
     pool = cf.ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=_spawn_context(),
         initializer=_init_local_worker,
         max_tasks_per_child=recycle,
     )
     running: dict[cf.Future, Task] = {}
+    seen: dict[int, object] = {}  # the worker processes (the pool forgets them when it breaks)
     try:
         while queue or running:
             while queue and len(running) < workers:
                 task = queue.popleft()
                 running[pool.submit(fn, *task[1])] = task
+                seen.update(getattr(pool, "_processes", None) or {})
             finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             broken = False
             for fut in finished:
@@ -455,7 +509,7 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
                     outcome = ("note", f"{running[fut][1][0]}: {type(e).__name__}: {e}")
                 done(running.pop(fut)[0], outcome)
             if broken:
-                reason = _death_reason(pool)
+                reason = _death_reason(seen.values())
                 lost = [(t, reason) for t in running.values()]
                 running.clear()
                 return lost
@@ -467,14 +521,12 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _death_reason(pool) -> str:
-    codes = sorted(
-        {
-            p.exitcode
-            for p in getattr(pool, "_processes", {}).values()
-            if p.exitcode not in (None, 0)
-        }
-    )
+def _death_reason(processes) -> str:
+    for p in processes:
+        with contextlib.suppress(Exception):
+            p.join(timeout=1)
+    # 0: recycled normally; -SIGTERM: stopped by the pool when another worker died
+    codes = sorted({p.exitcode for p in processes} - {None, 0, -signal.SIGTERM})
     how = []
     for c in codes:
         if c < 0:
