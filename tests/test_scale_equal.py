@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,51 +16,48 @@ from tests.conftest import PUBLIC
 distributed = pytest.importorskip("distributed")
 
 
-def _job_json(paths, **kw) -> str:
-    job = tracedx.load_job(paths, progress=False, **kw)
-    return tracedx.diagnose(job).to_json()
-
-
-def _everywhere(paths, tmp_path) -> list[str]:
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """Three places to run the map: the local pool (None), a LocalCluster's client, and the
+    address of a real scheduler with two worker processes."""
     from tests.daskprocs import dask_cluster
     from tracedx.job.executor import local_cluster
 
-    out = [_job_json(paths)]
-    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
-        out.append(_job_json(paths, client=client))
-    with dask_cluster(tmp_path) as address:
-        out.append(_job_json(paths, client=address))
+    with (
+        local_cluster(2) as cluster,
+        distributed.Client(cluster) as client,
+        dask_cluster(tmp_path_factory.mktemp("dask")) as address,
+    ):
+        yield {"local pool": None, "LocalCluster": client, "dask processes": address}
+
+
+def _everywhere(paths, engines) -> dict[str, str]:
+    out = {}
+    for name, client in engines.items():
+        job = tracedx.load_job(paths, client=client, progress=False)
+        out[name] = tracedx.diagnose(job).to_json()
     return out
 
 
-@pytest.fixture(scope="module")
-def job64(tmp_path_factory):
-    import sys
-    from pathlib import Path
-
+def test_64_rank_job_is_byte_identical_on_the_pool_localcluster_and_dask_processes(
+    engines, tmp_path
+):
     sys.path.insert(0, str(Path(__file__).parent))  # jobgen imports tracebuilder by name
     from tests.jobgen import JobSpec, generate
 
-    folder = tmp_path_factory.mktemp("job64")
-    spec = JobSpec(world=64, tp=1, steps=3, straggler=37, straggler_kind="host",
-                   straggler_pct=400)
-    truth = generate(spec, folder)
-    return sorted(str(p) for p in folder.iterdir()), truth
+    spec = JobSpec(world=64, steps=20, straggler=37, straggler_kind="host", straggler_pct=400)
+    generate(spec, tmp_path)
+    paths = sorted(str(p) for p in tmp_path.iterdir())
+    got = _everywhere(paths, engines)
+    assert got["local pool"] == got["LocalCluster"] == got["dask processes"]
+    doc = json.loads(got["local pool"])
+    assert len(doc["ranks"]) == 64 and doc["straggler"]["rank"] == 37  # a real answer
 
 
-def test_64_rank_job_is_byte_identical_on_the_pool_localcluster_and_dask_processes(
-    job64, tmp_path
-):
-    paths, _ = job64
-    local, on_local_cluster, on_processes = _everywhere(paths, tmp_path)
-    assert local == on_local_cluster == on_processes
-    doc = json.loads(local)
-    assert len(doc["ranks"]) == 64  # a real answer, not an empty one
-
-
-def test_2_rank_real_traces_are_byte_identical_everywhere(tmp_path):
+def test_2_rank_real_traces_are_byte_identical_everywhere(engines):
     paths = [PUBLIC / "hta" / f"trace_filter__sampled_rank-{r}.json.gz" for r in (0, 1)]
     if not all(p.exists() for p in paths):
         pytest.skip("../shared/public_traces is not present")
-    local, on_local_cluster, on_processes = _everywhere([str(p) for p in paths], tmp_path)
-    assert local == on_local_cluster == on_processes
+    got = _everywhere([str(p) for p in paths], engines)
+    assert got["local pool"] == got["LocalCluster"] == got["dask processes"]
+    assert [r["rank"] for r in json.loads(got["local pool"])["ranks"]] == [0, 1]
