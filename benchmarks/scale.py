@@ -5,11 +5,12 @@ What it does:
 1. Makes a synthetic N-rank job from one real sample trace (``sample_traces/mlp_train-eager``:
    450 KB of JSON, 5 ProfilerSteps on an H200): every rank is the same trace with its times
    shifted (a per-rank clock offset), its correlation, External and flow ids shifted, a
-   ``distributedInfo`` (rank, world size, one default process group of all ranks), and one
-   NCCL all-reduce per step (a kernel on its own stream with Kineto's collective args, its
-   ``cudaLaunchKernel`` and ``record_param_comms``). Each rank arrives at a step's all-reduce
-   when its last compute kernel of the step ends, plus a per-rank, per-step jitter (0-40 us);
-   one straggler (rank N // 3) arrives 300 us late every step (a host delay: about 10% of the
+   ``distributedInfo`` (rank, world size, one default process group of all ranks), and four
+   NCCL all-reduces per step (gradient buckets: kernels on their own stream with Kineto's
+   collective args, each with its ``cudaLaunchKernel`` and ``record_param_comms``). A rank
+   arrives at a bucket's all-reduce when the kernel ending a quarter, half, three quarters or
+   all of the step's kernels ends, plus a per-rank, per-bucket jitter (0-40 us); one
+   straggler (rank N // 3) arrives 300 us late every time (a host delay: about 10% of the
    step). Everyone's all-reduce ends 150 us after the last arrival. Files are
    ``rank-R.json.gz`` under ``benchmarks/out/scale/N/`` (git-ignored), made once and reused.
 2. For N in 8, 64, 256, 1024 runs ``tracedx.load_job`` + ``diagnose_job`` in a fresh process
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -53,7 +55,7 @@ ROOT = HERE.parent
 OUT = HERE / "out"
 JOBS = OUT / "scale"
 SOURCE = ROOT / "sample_traces" / "mlp_train-eager.json.gz"
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 MB = 1_000_000
 ID_SHIFT = 10_000_000  # per rank, added to correlation, External and flow ids
 CLOCK_OFFSET_US = 0.7  # per rank: rank r's clock reads r * 0.7 us ahead
@@ -61,6 +63,7 @@ JITTER_US = 40.0
 STRAGGLER_DELAY_US = 300.0
 TRANSFER_US = 150.0
 COMM_STREAM = 99
+BUCKETS = 4  # all-reduces per step: 5 steps x 4 = 20, enough for the straggler test
 
 # --------------------------------------------------------------------------------------------
 # The synthetic job
@@ -89,18 +92,23 @@ def _plan(doc: dict) -> dict:
     plan = []
     for s in steps:
         t0, t1 = s["ts"], s["ts"] + s["dur"]
-        ends = [
-            e["ts"] + e["dur"]
+        kernels = sorted(
+            (e["ts"] + e["dur"], launch_ts[c])
             for e in events
             if e.get("cat") == "kernel"
-            and t0 <= launch_ts.get(e.get("args", {}).get("correlation"), -1) < t1
-        ]
-        if ends:
+            and t0 <= launch_ts.get(c := e.get("args", {}).get("correlation"), -1) < t1
+        )
+        # BUCKETS gradient buckets per step: each all-reduce follows the kernel that ends a
+        # quarter, half, ... of the step's kernels (launched after that kernel's launch)
+        for b in range(1, BUCKETS + 1):
+            if not kernels:
+                break
+            end, launched = kernels[math.ceil(len(kernels) * b / BUCKETS) - 1]
             plan.append(
                 {
                     "step": int(s["name"].split("#")[1]),
-                    "cpu_end": t1,
-                    "last_kernel_end": max(ends),
+                    "cpu_end": min(launched + 30.0, t1),
+                    "last_kernel_end": end,
                     "pid": s["pid"],
                     "tid": s["tid"],
                 }
@@ -288,11 +296,15 @@ def run_one(folder: Path, mode: str, workers: int) -> dict:
     else:
         job = load_job(paths, **kwargs)
         t_map = time.perf_counter()
-        diag = tracedx.diagnose(job)
-        text = json.dumps(diag.to_dict(), sort_keys=True)
+        text = tracedx.diagnose(job).to_json()
         t_reduce = time.perf_counter()
-        summary_bytes = getattr(job, "summary_bytes", None)
-        answer = {"json_bytes": len(text), "straggler": _straggler_of(diag.to_dict())}
+        summary_bytes = None
+        doc = json.loads(text)
+        answer = {
+            "json_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+            "straggler": (doc.get("straggler") or {}).get("rank"),
+            "notes": len(doc.get("notes") or []),
+        }
     if client is not None:
         client.close()
         cluster.close()
@@ -313,24 +325,6 @@ def run_one(folder: Path, mode: str, workers: int) -> dict:
         "summary_bytes": summary_bytes,
         "answer": answer,
     }
-
-
-def _straggler_of(d: dict):
-    """The straggling rank(s) the job report names, wherever its JSON puts them."""
-    found = []
-
-    def walk(x):
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if "straggler" in k.lower() and isinstance(v, int | list):
-                    found.append(v)
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(d)
-    return found[:3]
 
 
 # --------------------------------------------------------------------------------------------

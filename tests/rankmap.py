@@ -80,7 +80,9 @@ if __name__ == "__main__":  # the Ctrl-C test's driver: python -m tests.rankmap 
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
-        map_ranks(sys.argv[2:], workers=2, summaries_dir=sys.argv[1], progress=False, **rankmap.STANDIN)
+        map_ranks(
+            sys.argv[2:], workers=2, summaries_dir=sys.argv[1], progress=False, **rankmap.STANDIN
+        )
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         sys.exit(130)

@@ -66,16 +66,12 @@ def test_a_worker_killed_twice_is_a_note_and_the_others_are_kept(tmp_path):
 def test_summaries_dir_is_written_then_reused_without_running_tasks(tmp_path, capsys):
     store = tmp_path / "summaries"
     paths = _ranks(tmp_path, ["a", "b", "bad"])
-    first = ex.map_ranks(
-        paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False
-    )
+    first = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False)
     assert sorted(p.suffix for p in store.iterdir()) == [ex.SUMMARY_SUFFIX] * 2
     assert "reused" not in capsys.readouterr().err
     # a task that would fail proves the second run reads nothing but the store
     (tmp_path / "rank1.txt").write_text("b")  # same content, new mtime: a new key
-    second = ex.map_ranks(
-        paths, **rankmap.STANDIN, workers=1, summaries_dir=store, progress=False
-    )
+    second = ex.map_ranks(paths, **rankmap.STANDIN, workers=1, summaries_dir=store, progress=False)
     err = capsys.readouterr().err
     assert f"reused 1 of 3 rank summaries from {store}" in err
     assert [r.reused for r in second] == [True, False, False]
@@ -106,7 +102,9 @@ def test_polars_threads_are_capped_in_each_local_worker(tmp_path, monkeypatch):
     monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
     monkeypatch.setattr(ex, "cpu_count", lambda: 4)
     paths = _ranks(tmp_path, ["a", "b"])
-    out = ex.map_ranks(paths, fn=rankmap.polars_threads_task, decode=bytes, workers=2, progress=False)
+    out = ex.map_ranks(
+        paths, fn=rankmap.polars_threads_task, decode=bytes, workers=2, progress=False
+    )
     assert [r.summary for r in out] == [b"2 2", b"2 2"]  # 4 CPUs / 2 workers
     assert "POLARS_MAX_THREADS" not in os.environ  # the driver's own environment is restored
 
@@ -184,9 +182,7 @@ def test_ctrl_c_stops_the_workers_and_counts_no_partial_summary(tmp_path):
     for p in paths[1:]:
         Path(p).write_text("b")
     (store / ("." + ex.summary_name(paths[1], 1, 0.0) + ".123.tmp")).write_bytes(b"partial")
-    again = ex.map_ranks(
-        paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False
-    )
+    again = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, summaries_dir=store, progress=False)
     assert [r.summary for r in again] == [b"summary of a", b"summary of b", b"summary of b"]
     assert [r.reused for r in again][1:] == [False, False]
 

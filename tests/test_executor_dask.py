@@ -36,13 +36,20 @@ def test_dask_map_matches_the_local_pool(client, tmp_path):
 def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
     paths = _ranks(tmp_path, ["a", "die-once", "die", "d"])
     out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
-    assert [r.summary for r in out] == [b"summary of a", b"summary of die-once", None, b"summary of d"]
+    assert [r.summary for r in out] == [
+        b"summary of a",
+        b"summary of die-once",
+        None,
+        b"summary of d",
+    ]
     assert out[2].note.startswith(f"{paths[2]}: the worker running it died every time")
 
 
 def test_polars_threads_are_capped_on_the_local_cluster(client, tmp_path):
     paths = _ranks(tmp_path, ["a"])
-    (out,) = ex.map_ranks(paths, client=client, fn=rankmap.polars_threads_task, decode=bytes, progress=False)
+    (out,) = ex.map_ranks(
+        paths, client=client, fn=rankmap.polars_threads_task, decode=bytes, progress=False
+    )
     n = max(1, ex.cpu_count() // 2)
     assert out.data == f"{n} {n}".encode()
 
