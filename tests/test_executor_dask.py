@@ -51,7 +51,7 @@ def test_polars_threads_are_capped_on_the_local_cluster(client, tmp_path):
         paths, client=client, fn=rankmap.polars_threads_task, decode=bytes, progress=False
     )
     n = max(1, ex.cpu_count() // 2)
-    assert out.data == f"{n} {n}".encode()
+    assert out.summary == f"{n} {n}".encode()
 
 
 def test_a_missing_dask_is_one_clear_error(monkeypatch, tmp_path):
