@@ -215,6 +215,17 @@ def test_free_segments_capped():
     assert segs[15] == {"start_us": 30.0, "end_us": 41.0}
 
 
+def test_hostname_from_file_names():
+    m = summ.TB_NAME_RE.match
+    assert m("node7_1234.1700000000000000000.pt.trace.json").group("host") == "node7"
+    assert m("gpu-a_b.example.com_99.1700000000123.pt.trace.json.gz").group("host") == (
+        "gpu-a_b.example.com"
+    )
+    # a custom worker name with a short counter (HTA's rank-34.Jul_15_10_52_41.1074...)
+    assert m("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz") is None
+    assert m("rank0_trace.json") is None
+
+
 def test_round_trips_and_determinism(hand, tmp_path):
     s = summarize_path(hand)
     b = s.to_bytes()
@@ -401,7 +412,7 @@ def test_hta_trace_filter_ranks(rank):
     assert c["pg_name"].is_null().all()
 
 
-def test_summary_of_a_large_trace_is_small():
+def test_summary_of_a_large_trace_is_small(tmp_path):
     p = SAMPLES / "convnet_dataloader-main.json.gz"
     import gzip
 
@@ -409,3 +420,46 @@ def test_summary_of_a_large_trace_is_small():
     s = summarize_path(p)
     assert s.steps.height == len(s.meta["steps"]) >= 1
     assert len(s.to_bytes()) < 100_000
+    # no collectives: the empty tables keep their schema through both forms
+    assert s.colls.height == 0
+    assert RankSummary.from_bytes(s.to_bytes()) == s
+    r = summ.read(s.write(tmp_path / "big"))
+    assert r == s and r.colls.schema == s.colls.schema
+
+
+def test_bytes_do_not_depend_on_polars_threads_or_hash_seed(tmp_path):
+    """The scale-out compares job outputs byte for byte across executors, whose workers set
+    POLARS_MAX_THREADS differently: float sums, chunking and string layout must not leak."""
+    import subprocess
+    import sys
+
+    files = [
+        two_steps().write(tmp_path / "node7_1234.1700000000000000000.pt.trace.json"),
+        SAMPLES / "convnet_dataloader-main.json.gz",
+        *sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")),
+    ]
+    out = {}
+    for n in (1, 3):
+        code = (
+            "import sys\nfrom tracedx.job.summary import summarize_path\n"
+            f"for i, f in enumerate({[str(f) for f in files]!r}):\n"
+            "    s = summarize_path(f)\n"
+            f"    open(f'{tmp_path}/b{{i}}_{n}', 'wb').write(s.to_bytes())\n"
+            f"    s.write(f'{tmp_path}/d{{i}}_{n}')\n"
+        )
+        # and another str hash seed: no set or dict order may leak either
+        env = {**os.environ, "POLARS_MAX_THREADS": str(n), "PYTHONHASHSEED": str(n)}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        out[n] = [(tmp_path / f"b{i}_{n}").read_bytes() for i in range(len(files))]
+        for i in range(len(files)):
+            d = tmp_path / f"d{i}_{n}"
+            out[n] += [(d / p).read_bytes() for p in sorted(os.listdir(d))]
+    assert out[1] == out[3]
+
+
+def test_gloo_pair_orders_agree():
+    """Without process-group fields, gloo collectives can only be matched by (step, ordinal):
+    the two ranks of the captured job list the same operations in the same order."""
+    a, b = (summarize_path(f) for f in sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")))
+    key = ["step", "ordinal", "coll_type", "in_nelems", "dtype"]
+    assert a.colls.select(key).rows() == b.colls.select(key).rows()

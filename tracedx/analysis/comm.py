@@ -24,7 +24,7 @@ import polars as pl
 
 from tracedx.analysis.intervals import gaps, overlap, union
 from tracedx.trace import Trace
-from tracedx.trace.collectives import COMM_KERNEL_RE
+from tracedx.trace.collectives import is_comm_kernel
 
 # top-level host ops that are communication or waiting for it, not compute
 HOST_COMM_OP_RE = (
@@ -47,10 +47,10 @@ def compute_rows(trace: Trace, device: int | None) -> pl.DataFrame:
         return trace.ops.filter(
             pl.col("parent_id").is_null() & ~pl.col("name").str.contains(HOST_COMM_OP_RE)
         ).select("step", "start_us", "end_us")
-    return trace.kernels.filter(
-        (pl.col("device") == device)
-        & ~pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE)
-    ).select("step", "start_us", "end_us")
+    k = trace.kernels
+    return k.filter((pl.col("device") == device) & ~is_comm_kernel(k)).select(
+        "step", "start_us", "end_us"
+    )
 
 
 def comm_rows(trace: Trace, device: int | None) -> pl.DataFrame:

@@ -1010,6 +1010,8 @@ def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
     """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
     or collectives over a group of more than one rank) that communicates."""
     comm = kinds.filter(pl.col("kind") == "communication")
+    if comm.height == 0 and trace.comm_args.height == 0:
+        return None  # nothing communicates (and Trace.collectives need not be built)
     colls = trace.collectives
     if comm.height == 0 and colls.height == 0:
         return None

@@ -44,17 +44,18 @@ from typing import Any
 import msgspec
 import polars as pl
 
-from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_rows, free_segments
-from tracedx.analysis.intervals import union
+from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_union, free_segments
 from tracedx.analysis.timeline import CAUSES
-from tracedx.trace.collectives import COMM_KERNEL_RE, DTYPE_BYTES
+from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
 
 SCHEMA = "tracedx.rank-summary/1"
 TABLES = ("steps", "colls", "kernels", "opsig")
 MAX_FREE_SEGMENTS = 16
-# a tensorboard_trace_handler file name: {worker_name}.{time_ns}.pt.trace.json[.gz], the
-# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py)
-TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(\.gz)?$")
+# a tensorboard_trace_handler file name: {worker_name}.{time}.pt.trace.json[.gz], the
+# default worker_name being {hostname}_{pid} (torch/profiler/profiler.py); the time is ns
+# (older versions: ms), so 10 digits or more: a custom worker name such as
+# "rank-34.Jul_15_10_52_41" followed by a short counter is not a host and pid
+TB_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(\.gz)?$")
 _SIZED_BY_MAX = ("all_reduce", "all_gather", "reduce_scatter")
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
@@ -169,7 +170,12 @@ class RankSummary:
         doc: dict[str, Any] = {"schema": SCHEMA, "meta": self.meta}
         for t in TABLES:
             buf = BytesIO()
-            getattr(self, t).write_ipc_stream(buf, compression="zstd")
+            # the bytes depend on the content only: one record batch whatever the chunking,
+            # and plain Arrow strings (polars' string views lay the same strings out in
+            # buffers that depend on how they were built)
+            getattr(self, t).rechunk().write_ipc_stream(
+                buf, compression="zstd", compat_level=pl.CompatLevel.oldest()
+            )
             doc[t] = buf.getvalue()
         return _ENCODER.encode(doc)
 
@@ -199,7 +205,7 @@ class RankSummary:
                 msgspec.json.format(_JSON.encode({"schema": SCHEMA, "meta": self.meta})) + b"\n"
             )
             for t in TABLES:
-                getattr(self, t).write_parquet(tmp / f"{t}.parquet", statistics=False)
+                getattr(self, t).rechunk().write_parquet(tmp / f"{t}.parquet", statistics=False)
             if d.exists():
                 old = d.parent / f".{d.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(d, old)
@@ -247,19 +253,46 @@ def _clean(v: Any) -> Any:
     return str(v)
 
 
-def _rank(trace, dist: dict | None) -> tuple[int | None, str | None]:
-    r = dist.get("rank") if dist else None
-    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-        return r, "distributedInfo"
-    # the group rank in the default group is the global rank; send/recv write the peer's
+def _count(v: Any) -> int | None:
+    """A rank or size as written: an int, or digits (Kineto's on-demand form writes text)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
+def _rank(trace, dist: dict | None, notes: list[str]) -> tuple[int | None, str | None]:
+    """The global rank: ``distributedInfo.rank``, else the ``Rank`` of the earliest
+    default-group ``record_param_comms`` (a group rank, which in the default group is the
+    global rank; ``send``/``recv`` write the peer's, so they are skipped). When both exist and
+    disagree, or ``Group size`` disagrees with the world size, a note says so."""
+    r = _count(dist.get("rank")) if dist else None
     rpc = trace.comm_args.filter(
         (pl.col("source") == "cpu_op")
         & (pl.col("pg_desc") == "default_pg")
-        & pl.col("rank").is_not_null()
         & ~pl.col("collective_name").str.to_lowercase().is_in(["send", "recv", "wait"])
-    ).sort("start_us")
-    if rpc.height:
-        return int(rpc["rank"][0]), "record_param_comms"
+    )
+    ranks = sorted(set(rpc["rank"].drop_nulls().to_list()))
+    sizes = sorted(set(rpc["group_size"].drop_nulls().to_list()))
+    world = _count(dist.get("world_size")) if dist else None
+    if ranks and (len(ranks) > 1 or (r is not None and ranks != [r])):
+        notes.append(
+            f"the default group's record_param_comms give rank {', '.join(map(str, ranks))}"
+            + (f", distributedInfo rank {r}" if r is not None else "")
+        )
+    if sizes and (len(sizes) > 1 or (world is not None and sizes != [world])):
+        notes.append(
+            f"the default group's record_param_comms give group size {', '.join(map(str, sizes))}"
+            + (f", distributedInfo world size {world}" if world is not None else "")
+        )
+    if r is not None:
+        return r, "distributedInfo"
+    first = rpc.filter(pl.col("rank").is_not_null()).sort("start_us", maintain_order=True)
+    if first.height:
+        return int(first["rank"][0]), "record_param_comms"
     return None, None
 
 
@@ -267,19 +300,24 @@ def _hostname(trace, path: str) -> str | None:
     m = TB_NAME_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
     if m:
         return m.group("host")
-    return trace.metadata.get("host_name")
+    if isinstance(trace.metadata.get("host_name"), str):
+        return trace.metadata["host_name"]
+    cap = trace.metadata.get("tracedx") or {}  # `tracedx capture` under torchrun
+    dist = cap.get("distributed") if isinstance(cap, dict) else None
+    host = dist.get("hostname") if isinstance(dist, dict) else None
+    return host if isinstance(host, str) else None
 
 
 def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
     w = d.windows
     w = w.filter(pl.col("device") == device) if device is not None else w
     w = w.filter(pl.col("step").is_in(d.steps))
-    causes = d.idle_causes
+    gaps = d.gaps
     if device is not None:
-        causes = causes.filter(pl.col("device") == device)
+        gaps = gaps.filter(pl.col("device") == device)
     cols = []
     for c in CAUSES:
-        per = causes.filter(pl.col("cause") == c).group_by("step").agg(pl.col("idle_us").sum())
+        per = gaps.filter(pl.col("cause") == c).group_by("step").agg(idle_us=_sum("duration_us"))
         w = w.join(per.rename({"idle_us": f"idle_{c.replace(' ', '_')}_us"}), on="step", how="left")
         col = f"idle_{c.replace(' ', '_')}_us"
         # no gap of a cause: 0 where the GPU was measured, null without GPU activity
@@ -290,14 +328,21 @@ def _steps_table(d, device, metrics: pl.DataFrame) -> pl.DataFrame:
     return w.select(list(STEP_COLUMNS)).cast(STEP_COLUMNS).sort("step")
 
 
+def _sum(col: str) -> pl.Expr:
+    """A float sum that does not depend on how polars splits the work (the values are added in
+    sorted order): summaries must be byte-identical whatever ``POLARS_MAX_THREADS`` is."""
+    return pl.col(col).sort().sum()
+
+
 def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
-    c = trace.collectives
     parts = [comm_rows(trace, device)] if device is not None else []
     parts.append(comm_rows(trace, None))  # host-side (gloo) collectives in any trace
     c = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     inside = c.filter(pl.col("step").is_in(steps))
     left_out = c.height - inside.height
-    c = inside.sort("start_us", "stream", "tid", "end_us", nulls_last=True, maintain_order=True)
+    c = inside.sort(
+        "start_us", "stream", "tid", "end_us", "kernel_name", nulls_last=True, maintain_order=True
+    )
     size = pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)
     elems = (
         pl.when(pl.col("coll_type").is_in(list(_SIZED_BY_MAX)))
@@ -314,11 +359,10 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
         idx = c.with_row_index("_i").filter(pl.col("host_side") == host)
         if idx.height == 0:
             continue
-        comp = compute_rows(trace, None if host else device)
         segs = free_segments(
             idx["start_us"].to_numpy(),
             idx["end_us"].to_numpy(),
-            union(comp["start_us"].to_numpy(), comp["end_us"].to_numpy()),
+            compute_union(trace, None if host else device),
             MAX_FREE_SEGMENTS,
         )
         for i, s in zip(idx["_i"].to_list(), segs, strict=True):
@@ -330,16 +374,13 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
 def _kernels_table(trace, steps: list[int], device) -> pl.DataFrame:
     if device is None:
         return pl.DataFrame(schema=KERNEL_COLUMNS)
-    k = trace.kernels.filter(
-        (pl.col("device") == device)
-        & pl.col("step").is_in(steps)
-        & ~pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE)
-    )
+    k = trace.kernels
+    k = k.filter((pl.col("device") == device) & pl.col("step").is_in(steps) & ~is_comm_kernel(k))
     return (
         k.group_by("name")
         .agg(
             count=pl.len(),
-            total_us=pl.col("duration_us").sum(),
+            total_us=_sum("duration_us"),
             median_us=pl.col("duration_us").median(),
         )
         .cast(KERNEL_COLUMNS)
@@ -358,12 +399,12 @@ def _opsig_table(trace, steps: list[int], device) -> pl.DataFrame:
         per_op = (
             gpu.filter((pl.col("device") == device) & pl.col("top_op_id").is_not_null())
             .group_by("top_op_id")
-            .agg(gpu_us=pl.col("duration_us").sum())
+            .agg(gpu_us=_sum("duration_us"))
         )
         ops = ops.join(per_op, left_on="op_id", right_on="top_op_id", how="left")
     else:
         ops = ops.with_columns(gpu_us=pl.lit(None, pl.Float64))
-    g = ops.group_by("name", "input_shapes").agg(count=pl.len(), gpu_us=pl.col("gpu_us").sum())
+    g = ops.group_by("name", "input_shapes").agg(count=pl.len(), gpu_us=_sum("gpu_us"))
     dims = [
         json.dumps(v.to_list() if isinstance(v, pl.Series) else v, separators=(",", ":"))
         if v is not None
@@ -408,7 +449,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
     if left_out:
         notes.append(f"{left_out} collective(s) outside the analysed steps left out of the summary")
     dist = trace.distributed_info
-    rank, rank_source = _rank(trace, dist)
+    rank, rank_source = _rank(trace, dist, notes)
     path = str(trace.path)
     size = mtime = None
     try:
@@ -425,7 +466,7 @@ def summarize(trace, diagnosis=None) -> RankSummary:
         "file_mtime": mtime,
         "rank": rank,
         "rank_source": rank_source,
-        "world_size": dist.get("world_size") if dist else None,
+        "world_size": _count(dist.get("world_size")) if dist else None,
         "backend": dist.get("backend") if dist else None,
         "pg_config": dist.get("pg_config") if dist else None,
         "hostname": _hostname(trace, path),
@@ -438,17 +479,20 @@ def summarize(trace, diagnosis=None) -> RankSummary:
             "regime": d.regime,
             "bottleneck": d.bottleneck,
             "findings": [
-                {"id": f.fix, "estimated_speedup": f.estimated_speedup} for f in d.findings
+                # 9 significant digits: the diagnosis' float sums may differ in the last bits
+                # with the number of polars threads; the summary must not
+                {"id": f.fix, "estimated_speedup": float(f"{f.estimated_speedup:.9g}")}
+                for f in d.findings
             ],
         },
         "notes": notes,
     }
     return RankSummary(
         meta=_clean(meta),
-        steps=steps_t,
-        colls=colls,
-        kernels=_kernels_table(trace, steps, device),
-        opsig=_opsig_table(trace, steps, device),
+        steps=steps_t.rechunk(),
+        colls=colls.rechunk(),
+        kernels=_kernels_table(trace, steps, device).rechunk(),
+        opsig=_opsig_table(trace, steps, device).rechunk(),
     )
 
 

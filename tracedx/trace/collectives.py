@@ -7,7 +7,10 @@ collective in a ``record_param_comms`` cpu op whose args hold ``Collective name`
 ``Seq``, ``Comms Id`` ...; Kineto copies the core fields onto the kernels that op launched.
 A kernel's metadata comes from, in order: its own args; the ``record_param_comms`` with its
 ``External id``; the ``record_param_comms`` open on the launching thread when it was launched;
-the ``nccl:<op>`` annotation open there (old traces: type and the first input's size only).
+the ``nccl:<op>`` annotation open there (old traces: the type, and the first input's dims
+and type as ``in_nelems`` and ``dtype``: all inputs summed for an all-reduce, which may be
+coalesced; ``out_nelems`` equals ``in_nelems`` for the types of :data:`SAME_SIZE_TYPES`, else
+it is null).
 Host-side ``wait`` entries (``Work.wait()``, no kernel) are never rows.
 
 The collective type comes from ``Collective name`` (or the ``nccl:<op>`` label), never from the
@@ -32,6 +35,15 @@ COMM_KERNEL_RE = (
     r"^nccl|nccldevkernel|ncclkernel|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall"
 )
 
+
+def is_comm_kernel(kernels: pl.DataFrame, col: str = "name") -> pl.Expr:
+    """Whether each row of ``kernels`` is a communication kernel (:data:`COMM_KERNEL_RE` on the
+    lower-cased name), the rule run once per distinct name, not once per kernel."""
+    names = kernels.get_column(col).unique()
+    comm = names.filter(names.str.to_lowercase().str.contains(COMM_KERNEL_RE))
+    return pl.col(col).is_in(comm.implode())
+
+
 COLL_TYPES = (
     "all_reduce",
     "all_gather",
@@ -48,6 +60,8 @@ COLL_TYPES = (
     "coalesced",
     "unknown",
 )
+# types whose output has as many elements as the input on each rank
+SAME_SIZE_TYPES = ("all_reduce", "broadcast", "reduce", "all_to_all", "all_to_allv")
 _TYPE_OF = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",
@@ -170,6 +184,41 @@ def coll_type(name: str | None) -> str:
     return _TYPE_OF.get(n, "unknown")
 
 
+def parse_ranks(
+    text: str | None,
+    group_size: int | None = None,
+    rank_start: int | None = None,
+    rank_stride: int | None = None,
+) -> list[int] | None:
+    """The global ranks of a group from ``Process Group Ranks`` (``"[0, 1, 2]"``).
+
+    PyTorch truncates the list after 30 ranks with ``", ..."`` (``format_list``,
+    ``kTruncatLength``); a truncated list is completed from ``Global rank start`` and
+    ``Global rank stride`` (ranks ``start + i * stride``) and ``Group size`` when those are
+    given and agree with the listed prefix, else None (unknown). None for text that is not a
+    list of integers.
+    """
+    if not isinstance(text, str):
+        return None
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    items = [x.strip() for x in body[1:-1].split(",") if x.strip()]
+    truncated = bool(items) and items[-1] == "..."
+    if truncated:
+        items = items[:-1]
+    try:
+        ranks = [int(x) for x in items]
+    except ValueError:
+        return None
+    if not truncated:
+        return ranks
+    if group_size is None or rank_start is None or not rank_stride:
+        return None
+    full = [rank_start + i * rank_stride for i in range(group_size)]
+    return full if full[: len(ranks)] == ranks else None
+
+
 def _metadata_in_force(
     rows: pl.DataFrame, host: pl.DataFrame, by: str, at: str, key: str
 ) -> pl.DataFrame:
@@ -201,7 +250,7 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
     from tracedx.trace.link import assign_step
 
     k = (
-        kernels.filter(pl.col("name").str.to_lowercase().str.contains(COMM_KERNEL_RE))
+        kernels.filter(is_comm_kernel(kernels))
         .select(
             "device",
             "stream",
@@ -311,8 +360,18 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
         how="vertical_relaxed",
     ).cast(SCHEMA)
     names = [n for n in out["collective_name"].unique().to_list() if n is not None]
-    return out.with_columns(
+    out = out.with_columns(
         coll_type=pl.col("collective_name").replace_strict(
             {n: coll_type(n) for n in names}, default="unknown", return_dtype=pl.Utf8
         )
+    )
+    # a label's inputs are this rank's: the output has as many elements only where the
+    # operation keeps the size (an all-gather's output is n times its input, n unknown here)
+    return out.with_columns(
+        out_nelems=pl.when(
+            (pl.col("meta_source") == "annotation")
+            & pl.col("coll_type").is_in(list(SAME_SIZE_TYPES))
+        )
+        .then(pl.col("in_nelems"))
+        .otherwise(pl.col("out_nelems"))
     ).sort("start_us", "device", "stream", "tid", nulls_last=True, maintain_order=True)

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
+from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, CommArgs, Event
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -157,6 +157,7 @@ _INT_TYPES = frozenset((int, _NONE_TYPE))
 _NUM_TYPES = frozenset((int, float, _NONE_TYPE))
 _EMPTY_RAW = msgspec.Raw()
 _EMPTY_ARGS = Args()
+_EMPTY_COMM_ARGS = CommArgs()
 
 
 def _get(objs: list, name: str) -> list:
@@ -433,30 +434,52 @@ def _comms_id(v: Any) -> str | None:
     return v or None
 
 
-def _nelems(dims: Any) -> int | None:
-    """Elements of the first input of ``Input Dims`` (``[[1000]]`` -> 1000)."""
-    if isinstance(dims, list) and dims and isinstance(dims[0], list):
-        n = 1
-        for d in dims[0]:
-            if not isinstance(d, int) or isinstance(d, bool):
-                return None
-            n *= d
-        return n if n < 2**63 else None
-    return None
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, list):
+        return None
+    n = 1
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool):
+            return None
+        n *= d
+    return n if n < 2**63 else None
+
+
+def _nelems(dims: Any, every_input: bool = False) -> int | None:
+    """Elements of the first input of ``Input Dims`` (``[[1000]]`` -> 1000), or of all inputs
+    (a coalesced all-reduce: ``gloo:all_reduce`` with ``[[4], [3]]`` moves 7)."""
+    if not (isinstance(dims, list) and dims):
+        return None
+    if not every_input:
+        return _numel(dims[0])
+    sizes = [_numel(d) for d in dims]
+    if any(n is None for n in sizes):
+        return None
+    total = sum(sizes)
+    return total if total < 2**63 else None
+
+
+def _lane(arg: Any, fallback: Any) -> int:
+    """A GPU event's device or stream as :func:`_gpu_cols` reads it (the kernels table's keys):
+    from args, else from pid/tid, else 0."""
+    v = _to_int(arg)
+    if v is None:
+        v = _to_int(fallback)
+    return 0 if v is None else v
 
 
 def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFrame:
     """The side-table rows of ``evs[idx]`` (the few events that carry collective metadata)."""
     ev = [evs[i] for i in idx]
-    a = [args[i] if args[i] is not None else _EMPTY_ARGS for i in idx]
+    a = [args[i] if args[i] is not None else _EMPTY_COMM_ARGS for i in idx]
     gpu = source == "kernel"
     n = len(ev)
     cols: dict[str, Any] = {
         "source": [source] * n,
         "pid": list(map(_to_int, _get(ev, "pid"))),
         "tid": list(map(_to_int, _get(ev, "tid"))),
-        "device": list(map(_to_int, _get(a, "device"))) if gpu else [None] * n,
-        "stream": list(map(_to_int, _get(a, "stream"))) if gpu else [None] * n,
+        "device": list(map(_lane, _get(a, "device"), _get(ev, "pid"))) if gpu else [None] * n,
+        "stream": list(map(_lane, _get(a, "stream"), _get(ev, "tid"))) if gpu else [None] * n,
         "start_us": list(map(_finite, _get(ev, "ts"))),
         "duration_us": list(map(_finite, _get(ev, "dur"))),
         "name": _get(ev, "name"),
@@ -468,15 +491,15 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
         # dims and type give the message (ProcessGroup record_function inputs)
         cols["collective_name"] = [nm.split(":", 1)[1].split(" ")[0] for nm in cols["name"]]
         dims, types = [], []
-        for x in a:
+        for x, op in zip(a, cols["collective_name"], strict=True):
             try:
                 d = msgspec.json.decode(x.input_dims) if x.input_dims else None
                 t = msgspec.json.decode(x.input_type) if x.input_type else None
             except msgspec.DecodeError:
                 d = t = None
-            dims.append(_nelems(d))
+            dims.append(_nelems(d, every_input=op.replace("_", "").startswith("allreduce")))
             types.append(t[0] if isinstance(t, list) and t and isinstance(t[0], str) else None)
-        cols["in_nelems"] = cols["out_nelems"] = dims
+        cols["in_nelems"] = dims  # out: tracedx.trace.collectives decides by type
         cols["dtype"] = types
         for c in COMM_SCHEMA:
             cols.setdefault(c, [None] * n)
@@ -495,7 +518,11 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
 
 
 def _with_collective(args: list) -> list[int]:
-    """Indices of the events whose args carry a ``Collective name`` (C-speed scan)."""
+    """Indices of the events whose args carry a ``Collective name`` (C-speed scan); none when
+    the chunk was decoded without collective fields (its bytes hold no ``Collective name``)."""
+    first = next((a for a in args if a is not None), None)
+    if not isinstance(first, CommArgs):
+        return []
     names = _get(args, "collective_name")
     if names.count(None) == len(names):
         return []
@@ -834,7 +861,13 @@ class TableBuilder:
                 df = df.with_columns(
                     self._values(kind, col, field, df[col]) for col, field in interned.items()
                 )
-        return df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        if kind == "comm":  # rows of several kinds: one order whatever the chunking
+            df = df.sort(
+                "start_us", "source", "pid", "tid", "device", "stream", "correlation",
+                "external_id", "duration_us", "name", nulls_last=True, maintain_order=True,
+            )  # fmt: skip
+        return df
 
     def _values(self, kind: str, col: str, field: int, codes: pl.Series) -> pl.Series:
         uniq = self._interners[kind].decoded(field)
