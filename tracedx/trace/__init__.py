@@ -71,7 +71,9 @@ class Trace:
     steps_synthetic: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
-    comm_args: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COMM_SCHEMA))
+    comm_args: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema={**COMM_SCHEMA, "end_us": pl.Float64})
+    )
     _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _coll_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

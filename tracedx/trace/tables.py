@@ -459,6 +459,15 @@ def _nelems(dims: Any, every_input: bool = False) -> int | None:
     return total if total < 2**63 else None
 
 
+def _lane(arg: Any, fallback: Any) -> int:
+    """A GPU event's device or stream as :func:`_gpu_cols` reads it (the kernels table's keys):
+    from args, else from pid/tid, else 0."""
+    v = _to_int(arg)
+    if v is None:
+        v = _to_int(fallback)
+    return 0 if v is None else v
+
+
 def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFrame:
     """The side-table rows of ``evs[idx]`` (the few events that carry collective metadata)."""
     ev = [evs[i] for i in idx]
@@ -469,8 +478,8 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
         "source": [source] * n,
         "pid": list(map(_to_int, _get(ev, "pid"))),
         "tid": list(map(_to_int, _get(ev, "tid"))),
-        "device": list(map(_to_int, _get(a, "device"))) if gpu else [None] * n,
-        "stream": list(map(_to_int, _get(a, "stream"))) if gpu else [None] * n,
+        "device": list(map(_lane, _get(a, "device"), _get(ev, "pid"))) if gpu else [None] * n,
+        "stream": list(map(_lane, _get(a, "stream"), _get(ev, "tid"))) if gpu else [None] * n,
         "start_us": list(map(_finite, _get(ev, "ts"))),
         "duration_us": list(map(_finite, _get(ev, "dur"))),
         "name": _get(ev, "name"),
