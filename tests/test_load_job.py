@@ -165,3 +165,17 @@ def test_cli_html_of_a_job_is_refused_in_one_line(host_job, tmp_path):
         main, ["diagnose", str(host_job.paths[0].parent), "--html", str(tmp_path / "j.html")]
     )
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--html" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "job, straggler",
+    [("ddp_mlp-gloo-balanced", None), ("ddp_mlp-gloo-host-straggler", 1)],
+)
+def test_committed_gloo_jobs(job, straggler):
+    """The CPU gloo DDP pair of sample_traces/multirank.md: no straggler when balanced, rank 1
+    (30 ms of host work per step) when not."""
+    from tests.conftest import SAMPLES
+
+    jd = tracedx.diagnose(tracedx.load_job(SAMPLES / job))
+    assert [s.meta["rank"] for s in jd.job.summaries] == [0, 1]
+    assert (jd.straggler.rank if jd.straggler else None) == straggler
