@@ -41,7 +41,9 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=30)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--d-model", type=int, default=None)
-    p.add_argument("--no-prefetch", action="store_true", help="no explicit forward/backward prefetch")
+    p.add_argument(
+        "--no-prefetch", action="store_true", help="no explicit forward/backward prefetch"
+    )
     p.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False")
     args = p.parse_args()
     device, rank, world = init(args)

@@ -15,8 +15,10 @@ The step, identical in structure on every rank (so every collective has one kern
 3. when ``dp > 1``, a DP all-reduce of ``dp_nelems`` bf16 on the DP group (``mesh_dp``) after
    backward (one bucket, not overlapped: exposed communication), and a host-side ``wait``
    (a ``record_param_comms`` with ``Collective name`` ``wait`` and no kernel, as PyTorch writes);
-4. an optimizer kernel of ``opt_us``, then ``aten::item`` with a ``cudaStreamSynchronize``
-   until the rank's GPU is done; the next step's host work starts when it returns.
+4. ``aten::item`` with a ``cudaStreamSynchronize`` until the rank's GPU is done (returning
+   ``SYNC_RETURN_US`` later), then the optimizer kernel of ``opt_us``; the next step's host
+   work starts right after its launch, while it runs: the GPU then idles in ``host work`` for
+   ``host_us - 42`` us (host work, minus the optimizer kernel and launch latencies).
 
 A collective on a group starts on each member when its kernel reaches the NCCL stream (its
 *arrival*: the end of the member's previous GPU work, or its launch if later) and ends on every
@@ -206,9 +208,11 @@ def generate(spec: JobSpec, out_dir: str | Path) -> GeneratedJob:
                 segs.append(("tp", 0.0))
     if dp > 1:
         segs.append(("dp", 0.0))
+    segs.append(("sync", 0.0))
     segs.append(("opt", spec.opt_us))
 
     host_start = {r: T0 for r in range(world)}
+    gpu_t = {r: None for r in range(world)}  # end of the rank's last GPU work
     seq = {(kind, r): 0 for kind in ("tp", "dp") for r in range(world)}
     events: dict[int, list[tuple]] = {r: [] for r in range(world)}  # per rank, per step
     rank_rows: list[dict] = []
@@ -217,11 +221,16 @@ def generate(spec: JobSpec, out_dir: str | Path) -> GeneratedJob:
         step = spec.first_step + k
         s0 = dict(host_start)
         h = {r: spec.host_us + host_extra(r) for r in range(world)}
-        gpu_t = {r: None for r in range(world)}  # end of the rank's last GPU work
         launch_t = {r: s0[r] + h[r] for r in range(world)}  # host time of the next launch op
         acc = {r: {"compute": 0.0, "comm": 0.0, "wait": 0.0, "transfer": 0.0} for r in range(world)}
         step_ev = {r: [("host_work", s0[r], h[r])] for r in range(world)}
         for kind, us in segs:
+            if kind == "sync":  # aten::item: the host waits for its GPU
+                for r in range(world):
+                    sync_ts = launch_t[r]
+                    launch_t[r] = max(gpu_t[r], sync_ts) + SYNC_RETURN_US
+                    step_ev[r].append(("sync", sync_ts, launch_t[r] - sync_ts))
+                continue
             # every rank launches this segment's kernel from one op
             ready = {}
             for r in range(world):
@@ -276,11 +285,8 @@ def generate(spec: JobSpec, out_dir: str | Path) -> GeneratedJob:
                         }
                     )
         for r in range(world):
-            sync_ts = launch_t[r]
-            sync_end = max(gpu_t[r], sync_ts) + SYNC_RETURN_US
-            step_ev[r].append(("sync", sync_ts, sync_end - sync_ts))
-            host_start[r] = sync_end
-            events[r].append((step, s0[r], sync_end, step_ev[r]))
+            host_start[r] = launch_t[r]  # the next step's host work starts after the last launch
+            events[r].append((step, s0[r], launch_t[r], step_ev[r]))
             rank_rows.append(
                 {
                     "rank": r,
@@ -290,7 +296,7 @@ def generate(spec: JobSpec, out_dir: str | Path) -> GeneratedJob:
                     "wait_us": acc[r]["wait"],
                     "transfer_us": acc[r]["transfer"],
                     "host_us": h[r],
-                    "cpu_step_us": sync_end - s0[r],
+                    "cpu_step_us": launch_t[r] - s0[r],
                     "gpu_end_us": gpu_t[r],
                 }
             )

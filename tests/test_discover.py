@@ -9,7 +9,6 @@ import pytest
 from tracedx.errors import TraceError
 from tracedx.job.discover import (
     expand_inputs,
-    hostname_from_filename,
     rank_from_filename,
     resolve_ranks,
 )
@@ -74,13 +73,6 @@ def test_bad_inputs_are_one_line_errors(tmp_path, make, message):
 )
 def test_rank_from_filename(name, rank):
     assert rank_from_filename(os.path.join("/data", name)) == rank
-
-
-def test_hostname_from_tensorboard_name():
-    assert hostname_from_filename("/t/node-a.cluster_4242.1700000000123.pt.trace.json.gz") == (
-        "node-a.cluster"
-    )
-    assert hostname_from_filename("/t/rank0_trace.json") is None
 
 
 def _meta(rank=None, world=None, steps=(1, 2, 3), source="distributedInfo", **kw):

@@ -468,9 +468,32 @@ def _count_events(path: Path) -> dict | None:
     return counts
 
 
+def _launcher_start() -> _dt.datetime | None:
+    """When this process's parent started (Linux ``/proc``), else None.
+
+    Under torchrun the parent is the launcher agent, shared by every rank of the host, so
+    ranks that start a second apart still name their traces with one time.
+    """
+    try:
+        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of proc(5): starttime, clock ticks after boot
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                boot = int(line.split()[1])
+                return _dt.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return None
+
+
 def _unique_path(out_dir: Path, stem: str, rank: int | None = None) -> Path:
-    """``out_dir/<stem>-<YYYYmmdd-HHMMSS>[-<k>][-rank<R>].json.gz``, a name not yet taken."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    """``out_dir/<stem>-<YYYYmmdd-HHMMSS>[-<k>][-rank<R>].json.gz``, a name not yet taken.
+
+    The time is now, or for a rank of a torchrun job its launcher's start (one time for all
+    the ranks of a host).
+    """
+    start = _launcher_start() if rank is not None else None
+    stamp = (start or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     tail = "" if rank is None else f"-rank{rank}"
     path = out_dir / f"{stem}-{stamp}{tail}.json.gz"
     k = 1

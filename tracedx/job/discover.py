@@ -17,8 +17,8 @@ File-name layouts (MULTIRANK.md section 3.3 names their sources):
   file name, else in the nearest parent folder's name (``rank3/trace.json``).
 - ``torch.profiler.tensorboard_trace_handler`` writes ``{worker_name}.{time_ns}.pt.trace.json``
   with ``worker_name = "{hostname}_{pid}"`` by default (PyTorch docs,
-  ``torch.profiler.tensorboard_trace_handler``): the host name, not a rank
-  (:func:`hostname_from_filename`).
+  ``torch.profiler.tensorboard_trace_handler``): the host name, not a rank (the summary reads
+  the host name, ``tracedx.job.summary.TB_NAME_RE``).
 
 Nothing here reads a trace: this is pure bookkeeping over paths and summary metadata.
 """
@@ -38,7 +38,6 @@ from tracedx.errors import TraceError
 __all__ = [
     "RankSet",
     "expand_inputs",
-    "hostname_from_filename",
     "is_url",
     "rank_from_filename",
     "resolve_ranks",
@@ -47,7 +46,6 @@ __all__ = [
 TRACE_SUFFIXES = (".json", ".json.gz")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _RANK_RE = re.compile(r"(?<![A-Za-z0-9])rank[-_]?(\d+)(?!\d)", re.IGNORECASE)
-_TB_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -135,13 +133,6 @@ def rank_from_filename(path: str | os.PathLike) -> int | None:
         if m:
             return int(m.group(1))
     return None
-
-
-def hostname_from_filename(path: str | os.PathLike) -> str | None:
-    """The host of a ``tensorboard_trace_handler`` file name
-    ``{hostname}_{pid}.{time_ns}.pt.trace.json[.gz]``, else None."""
-    m = _TB_RE.match(Path(os.fspath(path)).name)
-    return m.group("host") if m else None
 
 
 @dataclass(frozen=True)

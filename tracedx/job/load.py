@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import polars as pl
 
 from tracedx.errors import TraceError
-from tracedx.job.discover import expand_inputs, hostname_from_filename, resolve_ranks
+from tracedx.job.discover import expand_inputs, resolve_ranks
 
 __all__ = ["load_job"]
 
@@ -106,8 +106,6 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
         path, s = good[rs.index[r]]
         meta = dict(s.meta)
         meta["rank"], meta["rank_source"] = r, rs.sources[r]
-        if not meta.get("hostname"):
-            meta["hostname"] = hostname_from_filename(path)
         summaries.append(_with(s, meta, rs.steps))
     notes += rs.notes
     return job_class(summaries=summaries, notes=notes)

@@ -32,7 +32,7 @@ from statistics import median
 import polars as pl
 
 from tracedx.job.clock import SYNC_TYPES
-from tracedx.job.match import parse_ranks
+from tracedx.trace.collectives import parse_ranks
 
 MIN_COLLECTIVES = 20
 P_VALUE = 0.01
@@ -289,7 +289,7 @@ def _link_straggler(
         rows = g.to_dicts()
         for row in rows:
             others = median(x["tau"] for x in rows if x is not row)
-            ranks = set(parse_ranks(row["pg_ranks"])[0])
+            ranks = set(parse_ranks(row["pg_ranks"], row["group_size"]) or [])
             if others > 0 and row["tau"] >= LINK_RATIO * others:
                 slow.append(ranks)
                 extra += (row["tau"] - others) * row["n"] / max(row["steps"], 1)
@@ -386,19 +386,27 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
 
 
 def _kernel_excess(r: int, summaries: list) -> str:
-    """The kernel whose time grew most on rank r against the median peer."""
-    tabs = {int(s.meta["rank"]): s.kernels for s in summaries if s.kernels is not None}
-    if r not in tabs or len(tabs) < 2:
+    """The kernel whose time grew most on rank r against the median peer (a kernel a peer
+    does not run counts 0 for it)."""
+    tabs = [
+        s.kernels.select("name", "total_us").with_columns(rank=pl.lit(int(s.meta["rank"])))
+        for s in summaries
+        if s.kernels is not None and s.kernels.height
+    ]
+    if len(tabs) < 2:
         return ""
-    mine = dict(tabs[r].select("name", "total_us").iter_rows())
+    k = pl.concat(tabs, how="vertical_relaxed")
+    mine = k.filter(pl.col("rank") == r).group_by("name").agg(pl.col("total_us").sum())
+    peers = k.filter(pl.col("rank") != r)
+    n_peers = peers["rank"].n_unique()
+    if mine.height == 0 or n_peers == 0:
+        return ""
+    # median over the peers with zeros for the peers without the kernel
+    per = peers.group_by("name").agg(pl.col("total_us"))
+    med = {name: median([*v, *([0.0] * (n_peers - len(v)))]) for name, v in per.iter_rows()}
     best, dmax = None, 0.0
-    for name, t in mine.items():
-        others = [
-            float(df.filter(pl.col("name") == name)["total_us"].sum())
-            for q, df in tabs.items()
-            if q != r
-        ]
-        d = t - median(others)
+    for name, t in mine.iter_rows():
+        d = t - med.get(name, 0.0)
         if d > dmax:
             best, dmax = name, d
     if best is None:
