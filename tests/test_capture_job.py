@@ -97,8 +97,8 @@ def test_the_directory_is_diagnosed_as_a_job_naming_the_straggler(straggler_job)
 
 @pytest.mark.xfail(
     strict=True,
-    reason="job-analysis names the cause from GPU compute and idle causes; a CPU-only gloo "
-    "trace's extra host time outside any op (a Python loop) is not yet told apart from compute",
+    reason="the straggler's cause comes from GPU compute and GPU idle causes; a CPU-only gloo "
+    "trace has neither, so its 30 ms Python loop (host time outside any op) is named 'unknown'",
 )
 def test_the_straggler_cause_is_host_work(straggler_job):
     out, _ = straggler_job
