@@ -159,19 +159,42 @@ def _load_and_diagnose(
     help="Also write a self-contained HTML report here.",
 )
 @_analysis_options
-def diagnose(trace_paths, fmt, html_path, **analysis):
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="tcp://HOST:PORT",
+    help="Summarise a job's ranks on this Dask cluster (pip install 'tracedx[dask]').",
+)
+@click.option(
+    "--summaries",
+    "summaries_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Keep each rank's summary here; a later run reuses them for unchanged traces.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def diagnose(trace_paths, fmt, html_path, scheduler, summaries_dir, workers, quiet, **analysis):
     """Where the time goes, what binds it, and what each fix is worth.
 
     TRACE is one trace file, or a job's traces: several files, a directory (searched
     recursively for *.json and *.json.gz) or a quoted glob. One file gets the single-rank
     diagnosis; several get the job diagnosis (ranks matched, stragglers, waiting split from
-    transfer).
+    transfer). A job's ranks are summarised in parallel: local worker processes by default,
+    or a Dask cluster with --scheduler; --summaries DIR keeps the summaries for the next run.
     """
     from tracedx.job.discover import expand_inputs
 
     files = expand_inputs(trace_paths)
     if len(files) > 1:
-        _diagnose_job(files, fmt, html_path, analysis)
+        where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
+        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
         return
     from tracedx.report import render
 
@@ -183,7 +206,7 @@ def diagnose(trace_paths, fmt, html_path, **analysis):
         click.echo(f"wrote {html_path}", err=True)
 
 
-def _diagnose_job(files, fmt, html_path, analysis) -> None:
+def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
     """The job report of several traces (text, json or md)."""
     from tracedx.job.diagnosis import diagnose_job
     from tracedx.job.load import load_job
@@ -191,9 +214,9 @@ def _diagnose_job(files, fmt, html_path, analysis) -> None:
     if html_path:
         raise TraceError("--html takes one trace; a job's report is text, json or md for now")
     options = {k: v for k, v in analysis.items() if v not in (None, False)}
-    if "device_name" in options:
+    if "device_name" in options:  # summarize_path's name for it
         options["device"] = options.pop("device_name")
-    jd = diagnose_job(load_job(files, **options))
+    jd = diagnose_job(load_job(files, progress=progress, **where, **options))
     render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
     click.echo(render(), nl=False)
 

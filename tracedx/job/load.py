@@ -1,7 +1,8 @@
 """``load_job(paths) -> Job``: every rank's trace summarised, the rank set checked, one Job.
 
 The flow (docs/multirank.md): inputs expanded (:func:`tracedx.job.discover.expand_inputs`) ->
-one ``summarize_path`` per file (the map: here a plain sequential loop in this process) ->
+one ``summarize_path`` per file (the map: :func:`tracedx.job.executor.map_ranks`, on a local
+process pool, a Dask cluster or any executor) ->
 ranks resolved and checked (:func:`tracedx.job.discover.resolve_ranks`) -> a
 :class:`tracedx.job.diagnosis.Job` holding the analysed ranks' summaries and every note.
 
@@ -26,6 +27,10 @@ __all__ = ["load_job"]
 def load_job(
     paths: str | os.PathLike | Iterable[str | os.PathLike],
     *,
+    executor=None,
+    client=None,
+    summaries_dir: str | os.PathLike | None = None,
+    workers: int | None = None,
     progress: bool | Callable[[int, int, str], None] | None = None,
     **options,
 ):
@@ -37,6 +42,15 @@ def load_job(
     ``repair``), applied to every rank. ``progress``: a callable ``progress(done, total,
     path)`` called after each file, True for a progress bar on stderr, None for one only when
     stderr is a terminal, False for none.
+
+    Where the map runs (:func:`tracedx.job.executor.map_ranks`): ``executor``, any
+    ``concurrent.futures``-style executor; ``client``, a ``distributed.Client`` or a Dask
+    scheduler address (``"tcp://host:8786"``; needs ``tracedx[dask]``); neither, a local spawn
+    process pool of ``workers`` processes (default: sized from free memory, the trace sizes
+    and the CPUs; in this process when one worker is planned). Workers open the files
+    themselves; only summaries come back. ``summaries_dir``: each rank's summary is also
+    written there and reused by a later run while the trace is unchanged (path, size, mtime,
+    tracedx version).
 
     Each summary's ``meta["rank"]`` is the rank the checks decided (the trace's own, else its
     file name's, else assumed; ``meta["rank_source"]`` says which). When ranks cover different
@@ -52,25 +66,18 @@ def load_job(
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     files = expand_inputs(items)
-    results = _summarize_all(files, options, progress)
-    return assemble_job(results, Job)
+    from tracedx.job.executor import map_ranks
 
-
-def _summarize_all(files: list[str], options: dict, progress) -> list[tuple[str, object, str]]:
-    """``(path, summary or None, note or None)`` per file, in order (the sequential map)."""
-    from tracedx.job.summary import summarize_path
-
-    out: list[tuple[str, object, str]] = []
-    with _progress(progress, len(files)) as tick:
-        for path in files:
-            try:
-                out.append((path, summarize_path(path, **options), None))
-            except TraceError as e:
-                out.append((path, None, str(e)))
-            except Exception as e:  # a rank's failure never fails the job
-                out.append((path, None, f"{path}: {type(e).__name__}: {e}"))
-            tick(path)
-    return out
+    results = map_ranks(
+        files,
+        executor=executor,
+        client=client,
+        summaries_dir=summaries_dir,
+        options=options,
+        progress=progress,
+        workers=workers,
+    )
+    return assemble_job([(r.path, r.summary, r.note) for r in results], Job)
 
 
 def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
@@ -120,37 +127,3 @@ def _with(summary, meta: dict, steps: tuple[int, ...]):
     for k, v in changes.items():  # a stand-in summary object
         setattr(summary, k, v)
     return summary
-
-
-class _progress:
-    """A context giving ``tick(path)``: the caller's callback, a rich bar, or nothing."""
-
-    def __init__(self, progress, total: int):
-        self.progress, self.total, self.done, self.bar = progress, total, 0, None
-
-    def __enter__(self):
-        import sys
-
-        show = self.progress
-        if show is None:
-            show = sys.stderr.isatty() and self.total > 1
-        if show is True:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.bar = Progress(transient=True, console=Console(stderr=True))
-            self.bar.start()
-            self.task = self.bar.add_task("reading ranks", total=self.total)
-        return self.tick
-
-    def tick(self, path: str) -> None:
-        self.done += 1
-        if callable(self.progress):
-            self.progress(self.done, self.total, path)
-        elif self.bar is not None:
-            self.bar.advance(self.task)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
