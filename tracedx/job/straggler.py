@@ -381,6 +381,12 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
     if shapes and work > 0:
         ev.append("its op input shapes differ from its peers': " + "; ".join(shapes[:3]))
         return "data shapes", ev, excess, False
+    if not gpu and excess > 0 and excess - max(work, 0.0) >= max(work, 0.0):
+        ev.append(
+            f"its step holds {(excess - max(work, 0.0)) / 1e3:.3f} ms more than the median peer's "
+            "outside communication and compute: host time before the collectives"
+        )
+        return "host work", ev, excess, True
     if ratio >= COMPUTE_RATIO and work >= top_dh:
         ev.append(_kernel_excess(r, summaries))
         return "GPU compute", [e for e in ev if e], excess, False
@@ -390,12 +396,6 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
             f"{top_host} (single-rank idle cause)"
         )
         return top_host, ev, excess, True
-    if not gpu and excess > 0 and excess - max(work, 0.0) >= 0.5 * excess:
-        ev.append(
-            f"its step holds {(excess - max(work, 0.0)) / 1e3:.3f} ms more than the median peer's "
-            "outside communication and compute: host time before the collectives"
-        )
-        return "host work", ev, excess, True
     if ratio >= COMPUTE_RATIO:
         return "GPU compute", ev, excess, False
     return "unknown", ev, excess, False
