@@ -99,6 +99,22 @@ class Timer:
         self._i += 1
 
 
+def train(args: argparse.Namespace, device: torch.device, rank: int, opt, loss_fn) -> Timer:
+    """Run ``args.steps`` training steps (zero_grad, ``loss_fn().backward()``, ``opt.step()``);
+    on ``args.straggler_rank`` each step starts with ``args.host_ms`` of host work. Returns
+    the step timer."""
+    timer = Timer(device, args.steps, args.time_steps)
+    straggler = rank == args.straggler_rank
+    for _ in range(args.steps):
+        if straggler:
+            busy_host(args.host_ms)
+        opt.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        opt.step()
+        timer.step()
+    return timer
+
+
 def report_timing(name: str, timer: Timer, rank: int, world: int, **info) -> None:
     """Print this rank's step times (median, min, max in ms) and, on rank 0, the job's line.
 

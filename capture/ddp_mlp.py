@@ -17,7 +17,7 @@ times (median, min, max of the last ``--time-steps`` steps, synchronized at each
 from __future__ import annotations
 
 import torch
-from _dist import Timer, busy_host, finish, init, parser, report_timing
+from _dist import finish, init, parser, report_timing, train
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -59,16 +59,12 @@ def main() -> None:
     x = torch.randn(n, width, generator=gen).to(device)
     y = torch.randn(n, width, generator=gen).to(device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu)
-    timer = Timer(device, args.steps, args.time_steps)
-    for _ in range(args.steps):
-        if straggler:
-            busy_host(args.host_ms)
-        opt.zero_grad(set_to_none=True)
+
+    def loss_fn() -> torch.Tensor:
         with amp:
-            loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        timer.step()
+            return nn.functional.mse_loss(model(x), y)
+
+    timer = train(args, device, rank, opt, loss_fn)
     report_timing(
         "ddp_mlp",
         timer,

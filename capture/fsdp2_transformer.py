@@ -19,7 +19,7 @@ unprofiled step times (median, min, max of the last ``--time-steps`` steps).
 from __future__ import annotations
 
 import torch
-from _dist import Timer, busy_host, finish, init, parser, report_timing
+from _dist import finish, init, parser, report_timing, train
 from torch import nn
 
 
@@ -72,16 +72,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
     x = torch.randn(batch, seq, d, generator=gen).to(device)
-    straggler = rank == args.straggler_rank
-    timer = Timer(device, args.steps, args.time_steps)
-    for _ in range(args.steps):
-        if straggler:
-            busy_host(args.host_ms)
-        opt.zero_grad(set_to_none=True)
-        loss = model(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        timer.step()
+    timer = train(args, device, rank, opt, lambda: model(x).float().pow(2).mean())
     report_timing(
         "fsdp2_transformer",
         timer,

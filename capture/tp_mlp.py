@@ -16,7 +16,7 @@ fp32. Run plainly, each rank prints its unprofiled step times (median, min, max 
 from __future__ import annotations
 
 import torch
-from _dist import Timer, busy_host, finish, init, parser, report_timing
+from _dist import finish, init, parser, report_timing, train
 from torch import nn
 
 
@@ -50,17 +50,12 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(7)).to(device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu)
-    straggler = rank == args.straggler_rank
-    timer = Timer(device, args.steps, args.time_steps)
-    for _ in range(args.steps):
-        if straggler:
-            busy_host(args.host_ms)
-        opt.zero_grad(set_to_none=True)
+
+    def loss_fn() -> torch.Tensor:
         with amp:
-            loss = model(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        timer.step()
+            return model(x).float().pow(2).mean()
+
+    timer = train(args, device, rank, opt, loss_fn)
     report_timing(
         "tp_mlp",
         timer,
