@@ -95,11 +95,6 @@ def test_the_directory_is_diagnosed_as_a_job_naming_the_straggler(straggler_job)
     assert doc["straggler"] is not None and doc["straggler"]["rank"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the straggler's cause comes from GPU compute and GPU idle causes; a CPU-only gloo "
-    "trace has neither, so its 30 ms Python loop (host time outside any op) is named 'unknown'",
-)
 def test_the_straggler_cause_is_host_work(straggler_job):
     out, _ = straggler_job
     doc = json.loads(CliRunner().invoke(main, ["diagnose", str(out), "--format", "json"]).stdout)

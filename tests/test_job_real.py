@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CASES, DATA, PUBLIC
+from conftest import CASES, DATA, PUBLIC, ROOT
 
 from tracedx.job.diagnosis import diagnose_job
 from tracedx.job.load import load_job
@@ -58,3 +58,17 @@ def test_hta_sampled_ranks_mismatches_are_flagged():
     assert any("mismatch between their ranks" in n for n in jd.notes)
     assert any("126 ranks" in n for n in jd.notes)
     assert jd.regime == "overhead-bound"
+
+
+def test_gloo_host_straggler_sample_predicts_the_balanced_sample():
+    """sample_traces' CPU gloo DDP pair: rank 1 spins 30 ms of Python before each forward.
+    The job names rank 1, host work, and balance-ranks' step (traced) lands within 10 % of the
+    balanced job's traced step (same script and machine, without the spin)."""
+    s = ROOT / "sample_traces"
+    jd = diagnose_job(load_job([str(s / "ddp_mlp-gloo-host-straggler")], progress=False))
+    assert jd.straggler.rank == 1 and jd.straggler.cause == "host work"
+    assert jd.regime == "overhead-bound" and jd.bottleneck == "load imbalance"
+    f = {x.fix: x for x in jd.findings}["balance-ranks"]
+    bal = diagnose_job(load_job([str(s / "ddp_mlp-gloo-balanced")], progress=False))
+    assert bal.straggler is None and bal.bottleneck == "CPU compute"
+    assert f.estimated_step_ms == pytest.approx(bal.typical["step_us"] / 1e3, rel=0.10)

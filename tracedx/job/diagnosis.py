@@ -155,6 +155,8 @@ def _device_verdict(s) -> tuple[str, str]:
                     "device memory",
                 )
             )
+    if k is None or k.height == 0:
+        return "compute-bound", "CPU compute"  # no GPU kernels: the ranks compute on the host
     return "compute-bound", "tensor-core math"
 
 

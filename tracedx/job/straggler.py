@@ -18,7 +18,9 @@ the median over the other ranks): its op input shapes differ (``opsig``: data sh
 compute ``U`` is at least 5 % longer (GPU compute); or its GPU idles longer before the
 collectives for a host-side reason (the idle causes of the single-rank timeline: host work,
 kernel launch, python, DataLoader, host syncs). Its excess, ``(U + idle)`` over the median
-peer's, is what it was doing while the others waited. A rank whose arrival is even but whose
+peer's, is what it was doing while the others waited; without a GPU timeline (CPU-only
+traces) it is its time outside communication (step - comm) over the median peer's, and what
+compute does not explain is host work. A rank whose arrival is even but whose
 groups move the same bytes slower than the other groups is a link straggler
 (:func:`_link_straggler`).
 """
@@ -348,29 +350,43 @@ def _shape_diffs(r: int, summaries: list) -> list[str]:
 
 
 def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str], float, bool]:
-    med = {c: _per_rank_median(steps, c) for c in ("compute_us", "idle_us", *HOST_CAUSES)}
+    steps = steps.with_columns(_outside=pl.col("step_time_us") - pl.col("comm_us").fill_null(0.0))
+    cols = ("compute_us", "idle_us", "_outside", *HOST_CAUSES)
+    med = {c: _per_rank_median(steps, c) for c in cols}
 
     def peer(c: str) -> float:
         v = [x for q, x in med[c].items() if q != r]
         return median(v) if v else 0.0
 
     u_s, u_p = med["compute_us"].get(r, 0.0), peer("compute_us")
-    i_s, i_p = med["idle_us"].get(r, 0.0), peer("idle_us")
-    excess = max((u_s + i_s) - (u_p + i_p), 0.0)
+    gpu = r in med["idle_us"]
+    if gpu:
+        i_s, i_p = med["idle_us"][r], peer("idle_us")
+        excess = max((u_s + i_s) - (u_p + i_p), 0.0)
+    else:
+        # no GPU timeline (CPU-only traces): the time outside communication, step minus comm
+        i_s = i_p = 0.0
+        excess = max(med["_outside"].get(r, 0.0) - peer("_outside"), 0.0)
     ratio = u_s / u_p if u_p > 0 else math.inf if u_s > 0 else 1.0
     host = {name: med[c].get(r, 0.0) - peer(c) for c, name in HOST_CAUSES.items() if med[c]}
     top_host = max(host, key=host.get) if host else None
     top_dh = host.get(top_host, 0.0) if top_host else 0.0
     shapes = _shape_diffs(r, summaries)
+    idle = f"GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms" if gpu else "no GPU timeline"
     ev = [
         f"rank {r} per step: compute {u_s / 1e3:.3f} ms vs {u_p / 1e3:.3f} ms on the median peer "
-        f"({ratio:.2f}x), GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms; excess "
-        f"{excess / 1e3:.3f} ms"
+        f"({ratio:.2f}x), {idle}; excess {excess / 1e3:.3f} ms"
     ]
     work = u_s - u_p
     if shapes and work > 0:
         ev.append("its op input shapes differ from its peers': " + "; ".join(shapes[:3]))
         return "data shapes", ev, excess, False
+    if not gpu and excess > 0 and excess - max(work, 0.0) >= max(work, 0.0):
+        ev.append(
+            f"its step holds {(excess - max(work, 0.0)) / 1e3:.3f} ms more than the median peer's "
+            "outside communication and compute: host time before the collectives"
+        )
+        return "host work", ev, excess, True
     if ratio >= COMPUTE_RATIO and work >= top_dh:
         ev.append(_kernel_excess(r, summaries))
         return "GPU compute", [e for e in ev if e], excess, False
