@@ -48,12 +48,13 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
-def _write_html(diag, path) -> None:
-    """Write the HTML report; an unwritable path is the user's input error (exit 2), not a bug."""
+def _write_html(diag, path, write=None) -> None:
+    """Write the HTML report (``write(obj, path)``, the diagnosis report by default); an
+    unwritable path is the user's input error (exit 2), not a bug."""
     from tracedx.report.html import write_html
 
     try:
-        write_html(diag, path)
+        (write or write_html)(diag, path)
     except OSError as e:
         raise TraceError(f"cannot write the HTML report to {path}: {e.strerror or e}") from None
 
@@ -306,7 +307,14 @@ def report(trace_path, out_path, **analysis):
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
-def diff_command(before_path, after_path, fmt, fix, repair):
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
+)
+def diff_command(before_path, after_path, fmt, fix, repair, html_path):
     """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result."""
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
@@ -314,6 +322,11 @@ def diff_command(before_path, after_path, fmt, fix, repair):
 
     td = run_diff(load(before_path, repair=repair), load(after_path, repair=repair), fix=fix)
     click.echo(render_diff(td, fmt), nl=False)
+    if html_path:
+        from tracedx.report.diff_html import write_diff_html
+
+        _write_html(td, html_path, write_diff_html)
+        click.echo(f"wrote {html_path}", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

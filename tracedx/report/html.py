@@ -82,7 +82,7 @@ def _header(d: dict) -> str:
     )
 
 
-def _verdict(d: dict) -> str:
+def _verdict(d: dict, key: str = "verdict", title: str = "Verdict") -> str:
     st = d["steps"]
     regime = d["regime"]
     cls = (regime or "none").replace(" ", "-")
@@ -105,7 +105,7 @@ def _verdict(d: dict) -> str:
     kpi = "".join(f"<div class='kpi'><span>{k}</span><b>{v}</b></div>" for k, v in kpis)
     ev = "".join(f"<li>{e(x)}</li>" for x in d["evidence"])
     return (
-        f"<section id='verdict' class='card'><h2>Verdict</h2><p class='verdict'>{head}</p>"
+        f"<section id='{key}' class='card'><h2>{e(title)}</h2><p class='verdict'>{head}</p>"
         f"<div class='kpis'>{kpi}</div><ul class='evidence'>{ev}</ul>{_top_fixes(d)}</section>"
     )
 
