@@ -294,6 +294,36 @@ def report(trace_path, out_path, **analysis):
     click.echo(out_path)
 
 
+@main.command()
+@click.argument("trace_path", metavar="TRACE")
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default="annotated.json.gz",
+    show_default=True,
+    help="The annotated trace to write (gzip when it ends in .gz).",
+)
+@_analysis_options
+def annotate(trace_path, out_path, **analysis):
+    """Write TRACE with what tracedx found on extra tracks, for the Perfetto UI: steps and
+    their verdict, idle gaps by cause, host syncs with their Python line, fusable chains."""
+    from tracedx.report.perfetto import annotate as write_annotated
+
+    if analysis.pop("repair"):
+        raise TraceError("annotate copies the original events and does not salvage: --repair")
+    with _spinner(f"reading {trace_path}") as status:
+        diag = _load_and_diagnose(trace_path, **analysis, repair=False, status=status)
+        if status:
+            status.update(f"writing {out_path}")
+        res = write_annotated(trace_path, out_path, diag)
+    click.echo(
+        f"{res.path}: {res.original_events} original events, {res.added_events} added "
+        "(open it in the Perfetto UI)"
+    )
+
+
 @main.command("diff")
 @click.argument("before_path", metavar="BEFORE")
 @click.argument("after_path", metavar="AFTER")

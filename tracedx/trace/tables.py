@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
+from tracedx.trace.events import ANNOTATION_CAT, CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -522,6 +522,8 @@ class Converter:
 
 def _metadata(e: Event, out: ChunkColumns) -> None:
     a = e.args
+    if e.cat == ANNOTATION_CAT:  # names of `tracedx annotate`'s own tracks
+        return
     if a is not None and isinstance(a.name, str):
         if e.name == "process_name":
             out.process_names[e.pid] = a.name
