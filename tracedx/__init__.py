@@ -3,7 +3,8 @@
 Public API (torch is never imported by analysis):
 
 - ``tracedx.load(path) -> Trace``: read a torch.profiler chrome trace into polars tables.
-- ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth.
+- ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth;
+  ``tracedx.diagnose(job) -> JobDiagnosis`` for a multi-rank :class:`tracedx.job.diagnosis.Job`.
 - ``tracedx.step()`` / ``tracedx.profile(...)``: step markers and profiling for `tracedx capture`.
 """
 
@@ -17,12 +18,22 @@ from tracedx.trace import Trace, load
 __all__ = ["Trace", "TraceError", "TraceFormatError", "__version__", "load"]
 
 
+def _diagnose(obj, **options):
+    """Diagnose a :class:`Trace` (one rank: ``Diagnosis``) or a :class:`tracedx.job.diagnosis.Job`
+    (several ranks' summaries: ``JobDiagnosis``). Options go to the single-rank diagnosis."""
+    from tracedx.job.diagnosis import Job, diagnose_job
+
+    if isinstance(obj, Job):
+        return diagnose_job(obj)
+    from tracedx.analysis.diagnosis import diagnose
+
+    return diagnose(obj, **options)
+
+
 def __getattr__(name: str):
     # Lazy imports keep `import tracedx` light and torch-free.
     if name == "diagnose":
-        from tracedx.analysis.diagnosis import diagnose
-
-        return diagnose
+        return _diagnose
     if name == "diff":
         from tracedx.analysis.diff import diff
 
