@@ -683,3 +683,62 @@ def test_diff_report_loads_in_chromium_and_fits_1400px(browser, tmp_path):
     )
     assert tops[0][0] == tops[1][0] and tops[0][1] < tops[1][1]
     assert browser.eval("document.querySelectorAll('#fig-estimate .bars .point').length") >= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the job report (issue 14): per-rank table, rank-by-step wait heatmap
+# ---------------------------------------------------------------------------------------------
+
+LATE = [[0.0, 300.0], [100.0, 0.0], [0.0, 500.0], [250.0, 250.0]]
+"""Per step, how late each of 2 ranks joins the step's all-reduce (us)."""
+
+
+def late_job():
+    """One all-reduce (tau = 200 us) per step; rank r computes 1000 + LATE[k][r] us, then
+    joins; both end at 1000 + max(LATE[k]) + 200. No compute under the kernels, so rank r's
+    exposed wait in step k is max(LATE[k]) - LATE[k][r]."""
+    from tests import summarybuilder as sb
+    from tracedx.job.diagnosis import Job, diagnose_job
+
+    steps, colls = [[], []], [[], []]
+    for k, row in enumerate(LATE):
+        t0, end = k * 10_000.0, 1000 + max(row) + 200
+        for r in (0, 1):
+            d = end - (1000 + row[r])
+            steps[r].append(sb.step(k, start=t0, time=end, compute=1000 + row[r], comm=d))
+            colls[r].append(sb.coll(k, t0 + 1000 + row[r], d, seq=k))
+    return diagnose_job(Job([sb.summary(r, steps[r], colls[r]) for r in (0, 1)]))
+
+
+def test_job_wait_heatmap_is_each_ranks_exposed_wait():
+    from tracedx.report.job_html import wait_heatmap
+
+    fig = wait_heatmap(late_job())
+    hm = fig.data[0]
+    assert list(hm.y) == ["rank 0", "rank 1"] and list(hm.x) == ["0", "1", "2", "3"]
+    want = [[(max(row) - row[r]) / 1e3 for row in LATE] for r in (0, 1)]
+    assert [list(z) for z in hm.z] == [pytest.approx(w) for w in want]
+    assert "exposed wait 0.300 ms (20% of the step)" in hm.hovertext[0][0]  # 300 of 1500 us
+
+
+def test_job_html_has_rank_table_heatmap_and_verdict():
+    jd = late_job()
+    page = jd.to_html()
+    for key in ("verdict", "ranks", "fig-waits", "fig-rank-steps", "collectives"):
+        assert f"id='{key}'" in page
+    rows = re.findall(r"<tr(?: class='straggler')?><td data-v='(\d)'", page)
+    assert rows == ["0", "1"]
+    # the rank table's wait column: totals over the steps (rank 0: 300 + 0 + 500 + 0 us)
+    r0 = jd.ranks.filter(jd.ranks["rank"] == 0).row(0, named=True)
+    assert r0["wait_us"] == 800.0
+    assert "<td data-v='0.8' class='n'>0.800</td>" in page
+
+
+def test_job_report_loads_in_chromium_and_fits_1400px(browser, tmp_path):
+    out = late_job().write_html(tmp_path / "job.html")
+    browser.errors.clear()
+    browser.open(out, figs_drawn(2))
+    assert browser.errors == [] and browser.dialogs == []
+    lay = _check_layout(browser)
+    assert all(s[1] <= s[2] for s in lay["scrolls"]), lay["scrolls"]
+    assert browser.eval("document.querySelectorAll('#fig-waits .hm, #fig-waits image').length") > 0

@@ -227,10 +227,20 @@ def test_data_shape_cause():
     """Rank 1 runs a longer sequence: its op shapes differ and its compute is longer."""
     ss = two_rank()
     ss[0].opsig = pl.DataFrame(
-        {"name": ["aten::mm"], "input_dims": ["[[8, 512], [512, 512]]"], "count": [25], "gpu_us": [1e4]}
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 512], [512, 512]]"],
+            "count": [25],
+            "gpu_us": [1e4],
+        }
     )
     ss[1].opsig = pl.DataFrame(
-        {"name": ["aten::mm"], "input_dims": ["[[8, 640], [640, 512]]"], "count": [25], "gpu_us": [1.2e4]}
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 640], [640, 512]]"],
+            "count": [25],
+            "gpu_us": [1.2e4],
+        }
     )
     jd = diagnose_job(Job(ss))
     assert jd.straggler.cause == "data shapes"
@@ -273,8 +283,10 @@ def test_subgroups_sharing_a_name_are_not_merged():
     ss = []
     for r in range(4):
         ranks = "[0, 1]" if r < 2 else "[2, 3]"
-        cl = [sb.coll(0, 100.0 + r, 50.0, pg="1", desc="mesh_tp", ranks=ranks, seq=s, ordinal=s)
-              for s in range(3)]
+        cl = [
+            sb.coll(0, 100.0 + r, 50.0, pg="1", desc="mesh_tp", ranks=ranks, seq=s, ordinal=s)
+            for s in range(3)
+        ]
         ss.append(sb.summary(r, [sb.step(0, time=1000, compute=500, comm=150)], cl))
     m = match_collectives(ss)
     assert m.collectives.height == 6
@@ -348,13 +360,14 @@ def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
             end = t0 + 1500
             off = theta + jit if r >= 2 else 0.0
             d = end - start + (jit if r >= 2 else 0.0)
-            steps[r].append(sb.step(k, start=t0 + (off if r >= 2 else 0), time=1500, compute=1000, comm=d))
+            steps[r].append(
+                sb.step(k, start=t0 + (off if r >= 2 else 0), time=1500, compute=1000, comm=d)
+            )
             colls[r].append(
                 sb.coll(k, start + (theta if r >= 2 else 0.0), d, ranks="[0, 1, 2, 3]", n=4, seq=k)
             )
     return [
-        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB")
-        for r in range(4)
+        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB") for r in range(4)
     ]
 
 

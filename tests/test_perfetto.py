@@ -25,7 +25,7 @@ from tests.conftest import SAMPLES
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.diagnosis import diagnose
 from tracedx.cli import main
-from tracedx.report.perfetto import PROCESS_NAME, annotate, free_pid
+from tracedx.report.perfetto import PROCESS_NAME, annotate, annotation_events, free_pid
 
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >()"
 MUL = "void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float> >()"
@@ -314,3 +314,29 @@ def test_annotated_trace_loads_in_perfettos_trace_processor(small):
         assert k == [2]
     finally:
         tp.close()
+
+
+def test_job_rank_waits_inside_its_collectives(small):
+    """Rank 0 of tests/test_html.py's late_job: per step k it joins the all-reduce at
+    t0 + 1000 + LATE[k][0] and waits max(LATE[k]) - LATE[k][0] us, then 200 us of transfer."""
+    from tests.test_html import LATE, late_job
+    from tracedx.report.perfetto import collective_wait_slices
+
+    jd = late_job()
+    got = [(s["ts"], s["dur"], s["name"]) for s in collective_wait_slices(jd, 0)]
+    want = []
+    for k, row in enumerate(LATE):
+        start, w = k * 10_000.0 + 1000 + row[0], max(row) - row[0]
+        if w > 0:
+            last = jd.collectives.filter(pl.col("step") == k)["last_rank"][0]
+            want.append((start, w, f"all_reduce (default_pg): wait for rank {last}"))
+        want.append((start + w, 200.0, "all_reduce (default_pg): transfer"))
+    assert got == want
+    assert [s for s in got if "wait" in s[2]][0][2].endswith("rank 1")
+    # on its own track of the annotated trace
+    src, _ = small
+    events = annotation_events(diagnose(tracedx.load(src)), 99, jd, 0)
+    tids = {e["tid"] for e in events if e["name"] == "thread_name"
+            and e["args"]["name"] == "rank 0 in collectives"}  # fmt: skip
+    assert len(tids) == 1
+    assert sum(e["ph"] == "X" and e["tid"] in tids for e in events) == len(want)

@@ -15,7 +15,9 @@ metadata) are
   thread T, named with the Python line that made it when the trace has stacks
   (``--with-stack``), with an instant event at its start;
 - ``fusable chains · GPU N stream S``: each run of back-to-back fusable kernels (what the
-  ``torch-compile`` estimate counts), with its kernels and the device time fusing would save.
+  ``torch-compile`` estimate counts), with its kernels and the device time fusing would save;
+- for a rank of a job (``annotate(..., job=, rank=)``), ``rank R in collectives``: each of its
+  communication kernels split into the wait for the last rank and the transfer.
 
 Slices that overlap on one track are spread over extra threads of the same name (``(2)``...),
 so every thread's slices nest, as the trace processor of the Perfetto UI requires. Every added
@@ -237,9 +239,48 @@ def _chain_tracks(diag, tracks: _Tracks) -> None:
         tracks.track(f"fusable chains · GPU {diag.primary_device} stream {stream}", slices)
 
 
-def annotation_events(diag, pid: int) -> list[dict[str, Any]]:
+def collective_wait_slices(job, rank: int) -> list[dict]:
+    """Rank ``rank``'s communication kernels split as the job analysis splits them
+    (:func:`tracedx.job.metrics.collective_metrics`): the first ``wait_us`` of each kernel is
+    waiting for the last rank (its duration minus the shortest duration of the same collective
+    over its ranks), the rest is transfer. Times on the rank's own clock (its trace's). A kernel
+    of a collective that could not be matched or validated gets one ``unsplit`` slice."""
+    m = job.members.filter(pl.col("rank") == rank).sort("start_us")
+    coll = job.collectives.select("coll_id", "status", "transfer_us", "last_rank")
+    m = m.join(coll, on="coll_id", how="left")
+    out = []
+    for r in m.iter_rows(named=True):
+        what = f"{r['coll_type']} ({r['pg_desc'] or r['pg_name']})"
+        args = {
+            "collective": r["coll_type"],
+            "process_group": r["pg_desc"] or r["pg_name"],
+            "step": r["step"],
+            "msg_bytes": r["msg_bytes"],
+            "kernel_us": _r(r["duration_us"]),
+            "wait_us": _r(r["wait_us"]),
+            "transfer_us": _r(r["transfer_us"]),
+            "last_rank": r["last_rank"],
+            "status": r["status"],
+        }
+        w = r["wait_us"]
+        if w is None:
+            out.append({"ts": r["start_us"], "dur": r["duration_us"],
+                        "name": f"{what}: unsplit ({r['status']})", "args": args})  # fmt: skip
+            continue
+        if w > 0:
+            who = "" if r["last_rank"] is None else f" for rank {r['last_rank']}"
+            out.append({"ts": r["start_us"], "dur": w, "name": f"{what}: wait{who}", "args": args})
+        if r["duration_us"] - w > 0:
+            out.append({"ts": r["start_us"] + w, "dur": r["duration_us"] - w,
+                        "name": f"{what}: transfer", "args": args})  # fmt: skip
+    return out
+
+
+def annotation_events(diag, pid: int, job=None, rank: int | None = None) -> list[dict[str, Any]]:
     """The events ``tracedx annotate`` adds for one Diagnosis, on process ``pid`` (see the
-    module docstring for the tracks). Pure: the Diagnosis is only read."""
+    module docstring for the tracks). With ``job`` (the JobDiagnosis the trace is rank ``rank``
+    of) a track ``rank R in collectives`` splits each of its communication kernels into wait
+    and transfer (:func:`collective_wait_slices`). Pure: its inputs are only read."""
     tracks = _Tracks(pid)
     slices, instants = _step_slices(diag)
     tracks.track("steps", slices, instants)
@@ -247,6 +288,8 @@ def annotation_events(diag, pid: int) -> list[dict[str, Any]]:
         tracks.track(f"GPU {diag.primary_device} idle", _gap_slices(diag))
     _sync_tracks(diag, tracks)
     _chain_tracks(diag, tracks)
+    if job is not None and rank is not None:
+        tracks.track(f"rank {rank} in collectives", collective_wait_slices(job, rank))
     return tracks.events
 
 
@@ -266,10 +309,19 @@ class Annotated:
     added_events: int
 
 
-def annotate(trace_path: str | Path, out_path: str | Path, diag=None, **diagnose_kw) -> Annotated:
+def annotate(
+    trace_path: str | Path,
+    out_path: str | Path,
+    diag=None,
+    *,
+    job=None,
+    rank: int | None = None,
+    **diagnose_kw,
+) -> Annotated:
     """Write ``trace_path`` with tracedx's findings added (module docstring) to ``out_path``
     (gzip when it ends in ``.gz``). ``diag``: the trace's Diagnosis (computed with
-    ``diagnose_kw`` when None).
+    ``diagnose_kw`` when None); ``job`` and ``rank``: the JobDiagnosis this trace is rank
+    ``rank`` of, for its waits inside collectives.
 
     Raises TraceError for a file that is not a clean JSON trace (annotate copies the original
     events, so it does not salvage: repair the trace first) or an unwritable ``out_path``.
@@ -292,7 +344,7 @@ def annotate(trace_path: str | Path, out_path: str | Path, diag=None, **diagnose
         raise TraceFormatError(f"{trace_path}: no traceEvents list")
     events = doc["traceEvents"]
     n = len(events)
-    added = annotation_events(diag, free_pid(events))
+    added = annotation_events(diag, free_pid(events), job, rank)
     events.extend(added)
     data = msgspec.json.encode(doc)
     out = Path(out_path)
@@ -307,4 +359,4 @@ def annotate(trace_path: str | Path, out_path: str | Path, diag=None, **diagnose
     return Annotated(out, n, len(added))
 
 
-__all__ = ["Annotated", "annotate", "annotation_events", "free_pid"]
+__all__ = ["Annotated", "annotate", "annotation_events", "collective_wait_slices", "free_pid"]
