@@ -564,6 +564,13 @@ def test_roofline_labels_never_overlap_and_extra_ones_are_hover_only():
         assert all(_clear(a, b) for b in placed[i + 1 :])
     # an op far from the rest is labelled
     assert place_labels([((1.0, 1e10), 4.0, "x")], axes)[0] is not None
+    # and keeps off another op's marker: a big one right above pushes the label below
+    from tracedx.report.figures import _marker_box
+
+    big = _marker_box((1.0, 10**10.4), 20.0, axes)
+    off = place_labels([((1.0, 1e10), 4.0, "x")], axes, [big])[0]
+    assert off is not None and off[1] > 0
+    assert _clear(_label_box((1.0, 1e10), off, "x", axes), big)
 
 
 def test_diff_html_command(tmp_path):

@@ -362,6 +362,15 @@ def _label_box(point, offset: tuple[float, float], text: str, axes) -> Box:
     return (*xs, cy - LABEL_HEIGHT_PX / 2, cy + LABEL_HEIGHT_PX / 2)
 
 
+def _marker_box(point, r: float, axes) -> Box:
+    """The square around a marker of radius ``r`` px, as a :data:`Box`."""
+    xs = []
+    for width in PLOT_WIDTHS_PX:
+        px, py = _px(point, axes, width)
+        xs += [px - r, px + r]
+    return (*xs, py - r, py + r)
+
+
 def _clear(a: Box, b: Box) -> bool:
     """Whether two boxes are apart at every plot width in :data:`PLOT_WIDTHS_PX`: apart in y, or
     apart in x on the same side at the narrowest and the widest (x moves linearly with the width,
@@ -388,8 +397,8 @@ def place_labels(
     ``points``: ((x, y) in data units, marker radius px, label text); ``axes``: the log10 axis
     ranges. Each label tries eight positions around its marker, then the same farther out,
     and takes the first that lies inside the plot and clears every label placed before it and
-    every box in ``taken`` (:func:`_clear`); a label with no such position is left off (the
-    point keeps its hover). Returns per point the label's (dx, dy) offset in px, or None."""
+    every box in ``taken`` (other labels, markers: :func:`_clear`); a label with no such
+    position is left off (the point keeps its hover). Returns per point the label's (dx, dy) offset in px, or None."""
     taken = list(taken or [])
     out: list[tuple[float, float] | None] = []
     for point, r, text in points:
@@ -447,6 +456,15 @@ def _roofline_points(fig: go.Figure, pts: pl.DataFrame, axes, taken: list[Box]) 
         .to_dicts()
     )
     texts = [short_name(r["name"], 28) for r in top]
+    # labels keep off every marker too (the 200 largest: the rest are small)
+    markers = [
+        _marker_box(
+            (r["intensity"], r["achieved_tflops"] * TERA),
+            _marker_px(r["device_time_us"], t_max) / 2,
+            axes,
+        )
+        for r in pts.sort("device_time_us", descending=True).head(200).iter_rows(named=True)
+    ]
     offsets = place_labels(
         [
             (
@@ -457,7 +475,7 @@ def _roofline_points(fig: go.Figure, pts: pl.DataFrame, axes, taken: list[Box]) 
             for r, s in zip(top, texts, strict=True)
         ],
         axes,
-        taken,
+        taken + markers,
     )
     for r, s, off in zip(top, texts, offsets, strict=True):
         if off is None:
