@@ -1,7 +1,9 @@
 """``tracedx annotate``: the trace itself, with what tracedx found laid on its timeline.
 
 The output is the input trace (Chrome Trace Event Format JSON, as torch.profiler writes it)
-with every original event copied through as decoded JSON, unaltered and in order, and events
+with every original event and top-level key copied through byte for byte, in order (each is
+validated JSON kept as its own bytes: ``msgspec.Raw``, so a 1 GB trace is never built as Python
+objects), and events
 appended on tracks of their own: one new process (``pid`` above every pid of the trace, named
 ``tracedx: findings`` by a ``process_name`` metadata event) whose threads (``thread_name``
 metadata) are
@@ -47,6 +49,12 @@ MAX_SLICES_PER_TRACK = 100_000
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(float(x), nd)
+
+
+class _Pid(msgspec.Struct):
+    """An event's pid, the only field annotate reads of the original events."""
+
+    pid: Any = None
 
 
 class _Tracks:
@@ -332,20 +340,21 @@ def annotate(
 
         diag = diagnose(load(trace_path), **diagnose_kw)
     raw = read_bytes(trace_path)
-    try:
-        doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise TraceFormatError(f"{trace_path}: not valid JSON ({e}); annotate copies the "
+    try:  # each original event stays its own bytes (msgspec.Raw): copied through exactly
+        top = msgspec.json.decode(raw, type=dict[str, msgspec.Raw] | list[msgspec.Raw])
+        if isinstance(top, list):  # the bare-array form of the format
+            top = {"traceEvents": msgspec.Raw(msgspec.json.encode(top))}
+        if "traceEvents" not in top:
+            raise TraceFormatError(f"{trace_path}: no traceEvents list")
+        events = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
+        pids = msgspec.json.decode(top["traceEvents"], type=list[_Pid])
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise TraceFormatError(f"{trace_path}: not a clean JSON trace ({e}); annotate copies the "
                                "original events and cannot salvage a broken file") from None  # fmt: skip
-    del raw
-    if isinstance(doc, list):  # the bare-array form of the format
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise TraceFormatError(f"{trace_path}: no traceEvents list")
-    events = doc["traceEvents"]
     n = len(events)
-    added = annotation_events(diag, free_pid(events), job, rank)
-    events.extend(added)
+    added = annotation_events(diag, free_pid([{"pid": p.pid} for p in pids]), job, rank)
+    del pids
+    doc = {**top, "traceEvents": [*events, *added]}
     data = msgspec.json.encode(doc)
     out = Path(out_path)
     try:
