@@ -340,3 +340,18 @@ def test_job_rank_waits_inside_its_collectives(small):
             and e["args"]["name"] == "rank 0 in collectives"}  # fmt: skip
     assert len(tids) == 1
     assert sum(e["ph"] == "X" and e["tid"] in tids for e in events) == len(want)
+
+
+def test_original_bytes_are_kept_verbatim(tmp_path):
+    """Numbers, spacing and key order of the original events survive (1.50 stays 1.50)."""
+    ev = [
+        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, '
+        '"ts": 10.50, "dur": 100.0, "args": {}}',
+        '{"name":"aten::add","ph":"X","cat":"cpu_op","pid":1,"tid":1,"ts":20,"dur":5.250}',
+    ]
+    src = tmp_path / "t.json"
+    src.write_text('{"schemaVersion": 1,\n "traceEvents": [\n' + ",\n".join(ev) + "\n]}\n")
+    out = annotate(src, tmp_path / "a.json").path
+    text = out.read_text()
+    assert all(e in text for e in ev)
+    assert text.startswith('{"schemaVersion":1,"traceEvents":[')
