@@ -25,7 +25,7 @@ from tests.conftest import SAMPLES
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.diagnosis import diagnose
 from tracedx.cli import main
-from tracedx.report.perfetto import PROCESS_NAME, annotate, annotation_events, free_pid
+from tracedx.report.perfetto import PROCESS_NAME, annotate, annotation_events, free_ids
 
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >()"
 MUL = "void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float> >()"
@@ -190,11 +190,15 @@ def check_chrome_trace(doc: dict) -> None:
     ours = added(doc)
     pid = ours[0]["pid"]
     assert all(e.get("pid") != pid for e in events if e.get("cat") != "tracedx")
+    # Perfetto's importer names a thread by its tid alone: our tids are new to the whole trace
+    theirs = {e.get("tid") for e in events if e.get("cat") != "tracedx"}
+    assert not theirs & {e["tid"] for e in ours if e["name"] == "thread_name"}
     names = thread_names(doc)
     per_thread: dict[tuple, list] = {}
     for e in ours:
         assert e["ph"] in ("X", "i", "M") and isinstance(e["pid"], int)
         assert isinstance(e["tid"], int) and isinstance(e["name"], str)
+        assert None not in e.get("args", {}).values()
         if e["ph"] == "M":
             continue
         assert math.isfinite(e["ts"]) and (e["pid"], e["tid"]) in names
@@ -229,9 +233,10 @@ def test_overlapping_slices_go_to_extra_lanes():
     assert [e["args"]["name"] for e in t.events if e["name"] == "thread_name"] == ["x", "x (2)"]
 
 
-def test_free_pid_is_above_every_integer_pid():
-    assert free_pid([{"pid": 3}, {"pid": "CPU functions"}, {"pid": 70}, {}]) == 71
-    assert free_pid([]) == 1
+def test_free_ids_are_above_every_integer_pid_and_tid():
+    evs = [{"pid": 3, "tid": 900}, {"pid": "CPU functions", "tid": "x"}, {"pid": 70}, {}]
+    assert free_ids(evs) == (71, 902)
+    assert free_ids([]) == (1, 2)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ The output is the input trace (Chrome Trace Event Format JSON, as torch.profiler
 with every original event and top-level key copied through byte for byte, in order (each is
 validated JSON kept as its own bytes: ``msgspec.Raw``, so a 1 GB trace is never built as Python
 objects), and events
-appended on tracks of their own: one new process (``pid`` above every pid of the trace, named
+appended on tracks of their own: one new process (``pid`` above every pid of the trace, its
+threads' tids above every tid, named
 ``tracedx: findings`` by a ``process_name`` metadata event) whose threads (``thread_name``
 metadata) are
 
@@ -51,16 +52,25 @@ def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-class _Pid(msgspec.Struct):
-    """An event's pid, the only field annotate reads of the original events."""
+class _Ids(msgspec.Struct):
+    """An event's pid and tid, the only fields annotate reads of the original events."""
 
     pid: Any = None
+    tid: Any = None
+
+
+def _clean(ev: dict) -> dict:
+    """An event with its null args left out (importers count a null where a value belongs
+    as a failure; an absent arg is simply absent)."""
+    if "args" in ev:
+        ev = {**ev, "args": {k: v for k, v in ev["args"].items() if v is not None}}
+    return ev
 
 
 class _Tracks:
     """Slices and instants on threads of one new process; overlapping slices go to lanes."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, first_tid: int = 1) -> None:
         self.pid = pid
         self.events: list[dict[str, Any]] = [
             {"ph": "M", "cat": ANNOTATION_CAT, "name": "process_name", "pid": pid, "tid": 0,
@@ -68,7 +78,7 @@ class _Tracks:
             {"ph": "M", "cat": ANNOTATION_CAT, "name": "process_sort_index", "pid": pid,
              "tid": 0, "args": {"sort_index": -1}},
         ]  # fmt: skip
-        self.next_tid = 1
+        self.next_tid = first_tid
 
     def _thread(self, name: str) -> int:
         tid = self.next_tid
@@ -100,12 +110,19 @@ class _Tracks:
             else:
                 tid = self._thread(name if not lanes else f"{name} ({len(lanes) + 1})")
                 lanes.append((tid, s["ts"] + s["dur"]))
-            out.append({"ph": "X", "cat": ANNOTATION_CAT, "pid": self.pid, "tid": tid, **s})
+            out.append({"ph": "X", "cat": ANNOTATION_CAT, "pid": self.pid, "tid": tid, **_clean(s)})
         if instants and not lanes:
             lanes.append((self._thread(name), 0.0))
         self.events += out
         self.events += [
-            {"ph": "i", "s": "t", "cat": ANNOTATION_CAT, "pid": self.pid, "tid": lanes[0][0], **i}
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": ANNOTATION_CAT,
+                "pid": self.pid,
+                "tid": lanes[0][0],
+                **_clean(i),
+            }  # fmt: skip
             for i in instants
         ]
         return [t for t, _ in lanes]
@@ -284,12 +301,15 @@ def collective_wait_slices(job, rank: int) -> list[dict]:
     return out
 
 
-def annotation_events(diag, pid: int, job=None, rank: int | None = None) -> list[dict[str, Any]]:
+def annotation_events(
+    diag, pid: int, job=None, rank: int | None = None, first_tid: int = 1
+) -> list[dict[str, Any]]:
     """The events ``tracedx annotate`` adds for one Diagnosis, on process ``pid`` (see the
     module docstring for the tracks). With ``job`` (the JobDiagnosis the trace is rank ``rank``
     of) a track ``rank R in collectives`` splits each of its communication kernels into wait
-    and transfer (:func:`collective_wait_slices`). Pure: its inputs are only read."""
-    tracks = _Tracks(pid)
+    and transfer (:func:`collective_wait_slices`). The tracks' threads get tids from
+    ``first_tid`` on. Pure: its inputs are only read."""
+    tracks = _Tracks(pid, first_tid)
     slices, instants = _step_slices(diag)
     tracks.track("steps", slices, instants)
     if diag.primary_device is not None:
@@ -301,10 +321,16 @@ def annotation_events(diag, pid: int, job=None, rank: int | None = None) -> list
     return tracks.events
 
 
-def free_pid(events: list) -> int:
-    """A pid no event of the trace uses: one above the largest integer pid (at least 1)."""
-    pids = [e.get("pid") for e in events if isinstance(e, dict) and isinstance(e.get("pid"), int)]
-    return max(pids, default=0) + 1
+def free_ids(events: list) -> tuple[int, int]:
+    """A pid and a first tid that no event of the trace uses: one above the largest integer
+    pid, and one above the largest integer tid or pid (Perfetto's importer names threads by
+    tid alone, so the added threads' tids must be new to the whole trace)."""
+
+    def ints(key: str) -> list[int]:
+        return [v for e in events if isinstance(e, dict) and isinstance(v := e.get(key), int)]
+
+    pids, tids = ints("pid"), ints("tid")
+    return max(pids, default=0) + 1, max([*pids, *tids], default=0) + 2
 
 
 @dataclass
@@ -347,13 +373,14 @@ def annotate(
         if "traceEvents" not in top:
             raise TraceFormatError(f"{trace_path}: no traceEvents list")
         events = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
-        pids = msgspec.json.decode(top["traceEvents"], type=list[_Pid])
+        ids = msgspec.json.decode(top["traceEvents"], type=list[_Ids])
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise TraceFormatError(f"{trace_path}: not a clean JSON trace ({e}); annotate copies the "
                                "original events and cannot salvage a broken file") from None  # fmt: skip
     n = len(events)
-    added = annotation_events(diag, free_pid([{"pid": p.pid} for p in pids]), job, rank)
-    del pids
+    pid, tid = free_ids([{"pid": x.pid, "tid": x.tid} for x in ids])
+    del ids
+    added = annotation_events(diag, pid, job, rank, first_tid=tid)
     doc = {**top, "traceEvents": [*events, *added]}
     data = msgspec.json.encode(doc)
     out = Path(out_path)
@@ -368,4 +395,4 @@ def annotate(
     return Annotated(out, n, len(added))
 
 
-__all__ = ["Annotated", "annotate", "annotation_events", "collective_wait_slices", "free_pid"]
+__all__ = ["Annotated", "annotate", "annotation_events", "collective_wait_slices", "free_ids"]
