@@ -311,8 +311,6 @@ def annotate(trace_path, out_path, **analysis):
     their verdict, idle gaps by cause, host syncs with their Python line, fusable chains."""
     from tracedx.report.perfetto import annotate as write_annotated
 
-    if analysis.pop("repair"):
-        raise TraceError("annotate copies the original events and does not salvage: --repair")
     with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, repair=False, status=status)
         if status:
@@ -322,6 +320,10 @@ def annotate(trace_path, out_path, **analysis):
         f"{res.path}: {res.original_events} original events, {res.added_events} added "
         "(open it in the Perfetto UI)"
     )
+
+
+# annotate copies the original events, so it reads only clean traces: no --repair
+annotate.params = [p for p in annotate.params if p.name != "repair"]
 
 
 @main.command("diff")
