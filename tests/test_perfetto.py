@@ -360,3 +360,24 @@ def test_original_bytes_are_kept_verbatim(tmp_path):
     text = out.read_text()
     assert all(e in text for e in ev)
     assert text.startswith('{"schemaVersion":1,"traceEvents":[')
+
+
+def test_annotate_job_writes_each_ranks_trace(tmp_path):
+    """A job whose summaries name their traces: one annotated file per rank, each with its
+    own rank's collective track (the traces here are the small one twice; the job's numbers
+    come from the summaries)."""
+    from tests.test_html import late_job
+    from tracedx.report.perfetto import annotate_job
+
+    jd = late_job()
+    for r, s in enumerate(jd.job.summaries):
+        s.meta["path"] = str(small_trace(tmp_path / f"r{r}.json"))
+    done = annotate_job(jd, tmp_path / "out")
+    assert [d.path.name for d in done] == [
+        "rank0-r0.annotated.json.gz",
+        "rank1-r1.annotated.json.gz",
+    ]
+    for r, d in enumerate(done):
+        doc = read(d.path)
+        check_chrome_trace(doc)
+        assert f"rank {r} in collectives" in set(thread_names(doc).values())

@@ -395,4 +395,35 @@ def annotate(
     return Annotated(out, n, len(added))
 
 
-__all__ = ["Annotated", "annotate", "annotation_events", "collective_wait_slices", "free_ids"]
+def annotate_job(jd, out_dir: str | Path, **diagnose_kw) -> list[Annotated]:
+    """Annotate every rank's trace of a job: for each summary of ``jd.job`` whose ``meta``
+    names its trace (``path``, as :func:`tracedx.job.summary.summarize_path` records it), write
+    ``out_dir/rank{R}-{name}.annotated.json.gz`` with the single-rank tracks (its own diagnosis,
+    ``diagnose_kw``) and ``rank R in collectives``. A summary without a path is skipped (its
+    rank is missing from the result). Raises TraceError when ``out_dir`` cannot be made."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TraceError(f"cannot make {out}: {e.strerror or e}") from None
+    done = []
+    for s in jd.job.summaries:
+        path, rank = (s.meta or {}).get("path"), (s.meta or {}).get("rank")
+        if not path or rank is None:
+            continue
+        name = Path(path).name
+        for ext in (".gz", ".json"):
+            name = name.removesuffix(ext)
+        target = out / f"rank{rank}-{name}.annotated.json.gz"
+        done.append(annotate(path, target, job=jd, rank=int(rank), **diagnose_kw))
+    return done
+
+
+__all__ = [
+    "Annotated",
+    "annotate",
+    "annotate_job",
+    "annotation_events",
+    "collective_wait_slices",
+    "free_ids",
+]
