@@ -381,3 +381,22 @@ def test_annotate_job_writes_each_ranks_trace(tmp_path):
         doc = read(d.path)
         check_chrome_trace(doc)
         assert f"rank {r} in collectives" in set(thread_names(doc).values())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",  # ROCm
+        "large_integer_trace__rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz",
+        "nccl_parser_config__nccl_data.json.gz",  # NCCL kernels, a DDP rank
+    ],
+)
+def test_public_traces_round_trip(name, tmp_path):
+    from tests.conftest import PUBLIC
+
+    src = PUBLIC / "hta" / name
+    if not src.exists():
+        pytest.skip(f"{src} is not here (../shared)")
+    out = annotate(src, tmp_path / "a.json.gz").path
+    check_chrome_trace(read(out))
+    _same_reading(src, out)
