@@ -26,7 +26,7 @@ from tracedx.report.figures import (
     _layout,
     esc,
 )
-from tracedx.report.html import _verdict, e, figure_section, page
+from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
 from tracedx.report.text import short_name
 
@@ -268,7 +268,6 @@ def render_diff_html(td) -> str:
         _verdict(diagnosis_dict(diag), key=f"{tag}-verdict", title=tag.upper())
         for tag, diag in zip(SIDES, (td.before, td.after), strict=True)
     )
-    notes = "".join(f"<li>{e(n)}</li>" for n in d["notes"])
     body = [
         header,
         _prediction(d),
@@ -291,16 +290,13 @@ def render_diff_html(td) -> str:
         _metrics_table(d),
         _changes(d),
     ]
-    if notes:
-        body.append(f"<section id='notes'><h2>Notes</h2><ul>{notes}</ul></section>")
+    body.append(notes_section(d["notes"]))
     return page(f"tracedx diff · {Path(b['path']).name} → {Path(a['path']).name}", body, CSS)
 
 
 def write_diff_html(td, path: str | Path) -> Path:
     """Write :func:`render_diff_html` to ``path`` (UTF-8) and return the path."""
-    p = Path(path)
-    p.write_text(render_diff_html(td), encoding="utf-8")
-    return p
+    return write_page(render_diff_html(td), path)
 
 
 __all__ = ["estimate_figure", "render_diff_html", "sides_figure", "write_diff_html"]

@@ -82,16 +82,19 @@ def _header(d: dict) -> str:
     )
 
 
+def regime_head(regime: str | None, bottleneck: str | None) -> str:
+    """The verdict's first line: the regime badge and the bottleneck (or NO REGIME)."""
+    if not regime:
+        return "<span class='regime none'>NO REGIME</span> <span class='bott'>see the notes</span>"
+    return (
+        f"<span class='regime {e(regime.replace(' ', '-'))}'>{e(regime.upper())}</span> "
+        f"<span class='bott'>bottleneck: <b>{e(bottleneck)}</b></span>"
+    )
+
+
 def _verdict(d: dict, key: str = "verdict", title: str = "Verdict") -> str:
     st = d["steps"]
-    regime = d["regime"]
-    cls = (regime or "none").replace(" ", "-")
-    head = (
-        f"<span class='regime {e(cls)}'>{e(regime.upper())}</span> "
-        f"<span class='bott'>bottleneck: <b>{e(d['bottleneck'])}</b></span>"
-        if regime
-        else "<span class='regime none'>NO REGIME</span> <span class='bott'>see the notes</span>"
-    )
+    head = regime_head(d["regime"], d["bottleneck"])
     idle = st["idle_fraction"]
     kpis = [
         ("median step", _ms(st["step_time_ms"])),
@@ -230,12 +233,18 @@ def _op_table(diag) -> str:
     )
 
 
-def _notes(d: dict) -> str:
-    items = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+def notes_section(items: list[str]) -> str:
+    """The ``Notes`` section (escaped list items), or nothing without notes."""
     if not items:
         return ""
     li = "".join(f"<li>{e(x)}</li>" for x in items)
     return f"<section id='notes'><h2>Notes</h2><ul>{li}</ul></section>"
+
+
+def _notes(d: dict) -> str:
+    return notes_section(
+        d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+    )
 
 
 CSS = """
@@ -351,11 +360,24 @@ def render_html(diag) -> str:
     return page(f"tracedx · {Path(d['trace']['path']).name}", body)
 
 
-def write_html(diag, path: str | Path) -> Path:
-    """Write :func:`render_html` to ``path`` (UTF-8) and return the path."""
+def write_page(text: str, path: str | Path) -> Path:
+    """Write one page (a str) to ``path`` (UTF-8) and return the path."""
     p = Path(path)
-    p.write_text(render_html(diag), encoding="utf-8")
+    p.write_text(text, encoding="utf-8")
     return p
 
 
-__all__ = ["figure_section", "page", "render_html", "script_json", "write_html"]
+def write_html(diag, path: str | Path) -> Path:
+    """Write :func:`render_html` to ``path`` (UTF-8) and return the path."""
+    return write_page(render_html(diag), path)
+
+
+__all__ = [
+    "figure_section",
+    "notes_section",
+    "page",
+    "render_html",
+    "script_json",
+    "write_html",
+    "write_page",
+]

@@ -17,7 +17,14 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from tracedx.report.figures import CAUSE_COLORS, HOST_COLORS, KIND_COLORS, _empty, _layout
-from tracedx.report.html import e, figure_section, page
+from tracedx.report.html import (
+    e,
+    figure_section,
+    notes_section,
+    page,
+    regime_head,
+    write_page,
+)
 from tracedx.report.job import collective_groups, job_dict
 
 CSS = """
@@ -137,13 +144,7 @@ def ranks_figure(jd) -> go.Figure:
 
 
 def _verdict(d: dict, jd) -> str:
-    regime = d["regime"]
-    head = (
-        f"<span class='regime {e(regime.replace(' ', '-'))}'>{e(regime.upper())}</span> "
-        f"<span class='bott'>bottleneck: <b>{e(d['bottleneck'])}</b></span>"
-        if regime
-        else "<span class='regime none'>NO REGIME</span> <span class='bott'>see the notes</span>"
-    )
+    head = regime_head(d["regime"], d["bottleneck"])
     st = d["steps"]
     kpis = [
         ("ranks", str(len(d["ranks"]))),
@@ -282,7 +283,6 @@ def render_job_html(jd) -> str:
     header = (
         f"<header><h1>tracedx job report</h1><p class='meta'>{e(' · '.join(meta))}</p></header>"
     )
-    notes = "".join(f"<li>{e(n)}</li>" for n in d["notes"])
     body = [
         header,
         _verdict(d, jd),
@@ -306,16 +306,13 @@ def render_job_html(jd) -> str:
         ),
         f"<section id='collectives-section'><h2>Collectives</h2>{_collectives(jd)}</section>",
     ]
-    if notes:
-        body.append(f"<section id='notes'><h2>Notes</h2><ul>{notes}</ul></section>")
+    body.append(notes_section(d["notes"]))
     return page(f"tracedx job · {len(d['ranks'])} ranks", body, CSS)
 
 
 def write_job_html(jd, path: str | Path) -> Path:
     """Write :func:`render_job_html` to ``path`` (UTF-8) and return the path."""
-    p = Path(path)
-    p.write_text(render_job_html(jd), encoding="utf-8")
-    return p
+    return write_page(render_job_html(jd), path)
 
 
 __all__ = ["ranks_figure", "render_job_html", "wait_heatmap", "write_job_html"]
