@@ -1,15 +1,14 @@
 """Build per-rank summaries by hand for the cross-rank tests (docs/multirank.md's shapes).
 
 Every figure of a summary is given explicitly, so a test can compute the job's numbers by hand.
-``summary()`` returns a ``tracedx.job.summary.RankSummary`` where that class exists, else a
-minimal stand-in with the same attributes (meta, steps, colls, kernels, opsig).
+``summary()`` returns a :class:`tracedx.job.summary.RankSummary`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
+
+from tracedx.job.summary import COLL_COLUMNS, KERNEL_COLUMNS, OPSIG_COLUMNS, RankSummary
 
 IDLE = (
     "idle_kernel_wait_us",
@@ -19,40 +18,6 @@ IDLE = (
     "idle_host_work_us",
     "idle_python_us",
 )
-
-FREE = pl.List(pl.Struct({"start_us": pl.Float64, "end_us": pl.Float64}))
-
-COLL_SCHEMA = {
-    "step": pl.Int64,
-    "stream": pl.Int64,
-    "kernel_name": pl.Utf8,
-    "coll_type": pl.Utf8,
-    "collective_name": pl.Utf8,
-    "pg_name": pl.Utf8,
-    "pg_desc": pl.Utf8,
-    "pg_ranks": pl.Utf8,
-    "group_size": pl.Int64,
-    "seq": pl.Int64,
-    "comms_id": pl.Utf8,
-    "ordinal": pl.Int64,
-    "start_us": pl.Float64,
-    "end_us": pl.Float64,
-    "duration_us": pl.Float64,
-    "dtype": pl.Utf8,
-    "in_nelems": pl.Int64,
-    "out_nelems": pl.Int64,
-    "msg_bytes": pl.Int64,
-    "free_us": FREE,
-}
-
-
-@dataclass
-class _Summary:
-    meta: dict
-    steps: pl.DataFrame
-    colls: pl.DataFrame
-    kernels: pl.DataFrame
-    opsig: pl.DataFrame
 
 
 def coll(
@@ -139,7 +104,7 @@ def summary(
     kernels: list[dict] | None = None,
     opsig: list[dict] | None = None,
     **meta,
-) -> object:
+) -> RankSummary:
     m = {
         "schema": "tracedx.rank-summary/1",
         "rank": rank,
@@ -157,18 +122,7 @@ def summary(
         **meta,
     }
     st = pl.DataFrame(steps) if steps else pl.DataFrame()
-    cl = pl.DataFrame(colls, schema=COLL_SCHEMA)
-    kn = pl.DataFrame(
-        kernels or [],
-        schema={
-            "name": pl.Utf8,
-            "count": pl.Int64,
-            "total_us": pl.Float64,
-            "median_us": pl.Float64,
-        },
-    )
-    op = pl.DataFrame(
-        opsig or [],
-        schema={"name": pl.Utf8, "input_dims": pl.Utf8, "count": pl.Int64, "gpu_us": pl.Float64},
-    )
-    return _Summary(m, st, cl, kn, op)
+    cl = pl.DataFrame([{k: c.get(k) for k in COLL_COLUMNS} for c in colls], schema=COLL_COLUMNS)
+    kn = pl.DataFrame(kernels or [], schema=KERNEL_COLUMNS)
+    op = pl.DataFrame(opsig or [], schema=OPSIG_COLUMNS)
+    return RankSummary(m, st, cl, kn, op)

@@ -16,7 +16,7 @@ import summarybuilder as sb
 import tracedx
 from tracedx.job.clock import estimate_offsets
 from tracedx.job.diagnosis import Job, JobDiagnosis, diagnose_job
-from tracedx.job.match import match_collectives, parse_ranks
+from tracedx.job.match import match_collectives
 from tracedx.job.metrics import bus_factor
 from tracedx.job.straggler import binomial_sf
 
@@ -199,8 +199,19 @@ def test_straggler_consistency_threshold():
 # --- causes ----------------------------------------------------------------------------------
 
 
-def test_host_straggler_cause_and_profiler_caveat():
-    """Rank 1's GPU idles 400 us per step in host work before the collective; equal compute."""
+@pytest.mark.parametrize(
+    "idle, cause",
+    [
+        ("host_work", "host work"),
+        ("dataloader", "DataLoader"),
+        ("host_sync", "host syncs"),
+        ("python", "python"),
+        ("kernel_launch", "kernel launch"),
+    ],
+)
+def test_host_straggler_cause_and_profiler_caveat(idle, cause):
+    """Rank 1's GPU idles 400 us per step before the collective (for the given single-rank idle
+    cause); equal compute."""
     ss = []
     for r in (0, 1):
         st, cl = [], []
@@ -210,12 +221,12 @@ def test_host_straggler_cause_and_profiler_caveat():
                 st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=600))
                 cl.append(sb.coll(k, t0 + 1000, 600, seq=k))
             else:
-                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=200, host_work=400))
+                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=200, **{idle: 400}))
                 cl.append(sb.coll(k, t0 + 1400, 200, seq=k))
         ss.append(sb.summary(r, st, cl))
     jd = diagnose_job(Job(ss))
     s = jd.straggler
-    assert s.rank == 1 and s.cause == "host work" and s.host_side
+    assert s.rank == 1 and s.cause == cause and s.host_side
     assert s.excess_us == 400.0  # (1000 + 400) - (1000 + 0)
     assert jd.regime == "overhead-bound" and jd.bottleneck == "load imbalance"
     b = {x.fix: x for x in jd.findings}["balance-ranks"]
@@ -245,6 +256,29 @@ def test_data_shape_cause():
     jd = diagnose_job(Job(ss))
     assert jd.straggler.cause == "data shapes"
     assert any("[[8, 640], [640, 512]]" in e for e in jd.straggler.evidence)
+
+
+def test_link_straggler():
+    """2 x 2 mesh: TP groups [0, 1], [2, 3]; DP groups [0, 2], [1, 3]. Everyone arrives at once;
+    the groups with rank 3 take 200 us per all-reduce, the others 100 us (same bytes)."""
+    ss = []
+    for r in range(4):
+        tp, dp = ("[0, 1]", "[2, 3]")[r // 2], ("[0, 2]", "[1, 3]")[r % 2]
+        st, cl = [], []
+        for k in range(5):
+            t0 = k * 5000.0
+            a = 200.0 if "3" in tp else 100.0
+            b = 200.0 if "3" in dp else 100.0
+            cl.append(sb.coll(k, t0 + 1000, a, pg="tp", desc="mesh_tp", ranks=tp, seq=k))
+            cl.append(sb.coll(k, t0 + 1000 + a, b, pg="dp", desc="mesh_dp", ranks=dp, seq=k))
+            st.append(sb.step(k, start=t0, time=1400, compute=1000, comm=a + b, python=400 - a - b))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = jd.straggler
+    assert s is not None and s.rank == 3 and s.cause == "link"
+    # extra per step: TP [2, 3] 200 - 100 and DP [1, 3] 200 - 100
+    assert s.excess_us == 200.0 and s.effect == pytest.approx(200 / 1400)
+    assert jd.regime == "bandwidth-bound"
 
 
 def test_balanced_ranks_get_one_verdict():
@@ -330,7 +364,6 @@ def test_partial_match_names_missing_rank():
     assert c["status"] == "partial" and c["missing_ranks"] == "3" and c["members"] == 3
     assert c["transfer_us"] == 200.0  # min over the members present
     assert any("ranks without a trace in the job: 3" in n for n in jd.notes)
-    assert parse_ranks("[0, 1, 2, ...]") == ([0, 1, 2], False)
 
 
 def test_one_rank_job_cannot_split_waiting():
@@ -346,7 +379,7 @@ def test_one_rank_job_cannot_split_waiting():
 # --- clocks ----------------------------------------------------------------------------------
 
 
-def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
+def clock_job(theta: float, *, late_rank: int = 0, n: int = 30, hostnames: bool = True) -> list:
     """4 ranks, hosts A (0, 1) and B (2, 3); B's clock reads ``theta`` us late. True times: rank
     ``late_rank`` starts its all-reduce 300 us after the others; all end together, host B's
     ends jittered by -2, 0, +2 us in turn."""
@@ -366,9 +399,8 @@ def clock_job(theta: float, *, late_rank: int = 0, n: int = 30) -> list:
             colls[r].append(
                 sb.coll(k, start + (theta if r >= 2 else 0.0), d, ranks="[0, 1, 2, 3]", n=4, seq=k)
             )
-    return [
-        sb.summary(r, steps[r], colls[r], hostname="hostA" if r < 2 else "hostB") for r in range(4)
-    ]
+    names = ["hostA", "hostA", "hostB", "hostB"] if hostnames else [None] * 4
+    return [sb.summary(r, steps[r], colls[r], hostname=names[r]) for r in range(4)]
 
 
 def test_clock_offset_recovered_with_uncertainty():
@@ -392,6 +424,26 @@ def test_clock_offset_recovered_with_uncertainty():
     assert jd.straggler is not None and jd.straggler.rank == 0
     raw = jd.members.filter(pl.col("coll_id") == 0).sort("abs_start_us")
     assert raw["rank"][-1] in (2, 3)
+
+
+def test_clock_offsets_per_rank_without_hostnames():
+    """No hostnames and a 700 us median end skew (> 500 us): the ranks cannot share a clock, so
+    each rank's offset is estimated: ranks 2 and 3 read 700 us late, rank 1 0."""
+    ss = clock_job(700.0, hostnames=False)
+    m = match_collectives(ss)
+    ce = estimate_offsets(m.members, m.collectives, ss)
+    assert ce.source == "per rank" and ce.mode == "corrected"
+    th = dict(zip(ce.hosts["host"], ce.hosts["theta_us"], strict=True))
+    assert th == pytest.approx({"rank 0": 0.0, "rank 1": 0.0, "rank 2": 700.0, "rank 3": 700.0})
+    # rank 2 against rank 0 per collective: 700 + jit, corrected jit: u = 1.4826 * 2
+    u = dict(zip(ce.hosts["host"], ce.hosts["uncertainty_us"], strict=True))
+    assert u["rank 2"] == pytest.approx(1.4826 * 2)
+    assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 700.0, 3: 700.0}
+    assert diagnose_job(Job(ss)).straggler.rank == 0
+    # at 400 us (median end skew under 500 us) the ranks are taken to share one clock
+    ss = clock_job(400.0, hostnames=False)
+    m = match_collectives(ss)
+    assert estimate_offsets(m.members, m.collectives, ss).mode == "one host"
 
 
 def test_small_clock_offset_not_applied():
@@ -426,3 +478,24 @@ def test_json_schema_and_text():
     assert "JOB VERDICT: COMPUTE-BOUND, bottleneck: load imbalance: straggler rank 1" in t
     assert "balance-ranks: 1.19x -> 1.350 ms" in t
     assert "| 1 |" in jd.to_markdown()
+
+
+def test_job_without_collectives():
+    """Two ranks that never communicate: no collective, no straggler, a verdict all the same."""
+    ss = [sb.summary(r, [sb.step(0, time=1000, compute=800, python=200)], []) for r in (0, 1)]
+    jd = diagnose_job(Job(ss))
+    assert jd.collectives.height == 0 and jd.straggler is None and jd.findings == []
+    assert jd.regime == "compute-bound"
+    assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0]  # no communication: 0, not null
+    assert json.loads(jd.to_json())["collectives"]["count"] == 0
+
+
+def test_device_table_links_per_direction():
+    from tracedx.devices import DEVICES
+
+    h = DEVICES["h100-sxm"]
+    assert h.link_gbs() == (450.0, "NVLink 4")  # datasheet 900 GB/s bidirectional
+    assert h.pcie_gbs == 64.0  # PCIe Gen5 x16, 128 GB/s bidirectional
+    assert h.link_gbs(intra_host=False) == (None, None)  # the network: not in the table
+    assert DEVICES["l4"].link_gbs() == (32.0, "PCIe")  # no NVLink: PCIe Gen4 x16
+    assert "datasheet" in h.sources["gpu_link_gbs"]

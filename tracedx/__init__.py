@@ -3,8 +3,9 @@
 Public API (torch is never imported by analysis):
 
 - ``tracedx.load(path) -> Trace``: read a torch.profiler chrome trace into polars tables.
-- ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth;
-  ``tracedx.diagnose(job) -> JobDiagnosis`` for a multi-rank :class:`tracedx.job.diagnosis.Job`.
+- ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth.
+- ``tracedx.load_job(paths) -> Job``: a distributed job's traces (files, a directory, a glob),
+  one summary per rank; ``tracedx.diagnose(job) -> JobDiagnosis``: the job's verdict.
 - ``tracedx.step()`` / ``tracedx.profile(...)``: step markers and profiling for `tracedx capture`.
 """
 
@@ -18,22 +19,14 @@ from tracedx.trace import Trace, load
 __all__ = ["Trace", "TraceError", "TraceFormatError", "__version__", "load"]
 
 
-def _diagnose(obj, **options):
-    """Diagnose a :class:`Trace` (one rank: ``Diagnosis``) or a :class:`tracedx.job.diagnosis.Job`
-    (several ranks' summaries: ``JobDiagnosis``). Options go to the single-rank diagnosis."""
-    from tracedx.job.diagnosis import Job, diagnose_job
-
-    if isinstance(obj, Job):
-        return diagnose_job(obj)
-    from tracedx.analysis.diagnosis import diagnose
-
-    return diagnose(obj, **options)
-
-
 def __getattr__(name: str):
     # Lazy imports keep `import tracedx` light and torch-free.
     if name == "diagnose":
         return _diagnose
+    if name == "load_job":
+        from tracedx.job.load import load_job
+
+        return load_job
     if name == "diff":
         from tracedx.analysis.diff import diff
 
@@ -47,3 +40,19 @@ def __getattr__(name: str):
 
         return importlib.import_module("tracedx.measure")
     raise AttributeError(f"module 'tracedx' has no attribute {name!r}")
+
+
+def _diagnose(target, **options):
+    """``diagnose(trace, **options) -> Diagnosis`` (:func:`tracedx.analysis.diagnosis.diagnose`);
+    ``diagnose(job) -> JobDiagnosis`` for a :class:`tracedx.job.diagnosis.Job` from
+    :func:`load_job` (:func:`tracedx.job.diagnosis.diagnose_job`)."""
+    import sys
+
+    jobs = sys.modules.get("tracedx.job.diagnosis")  # a Job exists only once it is imported
+    if jobs is not None and isinstance(target, jobs.Job):
+        if options:
+            raise TypeError("diagnose(job) takes no options: give them to load_job")
+        return jobs.diagnose_job(target)
+    from tracedx.analysis.diagnosis import diagnose
+
+    return diagnose(target, **options)

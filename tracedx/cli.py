@@ -150,7 +150,7 @@ def _load_and_diagnose(
 
 
 @main.command()
-@click.argument("trace_path", metavar="TRACE")
+@click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
 @_format_option
 @click.option(
     "--html",
@@ -160,16 +160,43 @@ def _load_and_diagnose(
     help="Also write a self-contained HTML report here.",
 )
 @_analysis_options
-def diagnose(trace_path, fmt, html_path, **analysis):
-    """Where the time goes, what binds it, and what each fix is worth."""
+def diagnose(trace_paths, fmt, html_path, **analysis):
+    """Where the time goes, what binds it, and what each fix is worth.
+
+    TRACE is one trace file, or a job's traces: several files, a directory (searched
+    recursively for *.json and *.json.gz) or a quoted glob. One file gets the single-rank
+    diagnosis; several get the job diagnosis (ranks matched, stragglers, waiting split from
+    transfer).
+    """
+    from tracedx.job.discover import expand_inputs
+
+    files = expand_inputs(trace_paths)
+    if len(files) > 1:
+        _diagnose_job(files, fmt, html_path, analysis)
+        return
     from tracedx.report import render
 
-    with _spinner(f"reading {trace_path}") as status:
-        diag = _load_and_diagnose(trace_path, **analysis, status=status)
+    with _spinner(f"reading {files[0]}") as status:
+        diag = _load_and_diagnose(files[0], **analysis, status=status)
     click.echo(render(diag, fmt), nl=False)
     if html_path:
         _write_html(diag, html_path)
         click.echo(f"wrote {html_path}", err=True)
+
+
+def _diagnose_job(files, fmt, html_path, analysis) -> None:
+    """The job report of several traces (text, json or md)."""
+    from tracedx.job.diagnosis import diagnose_job
+    from tracedx.job.load import load_job
+
+    if html_path:
+        raise TraceError("--html takes one trace; a job's report is text, json or md for now")
+    options = {k: v for k, v in analysis.items() if v not in (None, False)}
+    if "device_name" in options:
+        options["device"] = options.pop("device_name")
+    jd = diagnose_job(load_job(files, **options))
+    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
+    click.echo(render(), nl=False)
 
 
 @main.command(

@@ -1,4 +1,4 @@
-"""Multi-rank jobs: per-rank summaries (the map) and the cross-rank diagnosis (the reduce).
+"""Multi-rank (distributed job) analysis: per-rank summaries and the cross-rank step.
 
-The contract between the modules is docs/multirank.md.
+See ``docs/multirank.md`` for the contract between the modules.
 """

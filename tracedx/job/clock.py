@@ -111,14 +111,22 @@ def _diffs(
 
 
 def estimate_offsets(
-    members: pl.DataFrame, collectives: pl.DataFrame, summaries: list
+    members: pl.DataFrame,
+    collectives: pl.DataFrame,
+    summaries: list,
+    host_of: dict[int, str] | None = None,
 ) -> ClockEstimate:
     """Estimate the per-host clock offsets (module docstring).
 
     ``members``/``collectives`` are :class:`tracedx.job.match.Matched` tables; only usable
-    implicit-sync collectives are read (their ``abs_end_us``).
+    implicit-sync collectives are read (their ``abs_end_us``). ``host_of`` overrides
+    :func:`host_map`. When no summary names its host and the ranks' end times disagree by
+    more than ``MAX_END_SKEW_US``, each rank is taken as its own clock (``source`` ``per
+    rank``) and the same estimate is made per rank.
     """
-    host_of, source = host_map(summaries)
+    source = "given"
+    if host_of is None:
+        host_of, source = host_map(summaries)
     hosts = sorted(
         set(host_of.values()), key=lambda h: min(r for r, x in host_of.items() if x == h)
     )
@@ -166,14 +174,18 @@ def estimate_offsets(
         skews = _end_skews(groups, {})
         med = median(skews) if skews else None
         if source == "assumed" and med is not None and med > MAX_END_SKEW_US and len(host_of) > 1:
-            notes.append(
-                f"no hostnames: the ranks were taken to share one clock, but the median end skew "
-                f"of their collectives is {med:.0f} us (> {MAX_END_SKEW_US:.0f} us): timestamps "
-                "across ranks are not compared (clock-free metrics only)"
+            per = estimate_offsets(
+                members, collectives, summaries, {r: f"rank {r}" for r in host_of}
             )
-            return ClockEstimate(
-                table({}, {}, {}, {}), host_of, zero, "clock-free", med, None, source, notes
+            per.source = "per rank"
+            per.host_of = host_of
+            per.notes.insert(
+                0,
+                f"no hostnames, and the median end skew of the ranks' collectives is {med:.0f} us "
+                f"(> {MAX_END_SKEW_US:.0f} us): their clocks differ, so each rank's clock offset "
+                "is estimated on its own",
             )
+            return per
         if source == "assumed" and len(host_of) > 1:
             notes.append(
                 "no hostnames in the file names: the ranks are taken to share one host's clock"

@@ -246,7 +246,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     clock = estimate_offsets(matched.members, matched.collectives, ss)
     colls, members = collective_metrics(matched, clock, ss)
     steps = rank_step_metrics(ss, members)
-    notes += matched.notes + clock.notes
+    notes += _rank_notes(ss) + matched.notes + clock.notes
 
     # the typical step: T per step is the median over ranks; T the median over steps
     T = None
@@ -324,7 +324,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         for a, b in zip(ranks["single_rank_regime"], ranks["single_rank_bottleneck"], strict=True)
         if a
     }
-    if len(ss) > 1 and (len(singles) > 1 or (singles and (regime, bott) not in singles)):
+    if len(ss) > 1 and len(singles) > 1:
         shown = "; ".join(
             f"rank {r}: {a} ({b})"
             for r, a, b in ranks.select("rank", "single_rank_regime", "single_rank_bottleneck")
@@ -333,8 +333,9 @@ def diagnose_job(job: Job) -> JobDiagnosis:
             if a
         )
         notes.append(
-            f"the ranks' single-rank verdicts ({shown}) count the waiting inside their "
-            "communication kernels as device time; the job verdict splits waiting from transfer"
+            f"single-rank verdicts ({shown}) are each read from one rank's trace, where waiting "
+            "for peers counts as communication; the job verdict is one for all ranks, with "
+            "waiting split from transfer"
         )
     if len(ss) == 1:
         ws = ss[0].meta.get("world_size")
@@ -343,8 +344,6 @@ def diagnose_job(job: Job) -> JobDiagnosis:
                 f"one rank of a {ws}-rank job: its communication time includes waiting for "
                 "peers; the other ranks' traces are needed to split waiting from transfer"
             )
-    if st.reason and len(ss) > 1:
-        notes.append(f"no straggler: {st.reason}")
     return JobDiagnosis(
         job=job,
         ranks=ranks,
@@ -362,6 +361,33 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         typical=typical,
         notes=notes,
     )
+
+
+def _rank_notes(ss: list) -> list[str]:
+    """The ranks' own (single-rank) load warnings and notes, each text once with the ranks it
+    applies to (the one-rank note that peers' traces are needed is left out of a job)."""
+    by: dict[str, list[int]] = {}
+    for x in ss:
+        texts = [str(w.get("message")) for w in x.meta.get("warnings") or []]
+        for n in texts + [str(n) for n in x.meta.get("notes") or []]:
+            if len(ss) > 1 and "include waiting for the other ranks" in n:
+                continue  # the one-rank note: the job has the other ranks
+            by.setdefault(n, []).append(int(x.meta["rank"]))
+    out = []
+    for text, ranks in by.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_span(ranks)}"
+        out.append(f"{who}: {text}")
+    return out
+
+
+def _span(ranks: list[int]) -> str:
+    """0-3, 5 for [0, 1, 2, 3, 5]."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(parts)
 
 
 def _cause_regime(s: Straggler, job: Job) -> str:
@@ -383,13 +409,26 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
         return None, None, ["no analysed steps: no verdict"]
     ev = []
     hosts = len(set(clock.host_of.values()))
-    pgs = ", ".join(
-        f"{r['pg_desc'] or r['pg_name']} {r['group_size']}"
+    kinds = Counter(
+        (r["pg_desc"] or (f"group {r['pg_name']}" if r["pg_name"] else "unnamed"), r["group_size"])
         for r in (groups.iter_rows(named=True) if groups.height else [])
     )
+    pgs = ", ".join(
+        "no process-group metadata"
+        if desc == "unnamed" and not size
+        else f"{desc} {n} x {size or '?'} ranks"
+        if n > 1
+        else f"{desc} of {size or '?'} ranks"
+        for (desc, size), n in sorted(kinds.items(), key=lambda kv: str(kv[0]))
+    )
+    where = (
+        f"on {hosts} host{'s' if hosts != 1 else ''}"
+        if clock.source in ("hostname", "gpus_per_node")
+        else "(hosts unknown: no hostnames)"
+    )
     ev.append(
-        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} on {hosts} "
-        f"host{'s' if hosts != 1 else ''}" + (f"; process groups: {pgs}" if pgs else "")
+        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} {where}"
+        + (f"; process groups: {pgs}" if pgs else "")
     )
     st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
     spread = (max(st_col) - min(st_col)) / T if len(st_col) else 0.0

@@ -20,44 +20,25 @@ two sides have different types and sequence counters, so they are not matched he
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import polars as pl
+
+from tracedx.job.summary import COLL_COLUMNS, FREE_DTYPE
+from tracedx.trace.collectives import parse_ranks
 
 P2P = ("send", "recv")
 # Statuses whose members give usable durations (transfer time and waits).
 USABLE = ("ok", "partial")
 
+# the colls columns the matching reads (types from the summary's schema)
 _MEMBER_COLS = {
-    "step": pl.Int64,
-    "stream": pl.Int64,
-    "coll_type": pl.Utf8,
-    "pg_name": pl.Utf8,
-    "pg_desc": pl.Utf8,
-    "pg_ranks": pl.Utf8,
-    "group_size": pl.Int64,
-    "seq": pl.Int64,
-    "comms_id": pl.Utf8,
-    "ordinal": pl.Int64,
-    "start_us": pl.Float64,
-    "end_us": pl.Float64,
-    "duration_us": pl.Float64,
-    "dtype": pl.Utf8,
-    "msg_bytes": pl.Int64,
-}
-
-
-def parse_ranks(text: str | None) -> tuple[list[int], bool]:
-    """The global ranks of a ``Process Group Ranks`` string and whether the list is complete.
-
-    PyTorch truncates the list to 30 entries and ends it with ``...`` (``format_list`` in
-    ``torch/csrc/profiler/util.cpp``): then only a prefix is known (``complete`` False).
-    """
-    if not text:
-        return [], False
-    ranks = [int(x) for x in re.findall(r"-?\d+", text)]
-    return ranks, "..." not in text
+    k: COLL_COLUMNS[k]
+    for k in (
+        "step", "stream", "coll_type", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq",
+        "comms_id", "ordinal", "start_us", "end_us", "duration_us", "dtype", "msg_bytes",
+    )
+}  # fmt: skip
 
 
 def pg_key_expr() -> pl.Expr:
@@ -96,6 +77,24 @@ class Matched:
     notes: list[str] = field(default_factory=list)
 
 
+COLLECTIVE_SCHEMA = {
+    "pg_key": pl.Utf8,
+    "step": pl.Int64,
+    "seq": pl.Int64,
+    "match_key": pl.Utf8,
+    "pg_name": pl.Utf8,
+    "pg_desc": pl.Utf8,
+    "pg_ranks": pl.Utf8,
+    "coll_type": pl.Utf8,
+    "group_size": pl.Int64,
+    "msg_bytes": pl.Int64,
+    "members": pl.UInt32,
+    "coll_id": pl.Int64,
+    "status": pl.Utf8,
+    "missing_ranks": pl.Utf8,
+}
+
+
 def _rank_rows(s) -> pl.DataFrame | None:
     c = s.colls
     if c is None or c.height == 0:
@@ -105,11 +104,7 @@ def _rank_rows(s) -> pl.DataFrame | None:
         pl.col(k).cast(t) if k in c.columns else pl.lit(None, dtype=t).alias(k)
         for k, t in _MEMBER_COLS.items()
     ]
-    free = (
-        pl.col("free_us")
-        if "free_us" in c.columns
-        else pl.lit(None, dtype=pl.List(pl.Struct({"start_us": pl.Float64, "end_us": pl.Float64})))
-    )
+    free = pl.col("free_us") if "free_us" in c.columns else pl.lit(None, dtype=FREE_DTYPE)
     return c.select(
         pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
         pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
@@ -128,8 +123,15 @@ def match_collectives(summaries: list) -> Matched:
     parts = [p for s in summaries if (p := _rank_rows(s)) is not None]
     notes: list[str] = []
     if not parts:
-        empty = pl.DataFrame(schema={"coll_id": pl.Int64, "rank": pl.Int64})
-        return Matched(empty, pl.DataFrame(schema={"coll_id": pl.Int64}), pl.DataFrame(), empty)
+        empty = pl.DataFrame(
+            schema={"coll_id": pl.Int64, "rank": pl.Int64, "abs_start_us": pl.Float64,
+                    "abs_end_us": pl.Float64, **_MEMBER_COLS, "free_us": FREE_DTYPE,
+                    "pg_key": pl.Utf8}
+        )  # fmt: skip
+        colls = pl.DataFrame(schema=COLLECTIVE_SCHEMA)
+        groups = pl.DataFrame(schema={"pg_key": pl.Utf8, "pg_name": pl.Utf8, "pg_desc": pl.Utf8,
+                                      "pg_ranks": pl.Utf8, "group_size": pl.Int64})  # fmt: skip
+        return Matched(empty, colls, groups, empty)
     rows = pl.concat(parts, how="vertical_relaxed")
     ref = rows["_base_ns"].min()
     rows = (
@@ -213,11 +215,9 @@ def match_collectives(summaries: list) -> Matched:
     statuses, missing = [], []
     for r in colls.iter_rows(named=True):
         present = set(r["_ranks"])
-        expected, complete = parse_ranks(r["pg_ranks"])
-        n = r["group_size"] or (len(expected) if complete else None)
-        miss: list[int] = []
-        if complete and expected:
-            miss = sorted(set(expected) - present)
+        expected = parse_ranks(r["pg_ranks"], r["group_size"]) or []
+        n = r["group_size"] or (len(expected) or None)
+        miss = sorted(set(expected) - present)
         if r["_types"] > 1:
             st = "type mismatch"
         elif r["_gsizes"] > 1:
@@ -299,8 +299,12 @@ def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]
         )
     un = colls.filter(pl.col("status") == "unmatched")
     if un.height:
+        miss = sorted({int(x) for m in un["missing_ranks"].to_list() if m for x in m.split(", ")})
+        absent = [m for m in miss if m not in job_ranks]
+        why = f" (their peers without a trace: {_short(absent)})" if absent else ""
         out.append(
-            f"{un.height} collectives were found on one rank only: no wait can be split from them"
+            f"{un.height} collectives were found on one rank only{why}: no wait can be split "
+            "from them"
         )
     return out
 

@@ -29,10 +29,8 @@ Per rank r and step k (``Comp`` = merged compute kernels, ``Comm`` = merged comm
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import union
 from tracedx.devices import match_device
 from tracedx.job.clock import ClockEstimate
 from tracedx.job.match import USABLE, Matched
@@ -171,23 +169,36 @@ def _device(summaries: list):
     return spec
 
 
-def _exposed_wait(rows: pl.DataFrame) -> float:
-    """|union over kernels of (their first w us minus compute)| from the free segments."""
-    starts, ends = [], []
-    for s0, w, free in zip(
-        rows["start_us"], rows["wait_us"], rows["free_us"].to_list(), strict=True
-    ):
-        if not w or w <= 0 or not free:
-            continue
-        for seg in free:
-            a, b = seg["start_us"], min(seg["end_us"], w)
-            if b > a:
-                starts.append(s0 + a)
-                ends.append(s0 + b)
-    if not starts:
-        return 0.0
-    ms, me = union(np.array(starts), np.array(ends))
-    return float((me - ms).sum())
+def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): ``exposed_wait_us`` = |union over the rank's kernels of (their first w
+    us minus compute)|, from each kernel's free segments (offsets from its start).
+
+    The union of intervals sorted by start is ``sum_i max(0, b_i - max(a_i, M_{i-1}))`` with
+    ``M_{i-1}`` the largest end before i (vectorised per group).
+    """
+    seg = (
+        usable.filter(pl.col("wait_us") > 0)
+        .select("rank", "step", "start_us", "wait_us", "free_us")
+        .explode("free_us")
+        .drop_nulls("free_us")
+        .with_columns(
+            a=pl.col("start_us") + pl.col("free_us").struct.field("start_us"),
+            b=pl.col("start_us")
+            + pl.min_horizontal(pl.col("free_us").struct.field("end_us"), pl.col("wait_us")),
+        )
+        .filter(pl.col("b") > pl.col("a"))
+        .sort("rank", "step", "a", "b")
+    )
+    prev = pl.col("b").cum_max().shift(1).over("rank", "step")
+    return (
+        seg.with_columns(
+            _len=(pl.col("b") - pl.max_horizontal("a", prev.fill_null(float("-inf")))).clip(
+                lower_bound=0.0
+            )
+        )
+        .group_by("rank", "step")
+        .agg(exposed_wait_us=pl.col("_len").sum())
+    )
 
 
 STEP_COLUMNS = (
@@ -223,29 +234,24 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
     """
     frames = []
     usable = members.filter(pl.col("wait_us").is_not_null())
-    for s in sorted(summaries, key=lambda s: int(s.meta["rank"])):
-        r = int(s.meta["rank"])
+    per = (
+        usable.group_by("rank", "step")
+        .agg(
+            wait_us=pl.col("wait_us").sum(),
+            transfer_us=(pl.col("duration_us") - pl.col("wait_us")).sum(),
+            last_arrivals=pl.col("last").sum().cast(pl.Int64),
+            collectives=pl.len().cast(pl.Int64),
+        )
+        .join(exposed_wait(usable), on=["rank", "step"], how="left")
+        .with_columns(pl.col("exposed_wait_us").fill_null(0.0))
+    )
+    for s in summaries:
         st = s.steps
         if st is None or st.height == 0:
             continue
-        mine = usable.filter(pl.col("rank") == r)
-        ew, wsum, tsum, last, n = [], [], [], [], []
-        for k in st["step"].to_list():
-            rows = mine.filter(pl.col("step") == k)
-            n.append(rows.height)
-            if rows.height == 0:
-                ew.append(None)
-                wsum.append(None)
-                tsum.append(None)
-                last.append(0)
-                continue
-            ew.append(_exposed_wait(rows))
-            wsum.append(float(rows["wait_us"].sum()))
-            tsum.append(float((rows["duration_us"] - rows["wait_us"]).sum()))
-            last.append(int(rows["last"].sum()))
         idle_cols = [c for c in st.columns if c.startswith("idle_")]
         f = st.select(
-            pl.lit(r, dtype=pl.Int64).alias("rank"),
+            pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
             pl.col("step").cast(pl.Int64),
             *[
                 pl.col(c).cast(pl.Float64)
@@ -258,13 +264,8 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
                 )
             ],
             *[pl.col(c).cast(pl.Float64) for c in idle_cols],
-        ).with_columns(
-            exposed_wait_us=pl.Series(ew, dtype=pl.Float64),
-            wait_us=pl.Series(wsum, dtype=pl.Float64),
-            transfer_us=pl.Series(tsum, dtype=pl.Float64),
-            last_arrivals=pl.Series(last, dtype=pl.Int64),
-            collectives=pl.Series(n, dtype=pl.Int64),
-        )
+        ).join(per, on=["rank", "step"], how="left")
+        f = f.with_columns(pl.col("last_arrivals").fill_null(0), pl.col("collectives").fill_null(0))
         no_comm = pl.col("comm_us").fill_null(0) <= 0
         f = f.with_columns(
             exposed_wait_us=pl.when(no_comm)

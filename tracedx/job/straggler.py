@@ -18,7 +18,9 @@ the median over the other ranks): its op input shapes differ (``opsig``: data sh
 compute ``U`` is at least 5 % longer (GPU compute); or its GPU idles longer before the
 collectives for a host-side reason (the idle causes of the single-rank timeline: host work,
 kernel launch, python, DataLoader, host syncs). Its excess, ``(U + idle)`` over the median
-peer's, is what it was doing while the others waited.
+peer's, is what it was doing while the others waited. A rank whose arrival is even but whose
+groups move the same bytes slower than the other groups is a link straggler
+(:func:`_link_straggler`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from statistics import median
 import polars as pl
 
 from tracedx.job.clock import SYNC_TYPES
+from tracedx.trace.collectives import parse_ranks
 
 MIN_COLLECTIVES = 20
 P_VALUE = 0.01
 MIN_EFFECT = 0.02
 MIN_CONSISTENCY = 0.5
 COMPUTE_RATIO = 1.05
+LINK_RATIO = 1.25
 
 # single-rank idle causes (tracedx.analysis.timeline.CAUSES) read as host-side lateness
 HOST_CAUSES = {
@@ -196,6 +200,9 @@ def find_straggler(
     """
     arr = arrival_table(collectives, members)
     if arr.height == 0:
+        link = _link_straggler(collectives, steps, step_us)
+        if link is not None:
+            return StragglerResult(link, arr, link.effect, None, link.evidence)
         return StragglerResult(None, arr, None, "no matched collective with a known last arriver")
     best = arr.sort(["p_value", "last", "rank"], descending=[False, True, False]).row(0, named=True)
     r = int(best["rank"])
@@ -236,6 +243,9 @@ def find_straggler(
             f"{best['steps_last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
         )
     if reason is not None:
+        link = _link_straggler(collectives, steps, step_us)
+        if link is not None:
+            return StragglerResult(link, arr, link.effect, None, link.evidence)
         return StragglerResult(None, arr, effect, reason, ev)
     cause, cev, excess, host_side = _cause(r, steps, summaries)
     s = Straggler(
@@ -252,6 +262,63 @@ def find_straggler(
         host_side=host_side,
     )
     return StragglerResult(s, arr, effect, None, ev)
+
+
+def _link_straggler(
+    collectives: pl.DataFrame, steps: pl.DataFrame, step_us: float | None
+) -> Straggler | None:
+    """A rank on a slow link: arrival is even, but collectives of the groups it is in move the
+    same bytes slower than the same collectives of groups without it.
+
+    Groups are compared within one signature (type, bytes, group size, description); a group
+    is slow when its median transfer time is >= ``LINK_RATIO`` times the median of the other
+    groups'. The rank in every slow group and in no fast one is named when its groups' extra
+    transfer time per step is >= 2 % of the step.
+    """
+    if not step_us or collectives.height == 0 or "transfer_us" not in collectives.columns:
+        return None
+    c = collectives.filter((pl.col("status") == "ok") & pl.col("transfer_us").is_not_null())
+    sig = ["coll_type", "msg_bytes", "group_size", "pg_desc"]
+    per = c.group_by([*sig, "pg_key", "pg_ranks"]).agg(
+        tau=pl.col("transfer_us").median(), n=pl.len(), steps=pl.col("step").n_unique()
+    )
+    slow, fast, extra = [], [], 0.0
+    for _, g in per.group_by(sig):
+        if g.height < 2:
+            continue
+        rows = g.to_dicts()
+        for row in rows:
+            others = median(x["tau"] for x in rows if x is not row)
+            ranks = set(parse_ranks(row["pg_ranks"], row["group_size"]) or [])
+            if others > 0 and row["tau"] >= LINK_RATIO * others:
+                slow.append(ranks)
+                extra += (row["tau"] - others) * row["n"] / max(row["steps"], 1)
+            else:
+                fast.append(ranks)
+    if not slow:
+        return None
+    cand = set.intersection(*slow) - set().union(*fast) if fast else set.intersection(*slow)
+    if len(cand) != 1 or extra / step_us < MIN_EFFECT:
+        return None
+    r = cand.pop()
+    ev = [
+        f"arrival is even, but the collectives of the {len(slow)} group(s) with rank {r} take "
+        f"{extra / 1e3:.3f} ms longer per step than the same collectives of the other groups "
+        f"(>= {LINK_RATIO}x their median transfer time): {extra / step_us:.1%} of the step"
+    ]
+    return Straggler(
+        rank=r,
+        cause="link",
+        evidence=ev,
+        collectives=0,
+        last=0,
+        chance=0.0,
+        p_value=1.0,
+        effect=extra / step_us,
+        consistency=1.0,
+        excess_us=extra,
+        host_side=False,
+    )
 
 
 def _shape_diffs(r: int, summaries: list) -> list[str]:
@@ -319,19 +386,27 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
 
 
 def _kernel_excess(r: int, summaries: list) -> str:
-    """The kernel whose time grew most on rank r against the median peer."""
-    tabs = {int(s.meta["rank"]): s.kernels for s in summaries if s.kernels is not None}
-    if r not in tabs or len(tabs) < 2:
+    """The kernel whose time grew most on rank r against the median peer (a kernel a peer
+    does not run counts 0 for it)."""
+    tabs = [
+        s.kernels.select("name", "total_us").with_columns(rank=pl.lit(int(s.meta["rank"])))
+        for s in summaries
+        if s.kernels is not None and s.kernels.height
+    ]
+    if len(tabs) < 2:
         return ""
-    mine = dict(tabs[r].select("name", "total_us").iter_rows())
+    k = pl.concat(tabs, how="vertical_relaxed")
+    mine = k.filter(pl.col("rank") == r).group_by("name").agg(pl.col("total_us").sum())
+    peers = k.filter(pl.col("rank") != r)
+    n_peers = peers["rank"].n_unique()
+    if mine.height == 0 or n_peers == 0:
+        return ""
+    # median over the peers with zeros for the peers without the kernel
+    per = peers.group_by("name").agg(pl.col("total_us"))
+    med = {name: median([*v, *([0.0] * (n_peers - len(v)))]) for name, v in per.iter_rows()}
     best, dmax = None, 0.0
-    for name, t in mine.items():
-        others = [
-            float(df.filter(pl.col("name") == name)["total_us"].sum())
-            for q, df in tabs.items()
-            if q != r
-        ]
-        d = t - median(others)
+    for name, t in mine.iter_rows():
+        d = t - med.get(name, 0.0)
         if d > dmax:
             best, dmax = name, d
     if best is None:

@@ -34,45 +34,6 @@ def _rows(df: pl.DataFrame) -> list[dict]:
     return out
 
 
-_RANK_COLS = (
-    "rank",
-    "host",
-    "device_name",
-    "steps",
-    "step_time_us",
-    "compute_us",
-    "comm_us",
-    "exposed_comm_us",
-    "exposed_wait_us",
-    "exposed_transfer_us",
-    "overlap_ratio",
-    "idle_us",
-    "transfer_us",
-    "wait_us",
-    "collectives",
-    "last_arrivals",
-    "regime",
-    "bottleneck",
-    "single_rank_regime",
-    "single_rank_bottleneck",
-)
-
-_STEP_COLS = (
-    "rank",
-    "step",
-    "step_time_us",
-    "compute_us",
-    "comm_us",
-    "exposed_comm_us",
-    "exposed_wait_us",
-    "exposed_transfer_us",
-    "overlap_ratio",
-    "wait_us",
-    "last_arrivals",
-    "collectives",
-)
-
-
 def collective_groups(jd) -> pl.DataFrame:
     """Per (process group, type): count, bytes, transfer time, median busbw and its share of
     the link, median waits (the COLLECTIVES section)."""
@@ -111,7 +72,7 @@ def job_dict(jd) -> dict[str, Any]:
     cl = jd.clock
     doc = {
         "schema": SCHEMA,
-        "ranks": _rows(jd.ranks.select([c for c in _RANK_COLS if c in jd.ranks.columns])),
+        "ranks": _rows(jd.ranks),
         "steps": {
             "numbers": steps_nums,
             "step_time_ms": _ms(t["step_us"]),
@@ -123,7 +84,7 @@ def job_dict(jd) -> dict[str, Any]:
             "load_balance": t["load_balance"],
             "communication_efficiency": t["communication_efficiency"],
             "parallel_efficiency": t["parallel_efficiency"],
-            "per_rank": _rows(jd.steps.select([c for c in _STEP_COLS if c in jd.steps.columns])),
+            "per_rank": _rows(jd.steps),
         },
         "regime": jd.regime,
         "bottleneck": jd.bottleneck,
@@ -184,7 +145,8 @@ def render_text(jd) -> str:
         f"  {'rank':>4} {'host':<12} {'step ms':>9} {'compute':>9} {'exp.wait':>9} "
         f"{'exp.xfer':>9} {'overlap':>8} {'last in':>8}  verdict"
     )
-    for r in d["ranks"]:
+    shown = _shown_ranks(d)
+    for r in shown:
         ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
         last = f"{r.get('last_arrivals') or 0}/{r.get('collectives') or 0}"
         out.append(
@@ -193,6 +155,11 @@ def render_text(jd) -> str:
             f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>9} "
             f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>9} {ov:>8} {last:>8}  "
             f"{r.get('regime') or 'n/a'} ({r.get('bottleneck') or 'n/a'})"
+        )
+    if len(shown) < n:
+        out.append(
+            f"  ... {n - len(shown)} more ranks (the ranks with the most and least exposed wait "
+            "are shown; --format json lists all)"
         )
     c = d["collectives"]
     if c["count"]:
@@ -204,8 +171,12 @@ def render_text(jd) -> str:
             ref = ""
             if g.get("link_gbs"):
                 ref = f" ({g['busbw_fraction']:.0%} of {g['link']} {g['link_gbs']:.0f} GB/s)"
+            who = g["pg_desc"] or "group"
+            ranks = g["pg_key"].split(":", 1)[1] if ":" in g["pg_key"] else ""
+            n_txt = f", n={g['group_size']}" if g["group_size"] else ""
+            label = f"{who} {ranks}" if ranks else who
             out.append(
-                f"  {g['pg_desc'] or g['pg_key']} {g['coll_type']} x{g['count']} (n={g['group_size']}): "
+                f"  {label} {g['coll_type']} x{g['count']}{n_txt}: "
                 f"{int(g['msg_bytes'] or 0):,} bytes, transfer {_f(g['transfer_ms'])}, "
                 f"busbw {bw}{ref}, median max wait {_f(g['max_wait_ms'])}"
             )
@@ -236,6 +207,22 @@ def render_text(jd) -> str:
         for x in d["notes"]:
             out.append(f"  - {x}")
     return "\n".join(out) + "\n"
+
+
+MAX_RANK_ROWS = 16
+
+
+def _shown_ranks(d: dict) -> list[dict]:
+    """All ranks up to MAX_RANK_ROWS; above, the straggler and the ranks with the most and the
+    least exposed wait, in rank order."""
+    ranks = d["ranks"]
+    if len(ranks) <= MAX_RANK_ROWS:
+        return ranks
+    by = sorted(ranks, key=lambda r: (-(r.get("exposed_wait_ms") or 0.0), r["rank"]))
+    keep = {r["rank"] for r in by[:5] + by[-5:]}
+    if d["straggler"]:
+        keep.add(d["straggler"]["rank"])
+    return [r for r in ranks if r["rank"] in keep]
 
 
 def render_markdown(jd) -> str:
