@@ -749,3 +749,25 @@ def test_job_report_loads_in_chromium_and_fits_1400px(browser, tmp_path):
     lay = _check_layout(browser)
     assert all(s[1] <= s[2] for s in lay["scrolls"]), lay["scrolls"]
     assert browser.eval("document.querySelectorAll('#fig-waits .hm, #fig-waits image').length") > 0
+
+
+def test_diagnose_job_html_on_a_captured_gloo_job(tmp_path):
+    from tracedx.job.diagnosis import diagnose_job
+    from tracedx.job.load import load_job
+
+    files = sorted(str(p) for p in (Path(__file__).parent / "data" / "gloo_ddp_cpu").glob("vm_*"))
+    out = tmp_path / "job.html"
+    r = CliRunner().invoke(main, ["diagnose", *files, "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text(encoding="utf-8")
+    assert "tracedx job report" in page and "id='fig-waits'" in page
+    jd = diagnose_job(load_job(files))
+    heat = json.loads(re.search(r"id='fig-waits-data'>(.*?)</script>", page, re.S).group(1))[
+        "data"
+    ][0]
+    want = [
+        [jd.steps.filter((jd.steps["rank"] == r) & (jd.steps["step"] == k))["exposed_wait_us"][0]
+         / 1e3 for k in (1, 2, 3)]
+        for r in (0, 1)
+    ]  # fmt: skip
+    assert heat["z"] == [pytest.approx(w) for w in want]

@@ -400,3 +400,25 @@ def test_public_traces_round_trip(name, tmp_path):
     out = annotate(src, tmp_path / "a.json.gz").path
     check_chrome_trace(read(out))
     _same_reading(src, out)
+
+
+def test_annotate_command_on_a_captured_gloo_job(tmp_path):
+    """The 2-rank CPU gloo DDP capture in tests/data: one annotated trace per rank, each with
+    its collectives split into wait and transfer, the split adding up to each kernel."""
+    files = sorted(str(p) for p in (Path(__file__).parent / "data" / "gloo_ddp_cpu").glob("vm_*"))
+    out = tmp_path / "ann"
+    r = CliRunner().invoke(main, ["annotate", *files, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    written = sorted(out.iterdir())
+    assert [p.name.split("-")[0] for p in written] == ["rank0", "rank1"]
+    for rank, p in enumerate(written):
+        doc = read(p)
+        check_chrome_trace(doc)
+        names = thread_names(doc)
+        coll = [e for e in added(doc) if e["ph"] == "X"
+                and names[(e["pid"], e["tid"])] == f"rank {rank} in collectives"]  # fmt: skip
+        assert coll and all(("wait" in e["name"]) or e["name"].endswith("transfer") for e in coll)
+        for e in coll:
+            assert e["dur"] <= e["args"]["kernel_us"] + 1e-6
+        src = next(f for f in files if Path(f).name.removesuffix(".json.gz") in p.name)
+        _same_reading(Path(src), p)

@@ -189,14 +189,22 @@ def _diagnose_job(files, fmt, html_path, analysis) -> None:
     from tracedx.job.diagnosis import diagnose_job
     from tracedx.job.load import load_job
 
+    jd = diagnose_job(load_job(files, **_job_options(analysis)))
+    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
+    click.echo(render(), nl=False)
     if html_path:
-        raise TraceError("--html takes one trace; a job's report is text, json or md for now")
+        from tracedx.report.job_html import write_job_html
+
+        _write_html(jd, html_path, write_job_html)
+        click.echo(f"wrote {html_path}", err=True)
+
+
+def _job_options(analysis: dict) -> dict:
+    """The analysis options as :func:`tracedx.job.load.load_job` takes them."""
     options = {k: v for k, v in analysis.items() if v not in (None, False)}
     if "device_name" in options:
         options["device"] = options.pop("device_name")
-    jd = diagnose_job(load_job(files, **options))
-    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
-    click.echo(render(), nl=False)
+    return options
 
 
 @main.command(
@@ -322,31 +330,43 @@ def report(trace_path, out_path, **analysis):
 
 
 @main.command()
-@click.argument("trace_path", metavar="TRACE")
+@click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
 @click.option(
     "-o",
     "--output",
     "out_path",
-    type=click.Path(dir_okay=False),
-    default="annotated.json.gz",
-    show_default=True,
-    help="The annotated trace to write (gzip when it ends in .gz).",
+    default=None,
+    help="The annotated trace to write (gzip when it ends in .gz) [default: annotated.json.gz]; "
+    "for a job's traces, the folder for one annotated trace per rank [default: annotated].",
 )
 @_analysis_options
-def annotate(trace_path, out_path, **analysis):
+def annotate(trace_paths, out_path, **analysis):
     """Write TRACE with what tracedx found on extra tracks, for the Perfetto UI: steps and
-    their verdict, idle gaps by cause, host syncs with their Python line, fusable chains."""
-    from tracedx.report.perfetto import annotate as write_annotated
+    their verdict, idle gaps by cause, host syncs with their Python line, fusable chains.
 
-    with _spinner(f"reading {trace_path}") as status:
-        diag = _load_and_diagnose(trace_path, **analysis, repair=False, status=status)
-        if status:
-            status.update(f"writing {out_path}")
-        res = write_annotated(trace_path, out_path, diag)
-    click.echo(
-        f"{res.path}: {res.original_events} original events, {res.added_events} added "
-        "(open it in the Perfetto UI)"
-    )
+    Several traces (files, a directory or a quoted glob) are a job: each rank's trace is
+    written to the -o folder, with its waits inside collectives on a track of its own.
+    """
+    from tracedx.job.discover import expand_inputs
+    from tracedx.report import perfetto
+
+    files = expand_inputs(trace_paths)
+    if len(files) > 1:
+        from tracedx.job.diagnosis import diagnose_job
+        from tracedx.job.load import load_job
+
+        options = _job_options(analysis)  # summarize_path and diagnose take the same ones
+        jd = diagnose_job(load_job(files, **options))
+        done = perfetto.annotate_job(jd, out_path or "annotated", **options)
+    else:
+        with _spinner(f"reading {files[0]}") as status:
+            diag = _load_and_diagnose(files[0], **analysis, repair=False, status=status)
+            done = [perfetto.annotate(files[0], out_path or "annotated.json.gz", diag)]
+    for res in done:
+        click.echo(
+            f"{res.path}: {res.original_events} original events, {res.added_events} added "
+            "(open it in the Perfetto UI)"
+        )
 
 
 # annotate copies the original events, so it reads only clean traces: no --repair

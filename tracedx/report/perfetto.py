@@ -275,10 +275,11 @@ def collective_wait_slices(job, rank: int) -> list[dict]:
     m = m.join(coll, on="coll_id", how="left")
     out = []
     for r in m.iter_rows(named=True):
-        what = f"{r['coll_type']} ({r['pg_desc'] or r['pg_name']})"
+        group = r["pg_desc"] or r["pg_name"]
+        what = r["coll_type"] + (f" ({group})" if group else "")
         args = {
             "collective": r["coll_type"],
-            "process_group": r["pg_desc"] or r["pg_name"],
+            "process_group": group,
             "step": r["step"],
             "msg_bytes": r["msg_bytes"],
             "kernel_us": _r(r["duration_us"]),
