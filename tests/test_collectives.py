@@ -217,3 +217,16 @@ def test_what_gloo_writes_for_each_collective():
     )
     s = summarize(tracedx.load(DATA / "gloo_ddp_cpu" / "collective_kinds_rank0.json.gz"))
     assert s.colls.filter(pl.col("coll_type") == "all_gather")["msg_bytes"].to_list() == [32, 32]
+
+
+def test_kernel_args_without_device_and_stream(tmp_path):
+    """Device and stream from pid/tid, as for the kernels table: the kernel's own args still
+    join it."""
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.collective(T0 + 10, 5, T0 + 20, 10, seq=9, stream=20)
+    for ev in b.events:
+        if ev.get("cat") == "kernel":
+            del ev["args"]["device"], ev["args"]["stream"]
+    r = _one(b, tmp_path).collectives.row(0, named=True)
+    assert (r["device"], r["stream"], r["meta_source"], r["seq"]) == (0, 20, "kernel", 9)

@@ -427,13 +427,14 @@ def test_summary_of_a_large_trace_is_small(tmp_path):
     assert r == s and r.colls.schema == s.colls.schema
 
 
-def test_bytes_do_not_depend_on_polars_threads(tmp_path):
+def test_bytes_do_not_depend_on_polars_threads_or_hash_seed(tmp_path):
     """The scale-out compares job outputs byte for byte across executors, whose workers set
     POLARS_MAX_THREADS differently: float sums, chunking and string layout must not leak."""
     import subprocess
     import sys
 
     files = [
+        two_steps().write(tmp_path / "node7_1234.1700000000000000000.pt.trace.json"),
         SAMPLES / "convnet_dataloader-main.json.gz",
         *sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")),
     ]
@@ -446,10 +447,19 @@ def test_bytes_do_not_depend_on_polars_threads(tmp_path):
             f"    open(f'{tmp_path}/b{{i}}_{n}', 'wb').write(s.to_bytes())\n"
             f"    s.write(f'{tmp_path}/d{{i}}_{n}')\n"
         )
-        env = {**os.environ, "POLARS_MAX_THREADS": str(n)}
+        # and another str hash seed: no set or dict order may leak either
+        env = {**os.environ, "POLARS_MAX_THREADS": str(n), "PYTHONHASHSEED": str(n)}
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
         out[n] = [(tmp_path / f"b{i}_{n}").read_bytes() for i in range(len(files))]
         for i in range(len(files)):
             d = tmp_path / f"d{i}_{n}"
             out[n] += [(d / p).read_bytes() for p in sorted(os.listdir(d))]
     assert out[1] == out[3]
+
+
+def test_gloo_pair_orders_agree():
+    """Without process-group fields, gloo collectives can only be matched by (step, ordinal):
+    the two ranks of the captured job list the same operations in the same order."""
+    a, b = (summarize_path(f) for f in sorted((DATA / "gloo_ddp_cpu").glob("*.pt.trace.json.gz")))
+    key = ["step", "ordinal", "coll_type", "in_nelems", "dtype"]
+    assert a.colls.select(key).rows() == b.colls.select(key).rows()

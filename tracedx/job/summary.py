@@ -44,8 +44,7 @@ from typing import Any
 import msgspec
 import polars as pl
 
-from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_rows, free_segments
-from tracedx.analysis.intervals import union
+from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_union, free_segments
 from tracedx.analysis.timeline import CAUSES
 from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
 
@@ -336,13 +335,14 @@ def _sum(col: str) -> pl.Expr:
 
 
 def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
-    c = trace.collectives
     parts = [comm_rows(trace, device)] if device is not None else []
     parts.append(comm_rows(trace, None))  # host-side (gloo) collectives in any trace
     c = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     inside = c.filter(pl.col("step").is_in(steps))
     left_out = c.height - inside.height
-    c = inside.sort("start_us", "stream", "tid", "end_us", nulls_last=True, maintain_order=True)
+    c = inside.sort(
+        "start_us", "stream", "tid", "end_us", "kernel_name", nulls_last=True, maintain_order=True
+    )
     size = pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)
     elems = (
         pl.when(pl.col("coll_type").is_in(list(_SIZED_BY_MAX)))
@@ -359,11 +359,10 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
         idx = c.with_row_index("_i").filter(pl.col("host_side") == host)
         if idx.height == 0:
             continue
-        comp = compute_rows(trace, None if host else device)
         segs = free_segments(
             idx["start_us"].to_numpy(),
             idx["end_us"].to_numpy(),
-            union(comp["start_us"].to_numpy(), comp["end_us"].to_numpy()),
+            compute_union(trace, None if host else device),
             MAX_FREE_SEGMENTS,
         )
         for i, s in zip(idx["_i"].to_list(), segs, strict=True):
