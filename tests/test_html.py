@@ -476,3 +476,298 @@ def test_the_browser_harness_sees_errors_and_dialogs(browser, tmp_path):
     assert browser.dialogs == ["hi"]
     browser.errors.clear()
     browser.dialogs.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# palette, roofline labels, roofs (issue 17)
+# ---------------------------------------------------------------------------------------------
+
+
+def _lab(hex_color: str) -> tuple[float, float, float]:
+    """sRGB hex -> CIELAB (D65), the standard formulas (IEC 61966-2-1, CIE 15)."""
+    rgb = [int(hex_color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb)
+    xyz = (
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+    )
+    fx, fy, fz = (t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in xyz)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def test_one_palette_distinct_and_readable_in_greyscale():
+    import math
+
+    from tracedx.analysis.kernels import KINDS
+    from tracedx.analysis.timeline import CAUSES
+    from tracedx.report.figures import CAUSE_COLORS, CAUSE_PATTERNS, HOST_COLORS, KIND_COLORS
+
+    kinds = {k: KIND_COLORS[k] for k in (*KINDS, "memcpy", "memset")}
+    causes = {c: CAUSE_COLORS[c] for c in CAUSES}
+    every = {**{f"kind {k}": v for k, v in kinds.items()},
+             **{f"idle {k}": v for k, v in causes.items()},
+             **{f"host {k}": v for k, v in HOST_COLORS.items()}}  # fmt: skip
+    labs = {k: _lab(v) for k, v in every.items()}
+    names = list(labs)
+    close = [
+        (a, b, round(math.dist(labs[a], labs[b]), 1))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if math.dist(labs[a], labs[b]) < 15
+    ]
+    assert close == []  # e.g. elementwise and 'idle: kernel launch' were one orange
+    # in greyscale: kinds on a lightness ladder, causes each with their own hatch
+    light = sorted(labs[f"kind {k}"][0] for k in kinds)
+    assert min(b - a for a, b in zip(light, light[1:], strict=False)) >= 5
+    shapes = [CAUSE_PATTERNS[c] for c in CAUSES]
+    assert all(shapes) and len(set(shapes)) == len(shapes)
+
+
+def test_breakdown_and_timeline_hatch_idle_causes(small):
+    from tracedx.report.figures import CAUSE_PATTERNS, breakdown_figure, timeline_figure
+
+    diag = diagnose(tracedx.load(small))
+    for fig in (breakdown_figure(diag), timeline_figure(diag)):
+        idle = [t for t in fig.data if (t.name or "").startswith("idle: ")]
+        assert idle
+        for t in idle:
+            assert t.marker.pattern.shape == CAUSE_PATTERNS[t.name.removeprefix("idle: ")]
+
+
+def test_equal_roofs_are_drawn_and_labelled_once(small):
+    from tracedx.report.figures import roof_groups, roofline_figure
+
+    diag = diagnose(tracedx.load(small))  # an H100: bf16 and fp16 share one peak
+    spec = diag.device
+    assert spec.peak_tflops["bf16"] == spec.peak_tflops["fp16"]
+    groups = roof_groups(spec)
+    assert any(g[0][:2] == ["bf16", "fp16"] for g in groups)
+    assert all(len({spec.peak_tflops[k] for k in g[0]}) == 1 for g in groups)
+    names = [t.name for t in roofline_figure(diag).data if t.name]
+    assert sum("fp16" in n for n in names) == 1
+    assert any(n.startswith("bf16 = fp16 ") for n in names)
+
+
+def test_roofline_labels_never_overlap_and_extra_ones_are_hover_only():
+    from tracedx.report.figures import _clear, _label_box, place_labels
+
+    axes = ([-1.0, 4.0], [9.0, 16.0])
+    # twelve ops at nearly one point: only those that fit get a label
+    pts = [((100.0 * (1 + i / 1000), 1e13), 8.0, f"aten::op_number_{i}") for i in range(12)]
+    offs = place_labels(pts, axes)
+    placed = [
+        _label_box(p, o, t, axes) for (p, _, t), o in zip(pts, offs, strict=True) if o is not None
+    ]
+    assert 0 < len(placed) < 12 and offs[0] == (0, -(8.0 + 7.5 + 3))  # the largest: above
+    for i, a in enumerate(placed):
+        assert all(_clear(a, b) for b in placed[i + 1 :])
+    # an op far from the rest is labelled
+    assert place_labels([((1.0, 1e10), 4.0, "x")], axes)[0] is not None
+    # and keeps off another op's marker: a big one right above pushes the label below
+    from tracedx.report.figures import _marker_box
+
+    big = _marker_box((1.0, 10**10.4), 20.0, axes)
+    off = place_labels([((1.0, 1e10), 4.0, "x")], axes, [big])[0]
+    assert off is not None and off[1] > 0
+    assert _clear(_label_box((1.0, 1e10), off, "x", axes), big)
+
+
+def test_diff_html_command(tmp_path):
+    before = make_trace(tmp_path / "before.json")
+    after = make_trace(
+        tmp_path / "after.json", steps=3, elementwise_kernel="triton_poi_fused_relu_0"
+    )
+    out = tmp_path / "diff.html"
+    r = CliRunner().invoke(main, ["diff", str(before), str(after), "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text(encoding="utf-8")
+    for key in ("prediction", "fig-estimate", "before-verdict", "after-verdict", "fig-sides",
+                "metrics"):  # fmt: skip
+        assert f"id='{key}'" in page
+    order = [page.index(f"id='{k}'") for k in ("prediction", "estimate", "before-verdict",
+                                                "after-verdict", "sides", "metrics")]  # fmt: skip
+    assert order == sorted(order)
+    r = CliRunner().invoke(
+        main, ["diff", str(before), str(after), "--html", str(tmp_path / "no" / "d.html")]
+    )
+    assert r.exit_code == 2 and "cannot write the HTML report" in r.output
+
+
+def test_diff_estimate_figure_puts_the_estimate_on_its_clock(tmp_path):
+    from tracedx.analysis.diff import diff
+    from tracedx.report.diff_html import estimate_figure
+
+    before = make_trace(tmp_path / "before.json")
+    after = make_trace(tmp_path / "after.json", steps=3)
+    td = diff(tracedx.load(before), tracedx.load(after), fix="remove-host-sync")
+    fig = estimate_figure(td)
+    traced = next(t for t in fig.data if t.name == "traced")
+    p = td.prediction
+    assert list(traced.x) == [p.before_step_ms, p.estimated_step_ms, p.after_step_ms]
+    assert [t.name for t in fig.data] == ["traced"]  # no unprofiled timing in either trace
+
+
+# ---------------------------------------------------------------------------------------------
+# layout at 1,400 px in Chromium
+# ---------------------------------------------------------------------------------------------
+
+
+def figs_drawn(n: int) -> str:
+    return (
+        "(() => { const d = [...document.querySelectorAll('div.fig')];"
+        f" return d.length === {n} && d.every(x => x.classList.contains('js-plotly-plot')"
+        " && x.querySelector('svg.main-svg')); })()"
+    )
+
+
+LAYOUT = """(() => {
+  const de = document.documentElement;
+  const boxes = [...document.querySelectorAll('section')].filter(s => s.scrollWidth > s.clientWidth + 1).map(s => s.id);
+  const scrolls = [...document.querySelectorAll('div.scroll')].map(s => {
+    const t = s.querySelector('table'); return [t.id, Math.round(t.getBoundingClientRect().width), s.clientWidth]; });
+  const labels = [...document.querySelectorAll('#fig-roofline g.annotation-text-g')].map(a => {
+    const r = a.getBoundingClientRect(); return [a.textContent, r.left, r.top, r.right, r.bottom]; });
+  return {inner: window.innerWidth, page: de.scrollWidth, client: de.clientWidth, boxes, scrolls, labels};
+})()"""
+
+
+def _check_layout(browser) -> dict:
+    lay = browser.eval(LAYOUT)
+    assert lay["inner"] == 1400
+    assert lay["page"] <= lay["client"], "the page scrolls sideways at 1,400 px"
+    assert lay["boxes"] == [], "sections wider than their box"
+    return lay
+
+
+def _overlaps(labels: list) -> list:
+    out = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            if a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5 and a[2] < b[4] - 0.5 and b[2] < a[4] - 0.5:
+                out.append((a[0], b[0]))
+    return out
+
+
+@pytest.mark.parametrize("name", ["decode-eager", "convnet_dataloader-main", "mlp_train-eager"])
+def test_report_fits_1400px_with_clear_roofline_labels(browser, tmp_path, name):
+    trace = SAMPLES / f"{name}.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} is not in this checkout")
+    out = tmp_path / "r.html"
+    assert CliRunner().invoke(main, ["report", str(trace), "-o", str(out)]).exit_code == 0
+    browser.errors.clear()
+    browser.open(out, figs_drawn(4))
+    assert browser.errors == []
+    lay = _check_layout(browser)
+    ops = next(s for s in lay["scrolls"] if s[0] == "ops")
+    assert ops[1] <= ops[2], f"the op table ({ops[1]} px) is wider than its box ({ops[2]} px)"
+    labels = [x for x in lay["labels"] if not x[0].startswith("NVIDIA")]  # the spec's source line
+    assert len(labels) >= 3  # the ridge and at least two ops
+    assert _overlaps(labels) == []
+    assert sum(x[0].startswith("ridge ") for x in labels) == 1
+    legend = browser.eval(
+        "[...document.querySelectorAll('#fig-roofline .legendtext')].map(t => t.textContent)"
+    )
+    assert sum("fp16" in t for t in legend) == 1
+
+
+def test_diff_report_loads_in_chromium_and_fits_1400px(browser, tmp_path):
+    pair = [SAMPLES / "mlp_train-eager.json.gz", SAMPLES / "mlp_train-cudagraph.json.gz"]
+    if not all(p.exists() for p in pair):
+        pair = [make_trace(tmp_path / "b.json"), make_trace(tmp_path / "a.json", steps=4)]
+    out = tmp_path / "diff.html"
+    r = CliRunner().invoke(main, ["diff", *map(str, pair), "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    browser.errors.clear()
+    browser.open(out, figs_drawn(2))
+    assert browser.errors == [] and browser.dialogs == []
+    _check_layout(browser)
+    # BEFORE and AFTER side by side: two cards on one row
+    tops = browser.eval(
+        "['before-verdict', 'after-verdict'].map(i => document.getElementById(i)"
+        ".getBoundingClientRect()).map(r => [Math.round(r.top), Math.round(r.left)])"
+    )
+    assert tops[0][0] == tops[1][0] and tops[0][1] < tops[1][1]
+    assert browser.eval("document.querySelectorAll('#fig-estimate .bars .point').length") >= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the job report (issue 14): per-rank table, rank-by-step wait heatmap
+# ---------------------------------------------------------------------------------------------
+
+LATE = [[0.0, 300.0], [100.0, 0.0], [0.0, 500.0], [250.0, 250.0]]
+"""Per step, how late each of 2 ranks joins the step's all-reduce (us)."""
+
+
+def late_job():
+    """One all-reduce (tau = 200 us) per step; rank r computes 1000 + LATE[k][r] us, then
+    joins; both end at 1000 + max(LATE[k]) + 200. No compute under the kernels, so rank r's
+    exposed wait in step k is max(LATE[k]) - LATE[k][r]."""
+    from tests import summarybuilder as sb
+    from tracedx.job.diagnosis import Job, diagnose_job
+
+    steps, colls = [[], []], [[], []]
+    for k, row in enumerate(LATE):
+        t0, end = k * 10_000.0, 1000 + max(row) + 200
+        for r in (0, 1):
+            d = end - (1000 + row[r])
+            steps[r].append(sb.step(k, start=t0, time=end, compute=1000 + row[r], comm=d))
+            colls[r].append(sb.coll(k, t0 + 1000 + row[r], d, seq=k))
+    return diagnose_job(Job([sb.summary(r, steps[r], colls[r]) for r in (0, 1)]))
+
+
+def test_job_wait_heatmap_is_each_ranks_exposed_wait():
+    from tracedx.report.job_html import wait_heatmap
+
+    fig = wait_heatmap(late_job())
+    hm = fig.data[0]
+    assert list(hm.y) == ["rank 0", "rank 1"] and list(hm.x) == ["0", "1", "2", "3"]
+    want = [[(max(row) - row[r]) / 1e3 for row in LATE] for r in (0, 1)]
+    assert [list(z) for z in hm.z] == [pytest.approx(w) for w in want]
+    assert "exposed wait 0.300 ms (20% of the step)" in hm.hovertext[0][0]  # 300 of 1500 us
+
+
+def test_job_html_has_rank_table_heatmap_and_verdict():
+    jd = late_job()
+    page = jd.to_html()
+    for key in ("verdict", "ranks", "fig-waits", "fig-rank-steps", "collectives"):
+        assert f"id='{key}'" in page
+    rows = re.findall(r"<tr(?: class='straggler')?><td data-v='(\d)'", page)
+    assert rows == ["0", "1"]
+    # the rank table's wait column: totals over the steps (rank 0: 300 + 0 + 500 + 0 us)
+    r0 = jd.ranks.filter(jd.ranks["rank"] == 0).row(0, named=True)
+    assert r0["wait_us"] == 800.0
+    assert "<td data-v='0.8' class='n'>0.800</td>" in page
+
+
+def test_job_report_loads_in_chromium_and_fits_1400px(browser, tmp_path):
+    out = late_job().write_html(tmp_path / "job.html")
+    browser.errors.clear()
+    browser.open(out, figs_drawn(2))
+    assert browser.errors == [] and browser.dialogs == []
+    lay = _check_layout(browser)
+    assert all(s[1] <= s[2] for s in lay["scrolls"]), lay["scrolls"]
+    assert browser.eval("document.querySelectorAll('#fig-waits .hm, #fig-waits image').length") > 0
+
+
+def test_diagnose_job_html_on_a_captured_gloo_job(tmp_path):
+    from tracedx.job.diagnosis import diagnose_job
+    from tracedx.job.load import load_job
+
+    files = sorted(str(p) for p in (Path(__file__).parent / "data" / "gloo_ddp_cpu").glob("vm_*"))
+    out = tmp_path / "job.html"
+    r = CliRunner().invoke(main, ["diagnose", *files, "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text(encoding="utf-8")
+    assert "tracedx job report" in page and "id='fig-waits'" in page
+    jd = diagnose_job(load_job(files))
+    heat = json.loads(re.search(r"id='fig-waits-data'>(.*?)</script>", page, re.S).group(1))[
+        "data"
+    ][0]
+    want = [
+        [jd.steps.filter((jd.steps["rank"] == r) & (jd.steps["step"] == k))["exposed_wait_us"][0]
+         / 1e3 for k in (1, 2, 3)]
+        for r in (0, 1)
+    ]  # fmt: skip
+    assert heat["z"] == [pytest.approx(w) for w in want]

@@ -48,12 +48,13 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
-def _write_html(diag, path) -> None:
-    """Write the HTML report; an unwritable path is the user's input error (exit 2), not a bug."""
+def _write_html(diag, path, write=None) -> None:
+    """Write the HTML report (``write(obj, path)``, the diagnosis report by default); an
+    unwritable path is the user's input error (exit 2), not a bug."""
     from tracedx.report.html import write_html
 
     try:
-        write_html(diag, path)
+        (write or write_html)(diag, path)
     except OSError as e:
         raise TraceError(f"cannot write the HTML report to {path}: {e.strerror or e}") from None
 
@@ -211,14 +212,22 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
     from tracedx.job.diagnosis import diagnose_job
     from tracedx.job.load import load_job
 
+    jd = diagnose_job(load_job(files, progress=progress, **where, **_job_options(analysis)))
+    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
+    click.echo(render(), nl=False)
     if html_path:
-        raise TraceError("--html takes one trace; a job's report is text, json or md for now")
+        from tracedx.report.job_html import write_job_html
+
+        _write_html(jd, html_path, write_job_html)
+        click.echo(f"wrote {html_path}", err=True)
+
+
+def _job_options(analysis: dict) -> dict:
+    """The analysis options as :func:`tracedx.job.load.load_job` takes them."""
     options = {k: v for k, v in analysis.items() if v not in (None, False)}
     if "device_name" in options:  # summarize_path's name for it
         options["device"] = options.pop("device_name")
-    jd = diagnose_job(load_job(files, progress=progress, **where, **options))
-    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
-    click.echo(render(), nl=False)
+    return options
 
 
 @main.command(
@@ -350,6 +359,50 @@ def report(trace_path, out_path, **analysis):
     click.echo(out_path)
 
 
+@main.command()
+@click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    default=None,
+    help="The annotated trace to write (gzip when it ends in .gz) [default: annotated.json.gz]; "
+    "for a job's traces, the folder for one annotated trace per rank [default: annotated].",
+)
+@_analysis_options
+def annotate(trace_paths, out_path, **analysis):
+    """Write TRACE with what tracedx found on extra tracks, for the Perfetto UI: steps and
+    their verdict, idle gaps by cause, host syncs with their Python line, fusable chains.
+
+    Several traces (files, a directory or a quoted glob) are a job: each rank's trace is
+    written to the -o folder, with its waits inside collectives on a track of its own.
+    """
+    from tracedx.job.discover import expand_inputs
+    from tracedx.report import perfetto
+
+    files = expand_inputs(trace_paths)
+    if len(files) > 1:
+        from tracedx.job.diagnosis import diagnose_job
+        from tracedx.job.load import load_job
+
+        options = _job_options(analysis)  # summarize_path and diagnose take the same ones
+        jd = diagnose_job(load_job(files, **options))
+        done = perfetto.annotate_job(jd, out_path or "annotated", **options)
+    else:
+        with _spinner(f"reading {files[0]}") as status:
+            diag = _load_and_diagnose(files[0], **analysis, repair=False, status=status)
+            done = [perfetto.annotate(files[0], out_path or "annotated.json.gz", diag)]
+    for res in done:
+        click.echo(
+            f"{res.path}: {res.original_events} original events, {res.added_events} added "
+            "(open it in the Perfetto UI)"
+        )
+
+
+# annotate copies the original events, so it reads only clean traces: no --repair
+annotate.params = [p for p in annotate.params if p.name != "repair"]
+
+
 @main.command("diff")
 @click.argument("before_path", metavar="BEFORE")
 @click.argument("after_path", metavar="AFTER")
@@ -363,7 +416,14 @@ def report(trace_path, out_path, **analysis):
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
-def diff_command(before_path, after_path, fmt, fix, repair):
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
+)
+def diff_command(before_path, after_path, fmt, fix, repair, html_path):
     """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result."""
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
@@ -371,6 +431,11 @@ def diff_command(before_path, after_path, fmt, fix, repair):
 
     td = run_diff(load(before_path, repair=repair), load(after_path, repair=repair), fix=fix)
     click.echo(render_diff(td, fmt), nl=False)
+    if html_path:
+        from tracedx.report.diff_html import write_diff_html
+
+        _write_html(td, html_path, write_diff_html)
+        click.echo(f"wrote {html_path}", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

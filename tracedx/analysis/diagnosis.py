@@ -160,23 +160,19 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
     )
 
 
-def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
-    """Blocking host calls grouped by the op that issued them and, with Python stacks, the site.
+def sync_call_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
+    """Every blocking host call in ``steps``, one row each: the columns of
+    :func:`~tracedx.analysis.timeline.sync_calls` (``pid``, ``tid``, ``start_us``, ``end_us``,
+    ``duration_us``, ``name`` the runtime call, ``blocking_reason``, ``step``, ...) plus ``op``
+    (its top-level op, else its op, else ``"(no op)"``) and ``site`` (null without Python stacks).
 
     The site is the innermost user frame holding the call (``file(line): function``; PyTorch
     records Python frames per function, so the line is the function's line, or where it stood
     when profiling began) and the Python call it made (e.g. ``<built-in method item ...>``).
     """
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
-    schema = {
-        "site": pl.Utf8,
-        "op": pl.Utf8,
-        "call": pl.Utf8,
-        "count": pl.UInt32,
-        "blocked_us": pl.Float64,
-    }
     if sc.height == 0:
-        return pl.DataFrame(schema=schema)
+        return sc.with_columns(op=pl.lit(None, pl.Utf8), site=pl.lit(None, pl.Utf8))
     ops = trace.ops.select("op_id", "top_op_id", pl.col("name").alias("op"))
     tops = trace.ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op"))
     sc = sc.join(ops, on="op_id", how="left").join(tops, on="top_op_id", how="left")
@@ -206,10 +202,25 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
                     call = re.sub(r" at 0x[0-9a-fA-F]+", "", inner["name"][-1])
                     site += f" -> {call}"
                 sites[i] = site
-    sc = sc.with_columns(
+    return sc.with_columns(
         site=pl.Series(sites, dtype=pl.Utf8),
         op=pl.coalesce(pl.col("top_op"), pl.col("op"), pl.lit("(no op)")),
-    )
+    ).drop("top_op")
+
+
+def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
+    """Blocking host calls grouped by the site, the op that issued them and the runtime call
+    (:func:`sync_call_sites`): ``site``, ``op``, ``call``, ``count``, ``blocked_us``."""
+    schema = {
+        "site": pl.Utf8,
+        "op": pl.Utf8,
+        "call": pl.Utf8,
+        "count": pl.UInt32,
+        "blocked_us": pl.Float64,
+    }
+    sc = sync_call_sites(trace, steps)
+    if sc.height == 0:
+        return pl.DataFrame(schema=schema)
     return (
         sc.group_by("site", "op", pl.col("name").alias("call"))
         .agg(count=pl.len(), blocked_us=pl.col("duration_us").sum())
@@ -218,26 +229,22 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
     )
 
 
-def _fusable_chains(
-    trace: Trace, steps: list[int], device: int, cap_per_kernel_us: float | None = None
-) -> tuple[float, float, float, int, float | None]:
-    """Runs of >= 2 back-to-back fusable kernels on one stream: (chain us, saved us, kernels
-    removed, chains, host us of the removed kernels).
-
-    Totals over the analysed steps. Saved = sum - max per chain. Triton kernels are already fused.
-    A host sync between two kernels breaks the chain (torch.compile breaks its graph at
-    ``.item()``), so kernels launched after different numbers of syncs never share a chain.
-    A kernel's host cost is its top-level op's host time over the kernels that op launched (its
-    own ops', not the step's average: one op re-planning cuDNN must not make every add costly);
-    a kernel with no top-level op (graph-replayed, unlinked) costs nothing to remove. A chain
-    removes (n - 1) kernels at its kernels' mean cost, at most ``cap_per_kernel_us`` (the
-    step's mean host time per kernel: an op's time can also hold allocations, waits and other
-    work that fusion does not remove). The host total is None when no chain kernel has a
-    top-level op.
+def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
+    """Runs of >= 2 back-to-back fusable kernels on one stream, one row per run: ``step``,
+    ``stream``, ``run``, ``n`` (kernels), ``start_us``, ``end_us`` (first start, last end),
+    ``total`` (summed kernel us), ``longest`` (us), ``host`` (mean host us per kernel of the
+    launching top-level ops, 0 where none), ``linked`` (any kernel has a top-level op),
+    ``names`` (the kernel names in order). See :func:`_fusable_chains` for the rules.
     """
+    schema = {
+        "step": pl.Int64, "stream": pl.Int64, "run": pl.UInt32, "n": pl.UInt32,
+        "start_us": pl.Float64, "end_us": pl.Float64, "total": pl.Float64,
+        "longest": pl.Float64, "host": pl.Float64, "linked": pl.Boolean,
+        "names": pl.List(pl.Utf8),
+    }  # fmt: skip
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
-        return 0.0, 0.0, 0.0, 0, None
+        return pl.DataFrame(schema=schema)
     per_top = (
         trace.kernels.filter(pl.col("top_op_id").is_not_null())
         .group_by("top_op_id")
@@ -277,16 +284,40 @@ def _fusable_chains(
     )
     runs = (
         k.filter("fus")
-        .group_by("step", "stream", "run")
+        .group_by("step", "stream", "run", maintain_order=True)
         .agg(
             n=pl.len(),
+            start_us=pl.col("start_us").min(),
+            end_us=pl.col("end_us").max(),
             total=pl.col("duration_us").sum(),
             longest=pl.col("duration_us").max(),
             host=pl.col("host_per_kernel").fill_null(0.0).mean(),
             linked=pl.col("host_per_kernel").is_not_null().any(),
+            names=pl.col("name"),
         )
         .filter(pl.col("n") >= 2)
     )
+    return runs.cast({c: t for c, t in schema.items() if c in runs.columns}).select(list(schema))
+
+
+def _fusable_chains(
+    trace: Trace, steps: list[int], device: int, cap_per_kernel_us: float | None = None
+) -> tuple[float, float, float, int, float | None]:
+    """Runs of >= 2 back-to-back fusable kernels on one stream (:func:`fusable_runs`): (chain
+    us, saved us, kernels removed, chains, host us of the removed kernels).
+
+    Totals over the analysed steps. Saved = sum - max per chain. Triton kernels are already fused.
+    A host sync between two kernels breaks the chain (torch.compile breaks its graph at
+    ``.item()``), so kernels launched after different numbers of syncs never share a chain.
+    A kernel's host cost is its top-level op's host time over the kernels that op launched (its
+    own ops', not the step's average: one op re-planning cuDNN must not make every add costly);
+    a kernel with no top-level op (graph-replayed, unlinked) costs nothing to remove. A chain
+    removes (n - 1) kernels at its kernels' mean cost, at most ``cap_per_kernel_us`` (the
+    step's mean host time per kernel: an op's time can also hold allocations, waits and other
+    work that fusion does not remove). The host total is None when no chain kernel has a
+    top-level op.
+    """
+    runs = fusable_runs(trace, steps, device)
     if runs.height == 0:
         return 0.0, 0.0, 0.0, 0, None
     if cap_per_kernel_us is not None:

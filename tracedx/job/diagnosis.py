@@ -123,6 +123,18 @@ class JobDiagnosis:
 
         return render_markdown(self)
 
+    def to_html(self) -> str:
+        """The job's HTML report (per-rank table, rank-by-step wait heatmap): one document."""
+        from tracedx.report.job_html import render_job_html
+
+        return render_job_html(self)
+
+    def write_html(self, path) -> Any:
+        """Write :meth:`to_html` to ``path``; returns the Path."""
+        from tracedx.report.job_html import write_job_html
+
+        return write_job_html(self, path)
+
 
 def _med(xs) -> float | None:
     v = [float(x) for x in xs if x is not None]

@@ -33,45 +33,57 @@ __all__ = [
     "timeline_figure",
 ]
 
+# One palette for every figure (and the Perfetto annotations). Kernel kinds are solid fills
+# on a lightness ladder (CIE L* 22..94, at least 5 apart), so a greyscale print still orders
+# them; idle causes are hatched, each with its own pattern, so in greyscale a cause is told by
+# its hatch; host rows of the timeline have their own hues. Every pair of the 20 colours is at
+# least 15 apart in CIELAB (Delta E 1976, tests/test_html.py checks all of this).
 KIND_COLORS = {
-    "gemm": "#1f77b4",
-    "convolution": "#17becf",
-    "attention": "#9467bd",
-    "elementwise": "#ff7f0e",
-    "reduction": "#d62728",
-    "normalization": "#e377c2",
-    "copy": "#8c564b",
-    "communication": "#2ca02c",
-    "other": "#7f7f7f",
-    "memcpy": "#bcbd22",
-    "memset": "#c7c7c7",
+    "communication": "#063d1d",  # L* 22
+    "gemm": "#00498d",  # L* 31
+    "convolution": "#00656e",  # L* 39
+    "attention": "#7d55af",  # L* 44
+    "elementwise": "#cc532c",  # L* 51
+    "reduction": "#579b43",  # L* 58
+    "memcpy": "#c0966c",  # L* 65
+    "normalization": "#f392c7",  # L* 72
+    "copy": "#d8c36f",  # L* 79
+    "other": "#d4d4d4",  # L* 85
+    "memset": "#c5f6ff",  # L* 94
 }
 CAUSE_COLORS = {
-    "kernel wait": "#aec7e8",
-    "host sync": "#d62728",
-    "dataloader": "#9467bd",
-    "kernel launch": "#ff7f0e",
-    "host work": "#8c564b",
-    "python": "#e7ba52",
+    "kernel wait": "#78daeb",  # L* 82
+    "host sync": "#bf1d4b",  # L* 42
+    "dataloader": "#7e8bdb",  # L* 60
+    "kernel launch": "#f0e35f",  # L* 89
+    "host work": "#79512e",  # L* 38
+    "python": "#8bb955",  # L* 70
 }
-ROOF_COLORS = {
-    "fp64": "#8c564b",
-    "fp64_tc": "#c49c94",
-    "fp32": "#7f7f7f",
-    "fp32_tc": "#bcbd22",
-    "tf32": "#17becf",
-    "bf16": "#1f77b4",
-    "fp16": "#9467bd",
-    "fp8": "#2ca02c",
+CAUSE_PATTERNS = {
+    "kernel wait": ".",
+    "host sync": "x",
+    "dataloader": "\\",
+    "kernel launch": "/",
+    "host work": "-",
+    "python": "|",
 }
+"""Plotly bar pattern shapes, one per idle cause (the cause's hatch in every figure)."""
+HOST_COLORS = {
+    "host op": "#6d96b1",  # L* 60
+    "launch / runtime call": "#9cbdb7",  # L* 74
+    "blocking sync": "#73205b",  # L* 28
+}
+ROOF_DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
+"""Compute roofs are dark grey lines told apart by dash (highest peak solid) and their label."""
 HOVER_NAME_CHARS = 600
 """Longest name shown in a hover label (characters); longer names end with an ellipsis."""
 MAX_BARS_PER_ROW = 5000
 """Timeline rows keep at most this many events (the longest ones) to keep the page light."""
 TERA = 1e12
 """FLOP/s per TFLOP/s (the roofline's y axis is in FLOP/s)."""
-LABELLED_OPS = 5
-"""The roofline labels this many ops (the largest by device time) with their short names."""
+LABELLED_OPS = 8
+"""At most this many ops (the largest by device time) carry a label on the roofline; a label
+that would touch another is left off (every op keeps its hover)."""
 FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
 
 
@@ -155,11 +167,34 @@ def representative_step(diag) -> int | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def roof_groups(spec) -> list[tuple[list[str], float, float]]:
+    """The device's compute roofs as ``(dtypes, ridge FLOP/byte, peak TFLOP/s)``, highest peak
+    first; dtypes whose peaks agree within 0.5% (bf16 and fp16 on most parts) share one roof,
+    drawn and labelled once (``bf16 = fp16``)."""
+    if spec is None or not spec.bandwidth_gbs:
+        return []
+    groups: list[tuple[list[str], float, float]] = []
+    for k in PEAK_KEYS:
+        ridge = spec.ridge_point(k) if k in spec.peak_tflops else None
+        if not ridge:
+            continue
+        peak = spec.peak_tflops[k]
+        for g in groups:
+            if abs(g[2] - peak) <= 0.005 * max(g[2], peak):
+                g[0].append(k)
+                break
+        else:
+            groups.append(([k], ridge, peak))
+    return sorted(groups, key=lambda g: -g[2])
+
+
 def roofline_figure(diag) -> go.Figure:
-    """Log-log roofline: compute roofs per dtype and the bandwidth roof of the device, the ridge
-    points, and each modelled op group at (intensity FLOP/byte, achieved TFLOP/s), sized by its
-    device time and coloured by its kernel kind. Without a device spec the roofs are not drawn.
-    Axes: FLOP/byte (x) and FLOP/s (y), both log."""
+    """Log-log roofline: compute roofs per dtype (one roof for dtypes with the same peak) and
+    the bandwidth roof of the device, the ridge points, and each modelled op group at
+    (intensity FLOP/byte, achieved FLOP/s), sized by its device time and coloured by its kernel
+    kind. The largest ops (at most :data:`LABELLED_OPS`) carry a label where one fits without
+    touching another (:func:`place_labels`); every op has its hover. Without a device spec the
+    roofs are not drawn. Axes: FLOP/byte (x) and FLOP/s (y), both log."""
     title = "Roofline: each modelled op against the device's ceilings"
     t = diag.op_table
     spec = diag.device
@@ -179,38 +214,38 @@ def roofline_figure(diag) -> go.Figure:
     fig = go.Figure()
     xs = pts["intensity"].to_list() if pts.height else []
     ys = pts["achieved_tflops"].to_list() if pts.height else []
-    ridges = {}
-    if spec is not None and spec.bandwidth_gbs:
-        ridges = {
-            k: (spec.ridge_point(k), spec.peak_tflops[k])
-            for k in PEAK_KEYS
-            if k in spec.peak_tflops and spec.ridge_point(k)
-        }
-    x_lo = min([*xs, *(r for r, _ in ridges.values()), 1.0]) / 4
-    x_hi = max([*xs, *(r for r, _ in ridges.values()), 10.0]) * 8
-    if ridges:
+    roofs = roof_groups(spec)
+    x_lo = min([*xs, *(r for _, r, _ in roofs), 1.0]) / 4
+    x_hi = max([*xs, *(r for _, r, _ in roofs), 10.0]) * 8
+    y_all = [*ys, *(p for _, _, p in roofs)]
+    y_lo = min([*y_all, 1.0]) / 4 * TERA
+    y_hi = max([*y_all, 1.0]) * 3 * TERA
+    axes = (_lg(x_lo, x_hi), _lg(y_lo, y_hi))
+    taken: list[Box] = []
+    if roofs:
         bw = spec.bandwidth_gbs
-        top_ridge = max(r for r, _ in ridges.values())
+        top_ridge = max(r for _, r, _ in roofs)
         fig.add_trace(
             go.Scatter(
                 x=[x_lo, top_ridge],
                 y=[x_lo * bw * 1e9, top_ridge * bw * 1e9],
                 mode="lines",
-                line={"color": "#444", "width": 2},
+                line={"color": "#222", "width": 2},
                 name=f"memory {bw:,.0f} GB/s",
                 hovertemplate=f"bandwidth roof: {bw:,.0f} GB/s<extra></extra>",
             )
         )
-        for k, (ridge, peak) in ridges.items():
-            color = ROOF_COLORS.get(k, "#444")
+        for i, (keys, ridge, peak) in enumerate(roofs):
+            label = " = ".join(keys)
+            dash = ROOF_DASHES[i % len(ROOF_DASHES)]
             fig.add_trace(
                 go.Scatter(
                     x=[ridge, x_hi],
                     y=[peak * TERA, peak * TERA],
                     mode="lines",
-                    line={"color": color, "width": 2, "dash": "solid" if k == "bf16" else "dot"},
-                    name=f"{k} {peak:,.0f} TFLOP/s",
-                    hovertemplate=f"{k} roof: {peak:,.1f} TFLOP/s<extra></extra>",
+                    line={"color": "#555", "width": 2, "dash": dash},
+                    name=f"{label} {peak:,.0f} TFLOP/s",
+                    hovertemplate=f"{label} roof: {peak:,.1f} TFLOP/s<extra></extra>",
                 )
             )
             fig.add_trace(
@@ -218,21 +253,24 @@ def roofline_figure(diag) -> go.Figure:
                     x=[ridge],
                     y=[peak * TERA],
                     mode="markers",
-                    marker={"symbol": "diamond", "size": 9, "color": color},
+                    marker={"symbol": "diamond", "size": 9, "color": "#555"},
                     showlegend=False,
-                    hovertemplate=f"ridge point {k}: {ridge:,.1f} FLOP/byte<extra></extra>",
+                    hovertemplate=f"ridge point {label}: {ridge:,.1f} FLOP/byte<extra></extra>",
                 )
             )
-        key = "bf16" if "bf16" in ridges else next(iter(ridges))
+        keys, ridge, peak = next((g for g in roofs if "bf16" in g[0]), roofs[0])
+        text = f"ridge {' = '.join(keys)}: {ridge:,.0f} FLOP/B"
         fig.add_annotation(
-            x=math.log10(ridges[key][0]),
-            y=math.log10(ridges[key][1] * TERA),
-            text=f"ridge {key}: {ridges[key][0]:,.0f} FLOP/B",
+            x=math.log10(ridge),
+            y=math.log10(peak * TERA),
+            text=text,
             showarrow=True,
             arrowhead=2,
             ax=40,
             ay=40,
+            font={"size": 10},
         )
+        taken.append(_label_box((ridge, peak * TERA), (40, 40), text, axes))
         fig.add_annotation(
             text=esc(f"{spec.name}; {spec.source}")[:160],
             x=0,
@@ -257,7 +295,7 @@ def roofline_figure(diag) -> go.Figure:
             font={"color": "#b00"},
         )
     if pts.height:
-        _roofline_points(fig, pts)
+        _roofline_points(fig, pts, axes, taken)
     else:
         fig.add_annotation(
             text="no op has a FLOP/byte model",
@@ -267,17 +305,12 @@ def roofline_figure(diag) -> go.Figure:
             yref="paper",
             showarrow=False,
         )
-    fig.update_xaxes(
-        type="log", title="arithmetic intensity (FLOP/byte)", range=_lg(x_lo, x_hi), dtick=1
-    )
-    y_all = [*ys, *(p for _, p in ridges.values())]
-    y_lo = min([*y_all, 1.0]) / 4 * TERA
-    y_hi = max([*y_all, 1.0]) * 3 * TERA
-    vals, text = _si_decades(y_lo, y_hi)
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP/byte)", range=axes[0], dtick=1)
+    vals, ticks = _si_decades(y_lo, y_hi)
     fig.update_yaxes(
-        type="log", title="achieved FLOP/s", range=_lg(y_lo, y_hi), tickvals=vals, ticktext=text
+        type="log", title="achieved FLOP/s", range=axes[1], tickvals=vals, ticktext=ticks
     )
-    return _layout(fig, title, 520)
+    return _layout(fig, title, ROOFLINE_HEIGHT)
 
 
 def _lg(lo: float, hi: float) -> list[float]:
@@ -294,44 +327,173 @@ def _si_decades(lo: float, hi: float) -> tuple[list[float], list[str]]:
     return vals, text
 
 
-def _roofline_points(fig: go.Figure, pts: pl.DataFrame) -> None:
+# --- roofline labels that do not collide ----------------------------------------------------
+
+ROOFLINE_HEIGHT = 520
+PLOT_WIDTHS_PX = (640, 1300)
+"""The plot-area widths (px) labels are placed for: a label clears every other at any width
+in this range (the report's figure is responsive; 1,400 px windows give about 1,130)."""
+PLOT_HEIGHT_PX = 360
+"""The plot area's height (px) in a :data:`ROOFLINE_HEIGHT` figure (title, axes and legend off)."""
+LABEL_CHAR_PX = 6.2
+LABEL_HEIGHT_PX = 15
+"""Estimated size of a 10 px label: width per character and height (system-ui font)."""
+
+Box = tuple[float, float, float, float, float, float]
+"""A label's box on the plot, in px: (x0 and x1 at the narrowest plot, x0 and x1 at the widest,
+y0, y1); the plot's height is fixed, so y does not depend on the width."""
+
+
+def _px(point: tuple[float, float], axes, width: float) -> tuple[float, float]:
+    (x0, x1), (y0, y1) = axes
+    px = (math.log10(point[0]) - x0) / (x1 - x0) * width
+    py = (1 - (math.log10(point[1]) - y0) / (y1 - y0)) * PLOT_HEIGHT_PX
+    return px, py
+
+
+def _label_box(point, offset: tuple[float, float], text: str, axes) -> Box:
+    w = LABEL_CHAR_PX * len(text) + 4
+    xs = []
+    for width in PLOT_WIDTHS_PX:
+        px, py = _px(point, axes, width)
+        cx = px + offset[0]
+        xs += [cx - w / 2, cx + w / 2]
+    cy = py + offset[1]
+    return (*xs, cy - LABEL_HEIGHT_PX / 2, cy + LABEL_HEIGHT_PX / 2)
+
+
+def _marker_box(point, r: float, axes) -> Box:
+    """The square around a marker of radius ``r`` px, as a :data:`Box`."""
+    xs = []
+    for width in PLOT_WIDTHS_PX:
+        px, py = _px(point, axes, width)
+        xs += [px - r, px + r]
+    return (*xs, py - r, py + r)
+
+
+def _clear(a: Box, b: Box) -> bool:
+    """Whether two boxes are apart at every plot width in :data:`PLOT_WIDTHS_PX`: apart in y, or
+    apart in x on the same side at the narrowest and the widest (x moves linearly with the width,
+    so the gap holds in between)."""
+    if a[5] <= b[4] or b[5] <= a[4]:
+        return True
+    left = a[1] <= b[0] and a[3] <= b[2]
+    right = b[1] <= a[0] and b[3] <= a[2]
+    return left or right
+
+
+def _inside(b: Box) -> bool:
+    return (
+        b[0] >= 0 and b[2] >= 0 and b[1] <= PLOT_WIDTHS_PX[0] and b[3] <= PLOT_WIDTHS_PX[1]
+        and b[4] >= 0 and b[5] <= PLOT_HEIGHT_PX
+    )  # fmt: skip
+
+
+def place_labels(
+    points: list[tuple[tuple[float, float], float, str]], axes, taken: list[Box] | None = None
+) -> list[tuple[float, float] | None]:
+    """Greedy label placement for roofline points, in the order given (largest op first).
+
+    ``points``: ((x, y) in data units, marker radius px, label text); ``axes``: the log10 axis
+    ranges. Each label tries eight positions around its marker, then the same farther out,
+    and takes the first that lies inside the plot and clears every label placed before it and
+    every box in ``taken`` (other labels, markers: :func:`_clear`); a label with no such
+    position is left off (the point keeps its hover). Returns per point the label's (dx, dy) offset in px, or None."""
+    taken = list(taken or [])
+    out: list[tuple[float, float] | None] = []
+    for point, r, text in points:
+        w = LABEL_CHAR_PX * len(text) + 4
+        chosen = None
+        for far in (1.0, 2.2):
+            dx, dy = (r + w / 2 + 4) * far, (r + LABEL_HEIGHT_PX / 2 + 3) * far
+            for off in ((0, -dy), (0, dy), (dx, 0), (-dx, 0),
+                        (dx, -dy), (-dx, -dy), (dx, dy), (-dx, dy)):  # fmt: skip
+                box = _label_box(point, off, text, axes)
+                if _inside(box) and all(_clear(box, t) for t in taken):
+                    chosen = off
+                    taken.append(box)
+                    break
+            if chosen:
+                break
+        out.append(chosen)
+    return out
+
+
+def _marker_px(device_us: float, t_max: float) -> float:
+    """A roofline marker's diameter (px): 6 to 40, its area growing with the op's device time."""
+    return 6 + 34 * math.sqrt(max(device_us, 0) / t_max)
+
+
+def _roofline_points(fig: go.Figure, pts: pl.DataFrame, axes, taken: list[Box]) -> None:
     cols = [pl.col(c) for c in ("kernel_kind", "family") if c in pts.columns]
     pts = pts.with_columns(_kind=pl.coalesce([*cols, pl.lit("other")]))
     t_max = float(pts["device_time_us"].max() or 1.0) or 1.0
     present = set(pts["_kind"].to_list())
-    top = pts.sort("device_time_us", descending=True).head(LABELLED_OPS)
-    # the largest ops get a label; neighbours alternate sides so labels overlap less
-    sides = ("top center", "bottom center", "middle right", "middle left")
-    keys = zip(top["name"].to_list(), top["device_time_us"].to_list(), strict=True)
-    labelled = {key: sides[i % len(sides)] for i, key in enumerate(keys)}
     for k in [k for k in KINDS if k in present] + sorted(present - set(KINDS)):
-        g = pts.filter(pl.col("_kind") == k)
-        rows = g.to_dicts()
+        rows = pts.filter(pl.col("_kind") == k).to_dicts()
         fig.add_trace(
             go.Scatter(
                 x=[r["intensity"] for r in rows],
                 y=[r["achieved_tflops"] * TERA for r in rows],
-                mode="markers+text",
-                text=[
-                    esc(short_name(r["name"], 28))
-                    if (r["name"], r["device_time_us"]) in labelled
-                    else ""
-                    for r in rows
-                ],
-                textposition=[
-                    labelled.get((r["name"], r["device_time_us"]), "top center") for r in rows
-                ],
-                textfont={"size": 10, "color": "#333"},
+                mode="markers",
                 name=esc(k),
                 marker={
-                    "size": [6 + 34 * math.sqrt(max(r["device_time_us"], 0) / t_max) for r in rows],
-                    "color": KIND_COLORS.get(k, "#7f7f7f"),
-                    "opacity": 0.75,
-                    "line": {"width": 1, "color": "#333"},
+                    "size": [_marker_px(r["device_time_us"], t_max) for r in rows],
+                    "color": KIND_COLORS.get(k, KIND_COLORS["other"]),
+                    "opacity": 0.8,
+                    "line": {"width": 1, "color": "#222"},
                 },
                 hovertext=[_op_hover(r) for r in rows],
                 hoverinfo="text",
             )
+        )
+    # one label per op name (its largest group: same-named groups differ only by shapes, which
+    # their hovers give), for the LABELLED_OPS largest names
+    top = (
+        pts.sort("device_time_us", descending=True)
+        .unique("name", keep="first", maintain_order=True)
+        .head(LABELLED_OPS)
+        .to_dicts()
+    )
+    texts = [short_name(r["name"], 28) for r in top]
+    # labels keep off every marker too (the 200 largest: the rest are small)
+    markers = [
+        _marker_box(
+            (r["intensity"], r["achieved_tflops"] * TERA),
+            _marker_px(r["device_time_us"], t_max) / 2,
+            axes,
+        )
+        for r in pts.sort("device_time_us", descending=True).head(200).iter_rows(named=True)
+    ]
+    offsets = place_labels(
+        [
+            (
+                (r["intensity"], r["achieved_tflops"] * TERA),
+                _marker_px(r["device_time_us"], t_max) / 2,
+                s,
+            )
+            for r, s in zip(top, texts, strict=True)
+        ],
+        axes,
+        taken + markers,
+    )
+    for r, s, off in zip(top, texts, offsets, strict=True):
+        if off is None:
+            continue
+        fig.add_annotation(
+            x=math.log10(r["intensity"]),
+            y=math.log10(r["achieved_tflops"] * TERA),
+            text=esc(s),
+            ax=off[0],
+            ay=off[1],
+            showarrow=True,
+            arrowwidth=1,
+            arrowcolor="#888",
+            arrowhead=0,
+            standoff=_marker_px(r["device_time_us"], t_max) / 2,
+            font={"size": 10, "color": "#222"},
+            bgcolor="rgba(255,255,255,0.7)",
+            name="op label",
         )
 
 
@@ -386,20 +548,19 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
     sy = sync_calls(tr).filter(pl.col("step") == step)
     tids = sorted(set(ops["tid"].to_list()) | set(la["tid"].to_list()))
     for tid in tids:
-        for label, df, color, legend in (
-            ("ops", ops.filter(pl.col("tid") == tid), "#4c78a8", "host op"),
+        for label, df, legend in (
+            ("ops", ops.filter(pl.col("tid") == tid), "host op"),
             (
                 "launches",
                 la.filter((pl.col("tid") == tid) & (pl.col("api_kind") != "sync")),
-                "#72b7b2",
                 "launch / runtime call",
             ),
-            ("syncs", sy.filter(pl.col("tid") == tid), "#d62728", "blocking sync"),
+            ("syncs", sy.filter(pl.col("tid") == tid), "blocking sync"),
         ):
             if df.height:
                 row = f"CPU {tid} {label}"
                 rows.append(row)
-                _bars(fig, rel(df), row, legend, color)
+                _bars(fig, rel(df), row, legend, HOST_COLORS[legend])
     gpu = tr.gpu_activity().filter(pl.col("step") == step)
     if diag.primary_device is not None:
         gpu = gpu.filter(pl.col("device") == diag.primary_device)
@@ -411,7 +572,7 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
         rows.append(row)
         g = rel(gpu.filter(pl.col("stream") == stream))
         for k in sorted(set(g["_kind"].to_list())):
-            _bars(fig, g.filter(pl.col("_kind") == k), row, k, KIND_COLORS.get(k, "#7f7f7f"))
+            _bars(fig, g.filter(pl.col("_kind") == k), row, k, _kind_color(k))
     gaps = diag.gaps.filter(pl.col("step") == step)
     if diag.primary_device is not None:
         gaps = gaps.filter(pl.col("device") == diag.primary_device)
@@ -420,7 +581,10 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
         rows.append(row)
         g = rel(gaps).with_columns(name=pl.col("cause"))
         for c in [c for c in CAUSES if c in set(g["cause"].to_list())]:
-            _bars(fig, g.filter(pl.col("cause") == c), row, f"idle: {c}", CAUSE_COLORS[c])
+            _bars(
+                fig, g.filter(pl.col("cause") == c), row, f"idle: {c}", CAUSE_COLORS[c],
+                CAUSE_PATTERNS[c],
+            )  # fmt: skip
         _shade_gaps(fig, g, t1 - t0)
     for x, label, where in (
         (win["cpu_end_us"], "CPU window end", "top left"),
@@ -442,8 +606,23 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
     return _layout(fig, title, max(320, 90 + 34 * len(rows)))
 
 
-def _bars(fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str) -> None:
-    """Horizontal bars (base = start ms, length = duration ms) for one row and one legend item."""
+def _hatch(shape: str) -> dict:
+    """A plotly bar pattern: ``shape`` drawn in near-black over the bar's colour, so the hatch
+    reads on light and dark fills alike."""
+    if not shape:
+        return {"shape": ""}
+    return {"shape": shape, "fgcolor": "#111", "fgopacity": 0.55, "size": 7, "solidity": 0.3}
+
+
+def _kind_color(kind: str) -> str:
+    return KIND_COLORS.get(kind, KIND_COLORS["other"])
+
+
+def _bars(
+    fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str, pattern: str = ""
+) -> None:
+    """Horizontal bars (base = start ms, length = duration ms) for one row and one legend item;
+    ``pattern`` a plotly hatch shape (idle causes)."""
     if df.height == 0:
         return
     if df.height > MAX_BARS_PER_ROW:
@@ -461,7 +640,7 @@ def _bars(fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str) -
             name=esc(legend),
             legendgroup=esc(legend),
             showlegend=shown,
-            marker={"color": color, "line": {"width": 0}},
+            marker={"color": color, "line": {"width": 0}, "pattern": _hatch(pattern)},
             hovertext=[
                 f"{hover_name(n)}<br>start {a:.3f} ms, {b * 1e3:.1f} us"
                 for n, a, b in zip(names, s, d, strict=True)
@@ -538,7 +717,7 @@ def breakdown_figure(diag) -> go.Figure:
                 x=labels,
                 y=ys,
                 name=p,
-                marker_color=KIND_COLORS.get(p, "#7f7f7f"),
+                marker_color=_kind_color(p),
                 hovertemplate=f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>",
             ),
             row=1,
@@ -553,7 +732,7 @@ def breakdown_figure(diag) -> go.Figure:
                 x=labels,
                 y=ys,
                 name=f"idle: {c}",
-                marker={"color": CAUSE_COLORS[c], "pattern": {"shape": "/"}},
+                marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
                 hovertemplate=f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>",
             ),
             row=1,
@@ -580,7 +759,7 @@ def breakdown_figure(diag) -> go.Figure:
             x=labels,
             y=w["kernels"].to_list(),
             name="kernels",
-            marker_color="#4c78a8",
+            marker_color=HOST_COLORS["host op"],
             showlegend=False,
             hovertemplate="step %{x}<br>%{y} kernels<extra></extra>",
         ),

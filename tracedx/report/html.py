@@ -82,16 +82,19 @@ def _header(d: dict) -> str:
     )
 
 
-def _verdict(d: dict) -> str:
-    st = d["steps"]
-    regime = d["regime"]
-    cls = (regime or "none").replace(" ", "-")
-    head = (
-        f"<span class='regime {e(cls)}'>{e(regime.upper())}</span> "
-        f"<span class='bott'>bottleneck: <b>{e(d['bottleneck'])}</b></span>"
-        if regime
-        else "<span class='regime none'>NO REGIME</span> <span class='bott'>see the notes</span>"
+def regime_head(regime: str | None, bottleneck: str | None) -> str:
+    """The verdict's first line: the regime badge and the bottleneck (or NO REGIME)."""
+    if not regime:
+        return "<span class='regime none'>NO REGIME</span> <span class='bott'>see the notes</span>"
+    return (
+        f"<span class='regime {e(regime.replace(' ', '-'))}'>{e(regime.upper())}</span> "
+        f"<span class='bott'>bottleneck: <b>{e(bottleneck)}</b></span>"
     )
+
+
+def _verdict(d: dict, key: str = "verdict", title: str = "Verdict") -> str:
+    st = d["steps"]
+    head = regime_head(d["regime"], d["bottleneck"])
     idle = st["idle_fraction"]
     kpis = [
         ("median step", _ms(st["step_time_ms"])),
@@ -105,7 +108,7 @@ def _verdict(d: dict) -> str:
     kpi = "".join(f"<div class='kpi'><span>{k}</span><b>{v}</b></div>" for k, v in kpis)
     ev = "".join(f"<li>{e(x)}</li>" for x in d["evidence"])
     return (
-        f"<section id='verdict' class='card'><h2>Verdict</h2><p class='verdict'>{head}</p>"
+        f"<section id='{key}' class='card'><h2>{e(title)}</h2><p class='verdict'>{head}</p>"
         f"<div class='kpis'>{kpi}</div><ul class='evidence'>{ev}</ul>{_top_fixes(d)}</section>"
     )
 
@@ -173,6 +176,10 @@ _OP_COLS = (
 )
 
 
+_WRAPPED = {"name": "w name", "input_shapes": "w shapes", "input_dtypes": "w dtypes"}
+"""Op-table cells whose text wraps within a bounded width, so the table fits a 1,400 px window."""
+
+
 def _cell(col: str, v: Any) -> tuple[str, str]:
     """(display HTML, sort key) for one op-table cell."""
     if col == "name":
@@ -210,7 +217,8 @@ def _op_table(diag) -> str:
         cells = []
         for _, c, k in cols:
             shown, key = _cell(c, r.get(c))
-            cells.append(f"<td data-v='{key}'{' class=n' if k == 'num' else ''}>{shown}</td>")
+            cls = "n" if k == "num" else _WRAPPED.get(c, "")
+            cells.append(f"<td data-v='{key}'{f' class={cls!r}' if cls else ''}>{shown}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     note = (
         f"<p class='dim'>The {OP_TABLE_ROWS} largest of {diag.op_table.height} op groups.</p>"
@@ -225,12 +233,18 @@ def _op_table(diag) -> str:
     )
 
 
-def _notes(d: dict) -> str:
-    items = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+def notes_section(items: list[str]) -> str:
+    """The ``Notes`` section (escaped list items), or nothing without notes."""
     if not items:
         return ""
     li = "".join(f"<li>{e(x)}</li>" for x in items)
     return f"<section id='notes'><h2>Notes</h2><ul>{li}</ul></section>"
+
+
+def _notes(d: dict) -> str:
+    return notes_section(
+        d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+    )
 
 
 CSS = """
@@ -251,7 +265,10 @@ table{border-collapse:collapse;font-size:13px} th,td{padding:4px 8px;border-bott
 text-align:left;vertical-align:top;white-space:nowrap} td.n{text-align:right;font-variant-numeric:tabular-nums}
 table.sortable th{cursor:pointer;user-select:none;background:#f0f2f5;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:' ▲'} th[aria-sort=descending]::after{content:' ▼'}
-.scroll{max-height:640px;overflow:auto} .dim{color:#666} .caption{color:#555;margin:0 0 6px}
+.scroll{max-height:640px;overflow:auto;max-width:100%}
+#ops td.w{white-space:normal;overflow-wrap:anywhere;min-width:90px}
+#ops td.w.name{max-width:300px} #ops td.w.shapes{max-width:220px} #ops td.w.dtypes{max-width:130px}
+#ops th,#ops td{padding:4px 6px} table.fixes td{white-space:normal} .dim{color:#666} .caption{color:#555;margin:0 0 6px}
 nav a{margin-right:14px} code{font-size:12px} details summary{cursor:pointer;color:#1f5fa8}
 """
 
@@ -294,49 +311,73 @@ JS = """
 """
 
 
-def render_html(diag) -> str:
-    """The whole report as one HTML document (a str of a few MB: plotly.js is inlined)."""
-    d = diagnosis_dict(diag)
-    figs = all_figures(diag)
+def figure_section(key: str, title: str, caption: str, fig, tag: str = "section") -> str:
+    """One figure in its own ``<section id=key>`` (or another ``tag``): a title, a caption, the
+    div plotly draws into and the figure's JSON (made script-safe by :func:`script_json`)."""
+    data = script_json(pio.to_json(fig, validate=False))
+    return (
+        f"<{tag} id='{key}'><h2>{e(title)}</h2><p class='caption'>{e(caption)}</p>"
+        f"<div class='fig' id='fig-{key}' data-src='fig-{key}-data'></div>"
+        f"<script type='application/json' id='fig-{key}-data'>{data}</script></{tag}>"
+    )
+
+
+def page(title: str, body: list[str], css: str = "") -> str:
+    """A whole self-contained document: ``body`` (HTML parts, already escaped) inside
+    ``<main>``, then plotly.js and the page script (which draws every figure section and makes
+    ``table.sortable`` sortable), both allowed by nonce under a CSP that fetches nothing."""
     nonce = secrets.token_urlsafe(18)
     csp = (
         f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
         "img-src data: blob:; font-src data:"
     )
-    nav = (
-        "".join(f"<a href='#{k}'>{t}</a>" for k, t, _ in FIGURES)
-        + "<a href='#ops-section'>Op table</a>"
-    )
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>tracedx · {e(Path(d['trace']['path']).name)}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        _header(d),
-        f"<nav>{nav}</nav>",
-        _verdict(d),
+        f"<title>{e(title)}</title>",
+        f"<style>{CSS}{css}</style></head><body><main>",
+        *body,
+        "<p class='dim'>Written by tracedx. Works offline: no network requests.</p>",
+        f"</main><script nonce='{nonce}'>{get_plotlyjs()}</script>",
+        f"<script nonce='{nonce}'>{JS}</script></body></html>",
     ]
-    for key, title, caption in FIGURES:
-        data = script_json(pio.to_json(figs[key], validate=False))
-        parts.append(
-            f"<section id='{key}'><h2>{title}</h2><p class='caption'>{caption}</p>"
-            f"<div class='fig' id='fig-{key}' data-src='fig-{key}-data'></div>"
-            f"<script type='application/json' id='fig-{key}-data'>{data}</script></section>"
-        )
-    parts.append(f"<section id='ops-section'><h2>Top ops</h2>{_op_table(diag)}</section>")
-    parts.append(_notes(d))
-    parts.append("<p class='dim'>Written by tracedx. Works offline: no network requests.</p>")
-    parts.append(f"</main><script nonce='{nonce}'>{get_plotlyjs()}</script>")
-    parts.append(f"<script nonce='{nonce}'>{JS}</script></body></html>")
     return "\n".join(parts)
+
+
+def render_html(diag) -> str:
+    """The whole report as one HTML document (a str of a few MB: plotly.js is inlined)."""
+    d = diagnosis_dict(diag)
+    figs = all_figures(diag)
+    nav = (
+        "".join(f"<a href='#{k}'>{t}</a>" for k, t, _ in FIGURES)
+        + "<a href='#ops-section'>Op table</a>"
+    )
+    body = [_header(d), f"<nav>{nav}</nav>", _verdict(d)]
+    body += [figure_section(key, title, caption, figs[key]) for key, title, caption in FIGURES]
+    body.append(f"<section id='ops-section'><h2>Top ops</h2>{_op_table(diag)}</section>")
+    body.append(_notes(d))
+    return page(f"tracedx · {Path(d['trace']['path']).name}", body)
+
+
+def write_page(text: str, path: str | Path) -> Path:
+    """Write one page (a str) to ``path`` (UTF-8) and return the path."""
+    p = Path(path)
+    p.write_text(text, encoding="utf-8")
+    return p
 
 
 def write_html(diag, path: str | Path) -> Path:
     """Write :func:`render_html` to ``path`` (UTF-8) and return the path."""
-    p = Path(path)
-    p.write_text(render_html(diag), encoding="utf-8")
-    return p
+    return write_page(render_html(diag), path)
 
 
-__all__ = ["render_html", "script_json", "write_html"]
+__all__ = [
+    "figure_section",
+    "notes_section",
+    "page",
+    "render_html",
+    "script_json",
+    "write_html",
+    "write_page",
+]

@@ -8,7 +8,10 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.analysis.timeline import CAUSES
+
 SCHEMA = "tracedx.diagnosis/1"
+CAUSE_ORDER = {c: i for i, c in enumerate(CAUSES)}
 
 
 def _clean(x: Any) -> Any:
@@ -122,6 +125,8 @@ def diagnosis_dict(diag) -> dict[str, Any]:
             causes.filter(pl.col("device") == diag.primary_device)
             .group_by("cause", maintain_order=True)  # the same key order on every run
             .agg(pl.col("idle_us").sum(), pl.col("gaps").sum())
+            # in CAUSES order: group_by's order changes from run to run
+            .sort(pl.col("cause").replace_strict(CAUSE_ORDER, default=len(CAUSE_ORDER)), "cause")
         )
         med = diag.model.idle_us if diag.model is not None else {}
         idle = {

@@ -237,6 +237,9 @@ class CommFastPart(FastPart):
     traceEvents: list[CommFastEvent] | None = None
 
 
+ANNOTATION_CAT = "tracedx"
+"""The ``cat`` of every event `tracedx annotate` adds (read as ``ignore``, names skipped)."""
+
 # --- category normalisation: one table for every spelling seen across Kineto eras ---------
 # Keys are lower-cased `cat` values; values are tracedx's canonical kinds.
 CATEGORY_ALIASES: dict[str, str] = {
@@ -263,6 +266,8 @@ CATEGORY_ALIASES: dict[str, str] = {
     "async": "flow",
     "launch": "flow",
     "cpu_instant_event": "ignore",
+    # the tracks `tracedx annotate` adds: a re-read annotated trace diagnoses like the original
+    ANNOTATION_CAT: "ignore",
 }
 
 # Legacy autograd-profiler array format: no `cat`, lanes named by pid.

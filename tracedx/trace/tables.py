@@ -27,7 +27,14 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, CommArgs, Event
+from tracedx.trace.events import (
+    ANNOTATION_CAT,
+    CATEGORY_ALIASES,
+    LEGACY_PID_KINDS,
+    Args,
+    CommArgs,
+    Event,
+)
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -749,6 +756,8 @@ def _add_comm(out: ChunkColumns, df: pl.DataFrame) -> None:
 
 def _metadata(e: Event, out: ChunkColumns) -> None:
     a = e.args
+    if e.cat == ANNOTATION_CAT:  # names of `tracedx annotate`'s own tracks
+        return
     if a is not None and isinstance(a.name, str):
         if e.name == "process_name":
             out.process_names[e.pid] = a.name

@@ -1,0 +1,302 @@
+"""The HTML report of a :class:`tracedx.analysis.diff.TraceDiff` (``tracedx diff --html``).
+
+One self-contained page, like the diagnosis report (:func:`tracedx.report.html.page`): first
+the prediction check (the applied fix, BEFORE's Amdahl estimate against the achieved speedup,
+traced and unprofiled, with a figure of the step times), then BEFORE and AFTER side by side
+(their verdict cards, a figure of where each one's step goes, the metrics table), then the ops
+and kernels that changed, and notes. Every number comes from
+:func:`tracedx.report.diff_report.diff_dict` or the two Diagnoses; nothing is computed here
+beyond per-step means for display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+import polars as pl
+
+from tracedx.analysis.timeline import CAUSES
+from tracedx.report.diff_report import TOP, _chg, _num, _ratio, _weak, _x, diff_dict
+from tracedx.report.figures import (
+    CAUSE_COLORS,
+    CAUSE_PATTERNS,
+    _hatch,
+    _kind_color,
+    _layout,
+    esc,
+)
+from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
+from tracedx.report.json import diagnosis_dict
+from tracedx.report.text import short_name
+
+CSS = """
+.sides{display:grid;grid-template-columns:1fr 1fr;gap:14px} .sides>section{margin:0;min-width:0}
+.sides .kpi{min-width:100px} .pred td,.pred th{white-space:normal}
+.verdict-word{font-weight:700} td.up{color:#a40c3d} td.down{color:#0a6b2e}
+"""
+
+SIDES = ("before", "after")
+
+
+def estimate_figure(td) -> go.Figure:
+    """Step times (ms, median) of BEFORE, BEFORE's Amdahl estimate after the fix, and AFTER,
+    one bar per clock: traced, and unprofiled where both traces carry it. The estimate is drawn
+    on the clock it is against (BEFORE's unprofiled step when it has one, else traced)."""
+    d = diff_dict(td)
+    p = d["prediction"]
+    title = "Estimate against achieved (median step time, ms)"
+    rows = ["BEFORE", f"estimate: {esc(d['fix'])}", "AFTER (achieved)"]
+    against = d["before"]["estimates_against"]
+    fig = go.Figure()
+    for clock, before, after, color in (
+        ("traced", p["before_step_ms"], p["after_step_ms"], "#6d96b1"),
+        ("unprofiled", p["before_unprofiled_ms"], p["after_unprofiled_ms"], "#00498d"),
+    ):
+        est = p["estimated_step_ms"] if against == clock else None
+        if before is None and after is None:
+            continue
+        vals = [before, est, after]
+        fig.add_trace(
+            go.Bar(
+                y=rows,
+                x=vals,
+                orientation="h",
+                name=clock,
+                marker_color=color,
+                text=["" if v is None else f"{v:.3f} ms" for v in vals],
+                textposition="outside",
+                hovertemplate=f"{clock}: %{{x:.3f}} ms<extra>%{{y}}</extra>",
+            )
+        )
+    if not fig.data:
+        fig.add_annotation(
+            text="no step time on either side", x=0.5, y=0.5, xref="paper", yref="paper",
+            showarrow=False,
+        )  # fmt: skip
+    top = max([v for t in fig.data for v in t.x if v is not None] or [1.0])
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="step time (ms)", range=[0, top * 1.2])
+    return _layout(fig, title, 300)
+
+
+def _per_step_idle(diag) -> dict[str, float]:
+    """Idle time per cause on the primary GPU, the mean per analysed step (us)."""
+    if diag.primary_device is None or diag.idle_causes.height == 0:
+        return {}
+    n = max(len(diag.steps), 1)
+    ic = (
+        diag.idle_causes.filter(pl.col("device") == diag.primary_device)
+        .group_by("cause")
+        .agg(pl.col("idle_us").sum() / n)
+    )
+    return dict(ic.rows())
+
+
+def sides_figure(td) -> go.Figure:
+    """BEFORE and AFTER as two stacked bars (ms per step, the mean over the analysed steps):
+    device time by kernel kind (solid) and GPU idle time by cause (hatched), with each side's
+    median step time as a marker. Kernels on concurrent streams overlap, so a stack can rise
+    above the step time."""
+    d = diff_dict(td)
+    fig = go.Figure()
+    x = ["BEFORE", "AFTER"]
+    kinds = [k for k in d["kind_changes"] if k["before_us"] or k["after_us"]]
+    for k in sorted(kinds, key=lambda k: -(k["before_us"] + k["after_us"])):
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=[k["before_us"] / 1e3, k["after_us"] / 1e3],
+                name=esc(k["kind"]),
+                marker_color=_kind_color(k["kind"]),
+                hovertemplate=f"{esc(k['kind'])}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
+            )
+        )
+    idle = [_per_step_idle(td.before), _per_step_idle(td.after)]
+    for c in CAUSES:
+        ys = [i.get(c, 0.0) / 1e3 for i in idle]
+        if any(ys):
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=ys,
+                    name=f"idle: {c}",
+                    marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
+                    hovertemplate=f"idle, {c}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
+                )
+            )
+    p = d["prediction"]
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p["before_step_ms"], p["after_step_ms"]],
+            mode="markers",
+            name="step time (median)",
+            marker={"symbol": "line-ew", "size": 60, "line": {"width": 3, "color": "#000"}},
+            hovertemplate="step time %{y:.3f} ms<extra>%{x}</extra>",
+        )
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="ms per step")
+    return _layout(fig, "Where the time goes, BEFORE and AFTER", 460)
+
+
+def _prediction(d: dict) -> str:
+    p = d["prediction"]
+    src = "given with --fix" if d["fix_source"] == "given" else "inferred from the two traces"
+    ev = "".join(
+        f"<li><code>{e(c['fix'])}</code>{e(_weak(c))}: {e(c['evidence'])}</li>"
+        for c in d["candidates"][:3]
+    )
+    f = p["finding"]
+    est = _x(p["estimated_speedup"])
+    if f:
+        est += f" → {p['estimated_step_ms']:.3f} ms (f = {f['fraction']:.0%})"
+        if not f["recommended"]:
+            est += " [not recommended: &lt; 5%]"
+    ach = []
+    for clock, a, b0, b1 in (
+        ("traced", "achieved_speedup_traced", "before_step_ms", "after_step_ms"),
+        (
+            "unprofiled",
+            "achieved_speedup_unprofiled",
+            "before_unprofiled_ms",
+            "after_unprofiled_ms",
+        ),
+    ):
+        if p[a] is not None:
+            ach.append(f"{_x(p[a])} {clock} ({p[b0]:.3f} → {p[b1]:.3f} ms)")
+    ratios = [
+        f"{_ratio(p[k])} {clock}"
+        for clock, k in (
+            ("traced", "estimate_over_achieved_traced"),
+            ("unprofiled", "estimate_over_achieved_unprofiled"),
+        )
+        if p[k] is not None
+    ]
+    rows = [
+        ("estimate (BEFORE's Amdahl)", est),
+        ("achieved", e("; ".join(ach)) or "n/a"),
+        ("estimate / achieved", e(", ".join(ratios)) or "n/a"),
+        ("verdict", f"<span class='verdict-word'>{e(p['verdict'])}</span>"),
+        ("why", e(p["explanation"])),
+    ]
+    table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return (
+        "<section id='prediction' class='card'><h2>The fix and what it achieved</h2>"
+        f"<p class='verdict'>Applied fix: <b><code>{e(d['fix'])}</code></b> ({e(src)})</p>"
+        f"<ul class='evidence'>{ev}</ul><table class='pred'>{table}</table></section>"
+    )
+
+
+def _metrics_table(d: dict) -> str:
+    rows = []
+    for m in d["metrics"]:
+        if m["before"] in (None, 0) and m["after"] in (None, 0):
+            continue
+        c = m["change"]
+        cls = "" if not c else (" class='up'" if c > 0 else " class='down'")
+        rows.append(
+            f"<tr><td>{e(m['metric'])} <span class='dim'>({e(m['unit'])})</span></td>"
+            f"<td class='n'>{e(_num(m['before'], m['unit']))}</td>"
+            f"<td class='n'>{e(_num(m['after'], m['unit']))}</td>"
+            f"<td class='n'{cls}>{e(_chg(m))}</td></tr>"
+        )
+    for k, v in d["verdicts"].items():
+        rows.append(
+            f"<tr><td>{e(k)}</td><td>{e(v['before'] or 'n/a')}</td>"
+            f"<td>{e(v['after'] or 'n/a')}</td><td></td></tr>"
+        )
+    return (
+        "<section id='metrics'><h2>Side by side</h2><div class='scroll'><table>"
+        "<thead><tr><th>metric</th><th>BEFORE</th><th>AFTER</th><th>change</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+    )
+
+
+def _changes(d: dict) -> str:
+    ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
+    out = ["<section id='changes'><h2>What changed (per step)</h2>"]
+    if ops:
+        rows = "".join(
+            f"<tr><td><code title='{e(o['name'])}'>{e(short_name(o['name'], 60))}</code></td>"
+            f"<td class='n'>{o['before_us'] / 1e3:.3f}</td><td class='n'>{o['after_us'] / 1e3:.3f}</td>"
+            f"<td class='n'>{o['change_us'] / 1e3:+.3f}</td></tr>"
+            for o in ops
+        )
+        out.append(
+            "<h3>Ops whose device time changed most</h3><div class='scroll'><table id='op-changes'>"
+            "<thead><tr><th>op</th><th>BEFORE ms</th><th>AFTER ms</th><th>change ms</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table></div>"
+        )
+    if kc:
+        rows = "".join(
+            f"<tr><td><code title='{e(k['example'] if 'example' in k else k['kernel'])}'>"
+            f"{e(short_name(k['kernel'], 60))}</code></td><td>{e(k['kind'])}</td>"
+            f"<td>{e(k['status'])}</td><td class='n'>{k['before_count']:.0f} → "
+            f"{k['after_count']:.0f}</td><td class='n'>"
+            f"{(k['after_us'] if k['status'] == 'appeared' else k['before_us']) / 1e3:.3f}</td></tr>"
+            for k in kc
+        )
+        out.append(
+            "<h3>Kernels that appeared or vanished</h3><div class='scroll'><table id='kernel-changes'>"
+            "<thead><tr><th>kernel (normalised)</th><th>kind</th><th>status</th><th>count</th>"
+            f"<th>device ms</th></tr></thead><tbody>{rows}</tbody></table></div>"
+        )
+    if not (ops or kc):
+        out.append("<p>No op's device time changed and no kernel appeared or vanished.</p>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_diff_html(td) -> str:
+    """The diff report as one HTML document (plotly.js inlined; a few MB)."""
+    d = diff_dict(td)
+    b, a = d["before"], d["after"]
+    dev = b["device_name"] or "unknown device"
+    if a["device_name"] and a["device_name"] != b["device_name"]:
+        dev += f" → {a['device_name']}"
+    header = (
+        "<header><h1>tracedx diff</h1>"
+        f"<p class='path'>BEFORE <code>{e(b['path'])}</code></p>"
+        f"<p class='path'>AFTER <code>{e(a['path'])}</code></p>"
+        f"<p class='meta'>{e(dev)} · {len(b['steps'])} → {len(a['steps'])} steps</p></header>"
+    )
+    sides = "".join(
+        _verdict(diagnosis_dict(diag), key=f"{tag}-verdict", title=tag.upper())
+        for tag, diag in zip(SIDES, (td.before, td.after), strict=True)
+    )
+    body = [
+        header,
+        _prediction(d),
+        figure_section(
+            "estimate",
+            "Estimate against achieved",
+            "BEFORE's median step, the step BEFORE's Amdahl estimate predicts after the fix "
+            "(on the clock the estimate is against), and AFTER's median step.",
+            estimate_figure(td),
+        ),
+        f"<div class='sides'>{sides}</div>",
+        figure_section(
+            "sides",
+            "Where the time goes, BEFORE and AFTER",
+            "Per step (means over the analysed steps): GPU device time by kernel kind and "
+            "GPU idle time by cause (hatched); the black line is the median step time. Kernels "
+            "on concurrent streams overlap, so a stack can rise above the step time.",
+            sides_figure(td),
+        ),
+        _metrics_table(d),
+        _changes(d),
+    ]
+    body.append(notes_section(d["notes"]))
+    return page(f"tracedx diff · {Path(b['path']).name} → {Path(a['path']).name}", body, CSS)
+
+
+def write_diff_html(td, path: str | Path) -> Path:
+    """Write :func:`render_diff_html` to ``path`` (UTF-8) and return the path."""
+    return write_page(render_diff_html(td), path)
+
+
+__all__ = ["estimate_figure", "render_diff_html", "sides_figure", "write_diff_html"]
