@@ -1,0 +1,229 @@
+"""Issue 19: hostile and broken inputs, one class at a time, each with its promise checked.
+
+Every test builds its input at test time (small bombs included) with ``tests/tracebuilder.py``
+or hypothesis, runs the CLI in-process (click's CliRunner) or as a subprocess where a hang or
+memory is the question, and checks the promise of the class:
+
+- injection: no raw control, format or separator character reaches any output (text, md,
+  diff, stderr), and markdown renders no link, image, HTML or heading from trace text;
+- not a regular file, bombs, structure: exit 2 with one line on stderr, never
+  ``internal error``, never a hang, memory bounded;
+- numbers: an unchanged verdict, or a withheld one with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.tracebuilder import T0, TraceBuilder
+from tracedx.cli import main
+from tracedx.report.safe import md_code, md_text, term
+
+# --- helpers ---------------------------------------------------------------------------------
+
+_UNSAFE = {"Cc", "Cf", "Zl", "Zp", "Cs"}
+
+
+def raw_controls(text: str) -> list[str]:
+    """The characters of ``text`` a terminal could act on (a newline between lines is fine)."""
+    return [c for c in text if c != "\n" and unicodedata.category(c) in _UNSAFE]
+
+
+def run(*args: str):
+    """The CLI in-process: (exit code, stdout, stderr); never a traceback."""
+    r = CliRunner().invoke(main, list(map(str, args)))
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output + r.stderr
+    return r.exit_code, r.stdout, r.stderr
+
+
+def assert_one_line_exit_2(code: int, err: str) -> None:
+    assert code == 2, err
+    assert "internal error" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# --- injection -------------------------------------------------------------------------------
+
+# characters a terminal acts on, markup that markdown renders, and plain text around them
+_NASTY = [
+    "\x1b]0;pwned\x07",
+    "\x1b[2J",
+    "\r",
+    "\rVERDICT: COMPUTE-BOUND",
+    "\n# heading",
+    "\x9b31m",
+    "\u202e",
+    "\u2066",
+    "\u200b",
+    "\u2028",
+    "\x00",
+    "`",
+    "``",
+    "[link](http://evil.example)",
+    "![img](http://evil.example/i.png)",
+    "<script>",
+    "<b>",
+    "&lt;",
+    "|",
+    "*",
+    "_",
+    "std::vector<float>",
+]
+nasty_text = st.lists(
+    st.one_of(st.sampled_from(_NASTY), st.text(min_size=0, max_size=4)), min_size=1, max_size=5
+).map("".join)
+
+
+def injected_trace(path: Path, s: str) -> Path:
+    """A two-step trace whose every string field a report prints holds ``s``."""
+    b = TraceBuilder(device_name=f"NVIDIA H100 {s}")
+    b.top["tracedx"] = {"torch_version": f"2.5 {s}"}
+    b.meta(b.pid, 77, thread_name=f"thread {s}")
+    for n in (1, 2):
+        t = T0 + (n - 1) * 1000
+        b.step(n, t, 900)
+        b.add(
+            {"ph": "X", "cat": "python_function", "name": f"/home/u/{s}.py(12): train",
+             "pid": b.pid, "tid": b.tid, "ts": t + 1, "dur": 800, "args": {"Python id": n}}
+        )  # fmt: skip
+        ext = b.op(f"aten::mm {s}", t + 5, 100)
+        corr = b.launch(t + 10, 5, ext=ext)
+        b.kernel(t + 20, 300, corr, name=f"sm90_gemm {s}", ext=ext)
+        ext = b.op(f"aten::item {s}", t + 400, 300)
+        b.sync(t + 410, 280, ext=ext)
+        b.memcpy(t + 690, 5, None, 1024, direction="DtoH", dst="Pageable")
+        b.add({"ph": "X", "cat": f"cat {s}", "name": s, "pid": b.pid, "tid": b.tid,
+               "ts": t + 800, "dur": 1})  # fmt: skip
+    return b.write(path)
+
+
+def _md_tokens(md: str):
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").parse(md)
+
+
+def assert_inert_markdown(md: str, ours: set[str]) -> None:
+    """No link, image or raw HTML anywhere, and headings only where the report puts them."""
+    tokens = _md_tokens(md)
+    stack = list(tokens)
+    headings = []
+    while stack:
+        t = stack.pop()
+        assert t.type not in ("link_open", "image", "html_inline", "html_block"), (t, md)
+        if t.children:
+            stack.extend(t.children)
+    for i, t in enumerate(tokens):
+        if t.type == "heading_open":
+            headings.append(tokens[i + 1].content)
+    for h in headings:
+        assert any(h.startswith(o) for o in ours), (h, md)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(s=nasty_text)
+def test_no_escape_sequence_or_markup_from_a_trace_reaches_any_output(tmp_path, s):
+    p = injected_trace(tmp_path / "t.json", s)
+    for fmt in ("text", "md", "json"):
+        code, out, err = run("diagnose", p, "--format", fmt)
+        assert code == 0, err
+        assert not raw_controls(out + err), (fmt, out)
+        if fmt == "md":
+            assert_inert_markdown(out, {"tracedx diagnosis", "Fixes", "Top ops", "Notes"})
+    for fmt in ("text", "md"):
+        code, out, err = run("diff", p, p, "--format", fmt)
+        assert code == 0, err
+        assert not raw_controls(out + err), (fmt, out)
+        if fmt == "md":
+            assert_inert_markdown(
+                out, {"tracedx diff", "Side by side", "Ops whose", "Kernels that", "After", "Notes"}
+            )
+
+
+def test_a_fake_verdict_line_and_a_retitle_are_shown_escaped(tmp_path):
+    p = injected_trace(tmp_path / "t.json", "\x1b]0;pwned\x07\rVERDICT: COMPUTE-BOUND")
+    code, out, _ = run("diagnose", p)
+    assert code == 0
+    assert "\\x1b]0;pwned\\x07\\x0dVERDICT: COMPUTE-BOUND" in out
+    assert sum(line.startswith("VERDICT") for line in out.splitlines()) == 1
+
+
+def test_the_trace_path_itself_is_escaped_on_stdout_and_stderr(tmp_path):
+    d = tmp_path / "a\x1b[31mred\rdir"
+    d.mkdir()
+    p = injected_trace(d / "t\u202eabc.json", "x")
+    code, out, err = run("diagnose", p)
+    assert code == 0 and not raw_controls(out + err)
+    assert "\\x1b[31mred\\x0ddir" in out and "t\\u202eabc.json" in out
+    bad = d / "bad\x07.json"
+    bad.write_text("{not json")
+    code, out, err = run("diagnose", bad)
+    assert_one_line_exit_2(code, err)
+    assert not raw_controls(err) and "bad\\x07.json" in err
+
+
+def test_huge_names_are_capped_in_every_format(tmp_path):
+    big = "N" * (1 << 16)
+    b = TraceBuilder(device_name=big)
+    for n in range(30):
+        b.step(n + 1, T0 + n * 1000, 900)
+        ext = b.op(f"aten::op{n}_{big}", T0 + n * 1000 + 5, 100)
+        corr = b.launch(T0 + n * 1000 + 10, 5, ext=ext)
+        b.kernel(T0 + n * 1000 + 20, 300, corr, name=f"k{n}_{big}", ext=ext)
+    p = b.write(tmp_path / "big.json.gz")
+    for fmt in ("text", "md"):
+        code, out, err = run("diagnose", p, "--format", fmt)
+        assert code == 0, err
+        assert len(out) < 200_000, (fmt, len(out))
+        assert "characters)" in out  # the cut says how long the name was
+    code, out, err = run("diff", p, p)
+    assert code == 0 and len(out) < 200_000
+
+
+@given(s=st.text(max_size=30))
+def test_md_code_and_md_text_hold_any_text_literally(s):
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark")
+    s = term(s)  # what a report holds: no line break
+    inline = md.parseInline(md_code(s, table=False))[0].children
+    codes = [t for t in inline if t.type == "code_inline"]
+    if s.strip(" "):
+        assert len(codes) == 1 and codes[0].content == s, (s, inline)
+    inline = md.parseInline(md_text(s))[0].children
+    assert all(t.type in ("text", "softbreak") for t in inline), (s, inline)
+    assert "".join(t.content for t in inline if t.type == "text") == s
+
+
+def test_template_names_read_right_in_markdown_code():
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(md_code("at::native::vectorized<float, 4>", table=False))
+    assert "vectorized&lt;float, 4&gt;" in html  # the browser shows <float, 4>, not &lt;
+    assert "&amp;lt;" not in html
+
+
+def test_json_output_has_no_raw_control_characters(tmp_path):
+    p = injected_trace(tmp_path / "t.json", "\x1b]0;x\x07\u202e")
+    code, out, _ = run("diagnose", p, "--format", "json")
+    assert code == 0 and not raw_controls(out)
+    assert any("\x1b]0;x\x07\u202e" in o["name"] for o in json.loads(out)["ops"])  # data kept
+
+
+def test_term_escapes_and_caps():
+    assert term("a\x1bb\x9bc\u202ed\ud800") == "a\\x1bb\\x9bc\\u202ed\\ud800"
+    assert term("é 中 😀 x") == "é 中 😀 x"
+    assert term("x" * 50, 10) == "x" * 9 + "…(50 characters)"
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
