@@ -227,3 +227,80 @@ def test_term_escapes_and_caps():
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+# --- input that is not a regular, readable file -----------------------------------------------
+
+
+def _small_trace(tmp_path: Path) -> Path:
+    b = TraceBuilder()
+    b.step(1, T0, 900)
+    b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
+    return b.write(tmp_path / "ok.json")
+
+
+def _not_files(tmp_path: Path) -> list[tuple[str, str]]:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}")
+    locked.chmod(0)
+    out = [
+        (str(fifo), "FIFO"),
+        ("/dev/zero", "character device"),
+        (str(tmp_path), "directory"),
+        (str(tmp_path / ("n" * 300 + ".json")), "too long"),
+        (str(tmp_path / "missing.json"), "no such file"),
+    ]
+    if os.geteuid() != 0:  # root reads any file
+        out.append((str(locked), "Permission denied"))
+    return out
+
+
+def test_not_a_regular_readable_file_exits_2_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    ok = _small_trace(tmp_path)
+    for path, why in _not_files(tmp_path):
+        for args in (["diagnose", path], ["diagnose", str(ok), "--calibration", path]):
+            # a subprocess with a timeout: a FIFO used to block the open forever
+            r = subprocess.run(
+                [sys.executable, "-m", "tracedx.cli", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert_one_line_exit_2(r.returncode, r.stderr)
+            assert why in r.stderr, (args, r.stderr)
+
+
+def test_an_io_error_while_reading_exits_2(tmp_path):
+    code, _, err = run("diagnose", "/proc/self/mem")
+    assert_one_line_exit_2(code, err)
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"\xff\xfe{\x00}\x00", "looks like UTF-16"),
+        (b'{"schema": "\xff"}', "not UTF-8"),
+        (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+        (
+            b'{"schema": "tracedx.calibration/1", "copy_bandwidth_gbs": 1e308}',
+            "positive number below",
+        ),
+        (
+            b'{"schema": "tracedx.calibration/1", "matmul_tflops": {"bf16": 1e308}}',
+            "positive number below",
+        ),
+    ],
+)
+def test_bad_calibration_files_exit_2(tmp_path, content, why):
+    cal = tmp_path / "cal.json"
+    cal.write_bytes(content)
+    code, _, err = run("diagnose", _small_trace(tmp_path), "--calibration", cal)
+    assert_one_line_exit_2(code, err)
+    assert why in err

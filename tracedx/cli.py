@@ -104,7 +104,7 @@ def _analysis_options(f):
         ),
         click.option(
             "--calibration",
-            type=click.Path(dir_okay=False),
+            # checked by tracedx.files (one line, exit 2), not by click (a usage block)
             default=None,
             help="A file written by `tracedx calibrate` (preferred over the datasheet).",
         ),

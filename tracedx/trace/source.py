@@ -29,6 +29,7 @@ from typing import Protocol
 import msgspec
 
 from tracedx.errors import TraceFormatError
+from tracedx.files import regular_file
 from tracedx.trace.events import FastEvent, FastPart, TraceDocument, TraceFile
 
 _DECODER = msgspec.json.Decoder(TraceDocument, strict=False)
@@ -44,10 +45,7 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
     Raises TraceFormatError: missing file, directory, empty file, empty or truncated gzip.
     """
     p = Path(path)
-    if not p.exists():
-        raise TraceFormatError(f"{p}: no such file")
-    if p.is_dir():
-        raise TraceFormatError(f"{p}: is a directory, not a trace file")
+    regular_file(p, "trace", TraceFormatError)
     try:
         raw = p.read_bytes()
     except OSError as e:
@@ -325,12 +323,13 @@ def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
     :func:`read_document` (TraceFormatError, one line that says what and where).
     """
     p = Path(path)
+    regular_file(p, "trace", TraceFormatError)
     was_enabled = gc.isenabled()
     gc.disable()  # millions of new objects, none of them in cycles: the collector only costs
     try:
         try:
             return _read_fast(p, sink), []
-        except _NotFast:
+        except (_NotFast, OSError):  # an I/O error is said by the reference path
             pass
         sink.reset()
         doc, notes = read_document(p, repair_mode)
