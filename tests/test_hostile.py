@@ -304,3 +304,154 @@ def test_bad_calibration_files_exit_2(tmp_path, content, why):
     code, _, err = run("diagnose", _small_trace(tmp_path), "--calibration", cal)
     assert_one_line_exit_2(code, err)
     assert why in err
+
+
+# --- bombs and padding -------------------------------------------------------------------------
+
+
+def _gzip_stream(parts) -> bytes:
+    """One gzip member of the concatenated ``parts`` (``(bytes, repeat)`` pairs), compressed
+    piece by piece so a 512 MiB bomb costs a second, not 512 MiB."""
+    import zlib
+
+    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    out = []
+    for data, repeat in parts:
+        for _ in range(repeat):
+            out.append(c.compress(data))
+    out.append(c.flush())
+    return b"".join(out)
+
+
+_MIB = 1 << 20
+
+_PEAK_RSS = """
+import resource, sys
+from click.testing import CliRunner
+from tracedx.cli import main
+r = CliRunner().invoke(main, sys.argv[1:])
+sys.stderr.write(r.stderr)
+sys.stderr.write("\\nmaxrss_kib=%d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(r.exit_code)
+"""
+
+
+def run_measured(*args: str, timeout: float = 120):
+    """The CLI in a fresh interpreter: (exit code, stderr without the last line, peak RSS MiB)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    err, _, rss = r.stderr.rstrip().rpartition("\n")
+    return r.returncode, err, int(rss.split("=")[1]) / 1024
+
+
+def _baseline_rss(tmp_path: Path) -> float:
+    return run_measured("diagnose", _small_trace(tmp_path))[2]
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_a_gzip_bomb_of_zeros_stops_early_in_bounded_memory(tmp_path, repair):
+    bomb = tmp_path / "zeros.json.gz"
+    bomb.write_bytes(_gzip_stream([(b"\0" * _MIB, 512)]))
+    assert bomb.stat().st_size < 2 * _MIB
+    args = ["diagnose", bomb] + (["--repair"] if repair else [])
+    code, err, rss = run_measured(*args)
+    assert_one_line_exit_2(code, err)
+    assert "zero-filled" in err
+    assert rss < _baseline_rss(tmp_path) + 150, rss  # not the 512 MiB it inflates to
+
+
+def test_a_sparse_file_of_zeros_is_zero_filled(tmp_path):
+    p = tmp_path / "sparse.json"
+    with open(p, "wb") as f:
+        f.truncate(8 << 30)
+    for extra in ([], ["--repair"]):
+        code, err, rss = run_measured("diagnose", p, *extra, timeout=60)
+        assert_one_line_exit_2(code, err)
+        assert "is zero-filled (NUL bytes" in err
+        assert rss < 600
+
+
+def test_zeros_after_events_are_salvaged_under_repair(tmp_path):
+    data = _small_trace(tmp_path).read_bytes()
+    cut = data.index(b"}, {", len(data) // 2) + 1
+    p = tmp_path / "prealloc.json"
+    p.write_bytes(data[:cut] + b"\0" * (64 << 10))
+    code, _, err = run("diagnose", p)
+    assert_one_line_exit_2(code, err)
+    assert f"zero-filled from byte {cut:,}" in err
+    code, out, err = run("diagnose", p, "--repair")
+    assert code == 0, err
+    assert "complete event(s) before the break" in out
+
+
+def test_newline_padding_inside_the_event_list_is_linear_and_bounded(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 900)
+    b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
+    text = b.dumps().encode()
+    cut = text.index(b"}, {") + 3
+    bomb = tmp_path / "ws.json.gz"
+    bomb.write_bytes(_gzip_stream([(text[:cut], 1), (b"\n" * _MIB, 512), (text[cut:], 1)]))
+    code, err, rss = run_measured("diagnose", bomb, timeout=120)
+    assert code == 0, err
+    assert rss < _baseline_rss(tmp_path) + 150, rss
+
+
+def test_the_chunk_cutter_is_linear_in_padding(tmp_path, monkeypatch):
+    """Before the first event, padding made the cutter re-join its whole pending buffer per
+    block (quadratic); 4096 blocks of 4 KiB must take well under a second per MiB."""
+    import time
+
+    import tracedx.trace.source as source
+    from tracedx.trace.tables import TableBuilder
+
+    monkeypatch.setattr(source, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(source, "_READ_BYTES", 4 << 10)
+    b = TraceBuilder()
+    b.step(1, T0, 900)
+    b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
+    text = b.dumps().encode()
+    at = text.index(b"[", text.index(b'"traceEvents"')) + 1
+    p = tmp_path / "pad.json"
+    p.write_bytes(text[:at] + b" " * (16 * _MIB) + text[at:])
+    t0 = time.process_time()
+    source.read_into(p, TableBuilder())
+    assert time.process_time() - t0 < 8
+    monkeypatch.setattr(source, "_MAX_PADDING", 4 * _MIB)
+    with pytest.raises(source.TraceFormatError, match="bytes of spaces without an event"):
+        source.read_into(p, TableBuilder())
+
+
+@pytest.mark.parametrize(
+    "head, fmt",
+    [
+        (b"BZh91AY&SY", "bz2"),
+        (b"\xfd7zXZ\x00\x00\x04", "xz"),
+        (b"PK\x03\x04\x14\x00", "zip"),
+        (b"\x28\xb5\x2f\xfd\x04\x58", "zstd"),
+    ],
+)
+def test_other_compression_formats_are_named(tmp_path, head, fmt):
+    p = tmp_path / "t.json"
+    p.write_bytes(head + b"\x8b\x00" * 50)
+    for extra in ([], ["--repair"]):
+        code, _, err = run("diagnose", p, *extra)
+        assert_one_line_exit_2(code, err)
+        assert f"a {fmt}-compressed file" in err, err
+
+
+def test_gzip_inside_gzip_is_named(tmp_path):
+    import gzip
+
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(gzip.compress(_small_trace(tmp_path).read_bytes())))
+    code, _, err = run("diagnose", p)
+    assert_one_line_exit_2(code, err)
+    assert "a gzip file inside a gzip file" in err

@@ -14,7 +14,6 @@ truncated file; each repair is reported so the user knows the trace was not clea
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 import queue
@@ -42,7 +41,9 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
     A leading UTF-8 byte-order mark (Windows editors write one) is dropped. With
     ``repair_mode`` a cut gzip stream yields the JSON decompressed before the cut.
 
-    Raises TraceFormatError: missing file, directory, empty file, empty or truncated gzip.
+    Raises TraceFormatError: missing or not a regular file, empty file, empty or truncated
+    gzip, another compression format (named), a zero-filled file (stopped at the first run of
+    NULs, so a sparse or inflated one never fills memory).
     """
     p = Path(path)
     regular_file(p, "trace", TraceFormatError)
@@ -52,32 +53,118 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
         raise TraceFormatError(f"{p}: cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
+    check_format(p, raw[:8])
     if raw[:2] == _GZIP_MAGIC:
         raw = _gunzip(p, raw, repair_mode)
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (the gzip stream holds no data)")
-    elif not raw.strip():
-        raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
+    else:
+        cut = check_zeros(p, raw, 0, repair_mode)
+        raw = raw if cut is None else raw[:cut]
+        if not raw.strip():
+            raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
 
 
-def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
-    try:
-        return gzip.decompress(raw)
-    except EOFError:
-        # Say how much was recoverable: decompress what is there.
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            part = d.decompress(raw)
-        except zlib.error:
-            part = b""
-        if repair_mode and part.strip():
-            return part  # the JSON salvage then keeps the complete events
+# Magic bytes of formats a trace is sometimes packed in: named, instead of "invalid UTF-8".
+_PACKED = (
+    (b"BZh", "bz2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"PK\x03\x04", "zip", "unzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"7z\xbc\xaf\x27\x1c", "7z", "7z x"),
+    (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+)
+# A run of this many NUL bytes is no JSON: a file preallocated and never written.
+_ZEROS = b"\x00" * 4096
+
+
+def check_format(p: Path, head: bytes, inside_gzip: bool = False) -> None:
+    """Refuse a file packed in a format tracedx does not unpack, naming it (``head``: its
+    first bytes, or the first bytes inside the gzip stream). Raises TraceFormatError."""
+    if inside_gzip and head[:2] == _GZIP_MAGIC:
         raise TraceFormatError(
-            f"{p}: truncated gzip: the compressed stream ends early "
-            f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file was cut short"
-        ) from None
-    except (OSError, zlib.error) as e:
+            f"{p}: a gzip file inside a gzip file (compressed twice): run `gunzip -c {p.name} "
+            "| gunzip > trace.json` and read trace.json"
+        )
+    for magic, fmt, tool in _PACKED:
+        if head.startswith(magic):
+            where = "inside the gzip stream " if inside_gzip else ""
+            raise TraceFormatError(
+                f"{p}: {where}a {fmt}-compressed file, not JSON or gzip: unpack it first (`{tool}`)"
+            )
+
+
+class ZeroFilled(TraceFormatError):
+    """A long run of NUL bytes: the file was preallocated and never (or not fully) written."""
+
+    def __init__(self, message: str, at: int) -> None:
+        super().__init__(message)
+        self.at = at  # where the NULs start, in bytes of the (decompressed) JSON
+
+
+def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | None:
+    """Find the first long run of NUL bytes in ``data`` (JSON bytes from ``offset`` of the
+    decompressed document). Returns None when there is none; with ``repair_mode`` and bytes
+    before it, returns its index in ``data`` (the salvage keeps what came before).
+
+    Raises ZeroFilled (a TraceFormatError) saying the file is zero-filled."""
+    i = data.find(_ZEROS)
+    if i < 0:
+        return None
+    at = offset + i
+    if repair_mode and at > 0:
+        return i
+    what = "is zero-filled" if at == 0 else f"is zero-filled from byte {at:,} of its JSON"
+    hint = _HINT if at > 0 else ""
+    raise ZeroFilled(
+        f"{p}: the trace {what} (NUL bytes, not JSON): a trace file preallocated and never "
+        f"written, or cut by a crash{hint}",
+        at,
+    )
+
+
+# The gzip stream is inflated in pieces of this many bytes, each checked for NUL runs.
+_INFLATE_OUT = 16 << 20
+
+
+def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
+    """Inflate every gzip member of ``raw`` piece by piece (a bomb of NULs stops at its first
+    piece). Raises TraceFormatError: truncated (unless ``repair_mode`` keeps what was
+    inflated), corrupt, zero-filled, or another packed format inside."""
+    out: list[bytes] = []
+    size = 0
+    data = raw
+    try:
+        while True:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            buf = data
+            while buf and not d.eof:
+                piece = d.decompress(buf, _INFLATE_OUT)
+                buf = d.unconsumed_tail
+                if piece:
+                    if size == 0:
+                        check_format(p, piece[:8], inside_gzip=True)
+                    cut = check_zeros(p, piece, size, repair_mode)
+                    if cut is not None:  # repair: keep the JSON before the NULs
+                        return b"".join([*out, piece[:cut]])
+                    out.append(piece)
+                    size += len(piece)
+            if not d.eof:
+                part = b"".join(out)
+                if repair_mode and part.strip():
+                    return part  # the JSON salvage then keeps the complete events
+                raise TraceFormatError(
+                    f"{p}: truncated gzip: the compressed stream ends early "
+                    f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file "
+                    "was cut short"
+                )
+            data = d.unused_data
+            if not data.lstrip(b"\x00"):  # no further member (NUL padding after one is allowed)
+                return b"".join(out)
+            if data[:2] != _GZIP_MAGIC:
+                raise TraceFormatError(f"{p}: corrupt gzip data: bytes after the gzip stream")
+    except zlib.error as e:
         raise TraceFormatError(f"{p}: corrupt gzip data: {e}") from None
 
 
@@ -331,6 +418,10 @@ def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
             return _read_fast(p, sink), []
         except (_NotFast, OSError):  # an I/O error is said by the reference path
             pass
+        except ZeroFilled as e:
+            if not (repair_mode and e.at > 0):
+                raise
+            # the salvage reads the JSON before the NULs (bounded by them)
         sink.reset()
         doc, notes = read_document(p, repair_mode)
         events = doc.traceEvents or []
@@ -347,8 +438,11 @@ def _blocks(p: Path) -> Iterator[bytes]:
     with open(p, "rb") as f:
         magic = f.read(2)
         f.seek(0)
+        offset = 0
         if magic != _GZIP_MAGIC:
             while block := f.read(_READ_BYTES):
+                check_zeros(p, block, offset)
+                offset += len(block)
                 yield block
             return
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -358,6 +452,8 @@ def _blocks(p: Path) -> Iterator[bytes]:
                 raise _NotFast("truncated gzip stream")
             out = d.decompress(data, _READ_BYTES)
             if out:
+                check_zeros(p, out, offset)
+                offset += len(out)
                 yield out
         if d.unused_data or f.read(1):
             raise _NotFast("data after the gzip stream (several members?)")
@@ -378,6 +474,8 @@ class _Reader:
                 if not self._put(b):
                     return
             self._put(None)
+        except TraceFormatError as e:  # the reference path would say the same: say it now
+            self._put(e)
         except BaseException as e:  # handed to the consumer
             self._put(_NotFast(f"{type(e).__name__}: {e}"))
 
@@ -406,6 +504,20 @@ class _Reader:
                 self._q.get_nowait()
         except queue.Empty:
             pass
+
+
+# A block of whitespace only, holding a tab, CR or LF, is read as one LF: outside a string
+# they mean the same, and inside one a raw control character is invalid JSON either way, so
+# padding costs no memory. Blocks of spaces only (which a string may hold) are counted, and
+# more than this many of them with no event between is refused.
+_MAX_PADDING = 256 << 20
+
+
+def _squeeze(block):
+    """``block``, or one LF when it is whitespace holding a tab, CR or LF."""
+    if block.strip() or not (b"\n" in block or b"\r" in block or b"\t" in block):
+        return block
+    return b"\n"
 
 
 def _find_cut(buf: bytes, lo: int) -> int:
@@ -531,7 +643,7 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
     try:
         if _json_size(p) >= PARALLEL_MIN_BYTES and _idle_cpu():
             worker = _start_worker()
-        doc = _read_chunks(reader, sink, worker)
+        doc = _read_chunks(reader, sink, worker, p)
         ok = True
         return doc
     finally:
@@ -540,7 +652,7 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
             worker.close(abandon=not ok)
 
 
-def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
+def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
     from tracedx.trace.parallel import WorkerError
 
     def collect(block: bool) -> None:
@@ -553,22 +665,39 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
 
     pending: list = []  # blocks (or the tail of one) not decoded yet
     size = 0
+    spaces = 0  # bytes of blocks of spaces only in pending
     head: FastPart | None = None
+    key_block = -1  # the index in pending of the block holding the traceEvents key
+    key_at = -1  # its offset in that block
     for block in reader:
+        block = _squeeze(block)
+        if not block.strip(b" "):
+            spaces += len(block)
         pending.append(block)
         size += len(block)
+        if head is None and key_block < 0:
+            # search only the new block, and the key's length across its start: linear time
+            i = block.find(_KEY)
+            if i < 0 and len(pending) > 1:
+                k = len(_KEY) - 1
+                if _KEY in bytes(pending[-2][-k:]) + bytes(block[:k]):
+                    pending[-2:] = [bytes(pending[-2]) + bytes(block)]  # once: the key is found
+                    i = pending[-1].find(_KEY)
+            if i >= 0:
+                key_block, key_at = len(pending) - 1, i
+            elif size > _KEY_SEARCH_LIMIT:
+                raise _NotFast("no traceEvents key near the start")
         if size < CHUNK_BYTES:
             continue
-        if head is None and len(pending) > 1:
-            pending = [b"".join(pending)]
+        if spaces > _MAX_PADDING:
+            raise TraceFormatError(
+                f"{p}: {spaces:,} bytes of spaces without an event between them (padding, or "
+                "a file filled to a preallocated size): not a trace tracedx reads"
+            )
+        if head is None and key_block < 0:
+            continue
         last = pending[-1]
-        lo = 0
-        if head is None:
-            lo = last.find(_KEY)
-            if lo < 0:
-                if size > _KEY_SEARCH_LIMIT:
-                    raise _NotFast("no traceEvents key near the start")
-                continue
+        lo = key_at if head is None and key_block == len(pending) - 1 else 0
         cut = _find_cut(last, lo)
         if cut < 0:
             continue
@@ -608,6 +737,7 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
         collect(False)
         pending = [memoryview(last)[cut:]]
         size = len(pending[0])
+        spaces = 0
     rest = b"".join(pending)
     del pending
     if head is None:  # one chunk: the whole document
