@@ -455,3 +455,136 @@ def test_gzip_inside_gzip_is_named(tmp_path):
     code, _, err = run("diagnose", p)
     assert_one_line_exit_2(code, err)
     assert "a gzip file inside a gzip file" in err
+
+
+# --- structure -----------------------------------------------------------------------------------
+
+_DEEP = "[" * 3000 + "]" * 3000
+
+
+def _text_trace() -> str:
+    b = TraceBuilder()
+    for n in (1, 2):
+        t = T0 + (n - 1) * 1000
+        b.step(n, t, 900)
+        b.launched_kernel("aten::mm", t + 5, 100, t + 20, 300)
+    return b.dumps()
+
+
+@pytest.mark.parametrize(
+    "where, edit",
+    [
+        ("args", lambda t: t.replace('"args": {', '"args": {"deep": ' + _DEEP + ", ", 1)),
+        ("grid", lambda t: t.replace('"grid": [1024, 1, 1]', '"grid": ' + _DEEP, 1)),
+        ("top", lambda t: t.replace('{"schemaVersion"', '{"deep": ' + _DEEP + ', "schemaVersion"')),
+        ("tail", lambda t: t[:-1] + ', "late": ' + _DEEP + "}"),
+    ],
+)
+def test_deep_nesting_is_one_line_and_dropped_under_repair(tmp_path, where, edit):
+    text = edit(_text_trace())
+    p = tmp_path / f"{where}.json"
+    p.write_text(text)
+    code, _, err = run("diagnose", p)
+    assert_one_line_exit_2(code, err)
+    assert "nested too deeply" in err
+    code, out, err = run("diagnose", p, "--repair")
+    assert code == 0, err
+    assert "nested too deeply" in out
+
+
+@pytest.mark.parametrize("digits", ["١٢", "１", "123456789012345678901", "1e3", "-1", ""])
+def test_step_numbers_are_ascii_digits_in_range(tmp_path, digits):
+    text = _text_trace().replace("ProfilerStep#2", f"ProfilerStep#{digits}")
+    p = tmp_path / "t.json"
+    p.write_text(text, encoding="utf-8")
+    code, out, err = run("diagnose", p)
+    assert code == 0, err
+    assert "1 ProfilerStep annotation(s) without a step number of ASCII digits" in out
+    assert "1 step (1..1)" in out
+
+
+def test_overlapping_steps_are_said(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 900)
+    b.step(2, T0 + 700, 900)  # starts 0.2 ms before step 1 ends
+    b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
+    code, out, _ = run("diagnose", b.write(tmp_path / "t.json"))
+    assert code == 0
+    assert "1 ProfilerStep annotation(s) start inside the previous step (by up to 0.200 ms)" in out
+
+
+_REAL = [
+    Path(__file__).resolve().parents[1] / "sample_traces" / n
+    for n in ("matmul-bf16.json.gz", "h2d_copy-pageable.json.gz", "elementwise-eager.json.gz")
+]
+_WRONG = {
+    "args": ["oops", 3, [1]],
+    "name": [5, ["x"], {"a": 1}],
+    "ts": ["abc", [1], {}],
+    "pid": [[1], {"x": 1}],
+    "cat": [7, [1]],
+    "dur": [{}, "x", [2]],
+}
+
+
+def _verdict(path: Path, repair: bool = False):
+    import tracedx
+    from tracedx.analysis.diagnosis import diagnose
+
+    d = diagnose(tracedx.load(path, repair=repair))
+    return d.regime, d.bottleneck, d
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    src=st.sampled_from(_REAL),
+    field=st.sampled_from(sorted(_WRONG)),
+    data=st.data(),
+)
+def test_repair_drops_one_event_of_the_wrong_type_and_keeps_the_verdict(tmp_path, src, field, data):
+    import gzip
+
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    evs = doc["traceEvents"]
+    i = data.draw(st.integers(0, len(evs) - 1), label="event")
+    value = data.draw(st.sampled_from(_WRONG[field]), label="value")
+    evs[i] = {**evs[i], field: value}
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    code, _, err = run("diagnose", p)
+    if code == 0:  # an event of a phase tracedx does not read (a flow): its fields are not read
+        assert evs[i].get("ph") not in ("X", "M", None)
+    else:
+        assert_one_line_exit_2(code, err)
+    regime, bottleneck, d = _verdict(p, repair=True)
+    notes = " ".join(w.message for w in d.trace.warnings)
+    if code:
+        assert f"dropped 1 event(s) of the wrong shape or field type ({field}: 1)" in notes
+    before = _verdict(src)[:2]
+    assert (regime, bottleneck) == before or (regime is None and d.notes), (before, regime)
+
+
+def test_a_lone_surrogate_is_named_and_replaced_under_repair(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(_text_trace().replace('"aten::mm"', '"aten::mm\\ud800"', 1))
+    code, _, err = run("diagnose", p)
+    assert_one_line_exit_2(code, err)
+    assert "lone surrogate escape `\\ud800`" in err
+    code, out, err = run("diagnose", p, "--repair", "--format", "md")
+    assert code == 0, err
+    assert "replaced 1 lone surrogate escape(s)" in out
+    assert "aten::mm\ufffd" in out
+
+
+def test_begin_end_events_are_said_to_be_unused(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 900)
+    b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
+    for ph, ts in (("B", T0 + 1000), ("E", T0 + 1900)):
+        b.add({"ph": ph, "name": "ProfilerStep#2", "cat": "user_annotation", "pid": b.pid,
+               "tid": b.tid, "ts": ts})  # fmt: skip
+    code, out, _ = run("diagnose", b.write(tmp_path / "be.json"))
+    assert code == 0
+    assert "2 B/E (begin/end) duration event(s) were not used" in out

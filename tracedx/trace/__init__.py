@@ -182,7 +182,7 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
-    is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#\d+$")
+    is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
     step_ops = raw.ops.filter(is_step_op)
     # a copy of the op table only when there is something to take out
     ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op) if step_ops.height else raw.ops)

@@ -29,7 +29,7 @@ import msgspec
 
 from tracedx.errors import TraceFormatError
 from tracedx.files import regular_file
-from tracedx.trace.events import FastEvent, FastPart, TraceDocument, TraceFile
+from tracedx.trace.events import Event, FastEvent, FastPart, TraceDocument, TraceFile
 
 _DECODER = msgspec.json.Decoder(TraceDocument, strict=False)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -180,6 +180,7 @@ def _where(data: bytes, pos: int) -> str:
 
 
 _HINT = "; `--repair` loads what can be salvaged"
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # The start of the repair note for a file of which only the events before a break were kept.
 TRUNCATED_NOTE = "the JSON is truncated or broken"
 
@@ -196,6 +197,12 @@ def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
             )
     if pos < len(data) and data[pos] < 0x20:
         return f"{p}: raw control character U+{data[pos]:04X} inside a string at {where}{_HINT}"
+    sur = _LONE_SURROGATE.search(data, max(0, pos - 12), pos + 12)
+    if sur:
+        return (
+            f"{p}: lone surrogate escape `{sur.group().decode()}` at {_where(data, sur.start())}: "
+            f"JSON allows it, but it is no character (a writer cut a UTF-16 pair){_HINT}"
+        )
     bs = data.rfind(b"\\", max(0, pos - 2), pos + 1)
     if bs >= 0:
         esc = data[bs : bs + 2].decode("latin-1")
@@ -215,6 +222,11 @@ def decode(p: Path, data: bytes) -> TraceFile:
             ) from None
     try:
         doc = _DECODER.decode(data)
+    except RecursionError:
+        raise TraceFormatError(
+            f"{p}: the JSON is nested too deeply to be a trace (a value over {_DEPTH_NOTE} "
+            f"levels deep){_HINT}"
+        ) from None
     except msgspec.ValidationError as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace: {e}") from None
     except msgspec.DecodeError as e:
@@ -271,8 +283,20 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
 
     try:
         obj = json.loads(text, strict=False, parse_constant=_const)
+    except RecursionError:  # a value nested too deeply: read event by event, dropping it
+        obj, kept, whole, deep = _salvage_events(text, _const, p)
+        notes.append(
+            f"dropped {deep} value(s) nested too deeply (over {_DEPTH_NOTE} levels), with the "
+            "event or the top-level keys holding them"
+            + ("" if whole else f"; {TRUNCATED_NOTE}: kept the {kept} complete event(s)")
+        )
     except json.JSONDecodeError:
-        obj, kept, whole = _salvage_events(text, _const, p)
+        obj, kept, whole, deep = _salvage_events(text, _const, p)
+        if deep:
+            notes.append(
+                f"dropped {deep} value(s) nested too deeply (over {_DEPTH_NOTE} levels), with "
+                "the event or the top-level keys holding them"
+            )
         if whole:
             notes.append(
                 f"the JSON is broken after its event list: kept all {kept} event(s); keys "
@@ -285,29 +309,137 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
             f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null"
         )
     if isinstance(obj, dict):
-        # Drop non-dict events; keep the rest.
         evs = obj.get("traceEvents")
         if isinstance(evs, list):
-            obj["traceEvents"] = [e for e in evs if isinstance(e, dict)]
+            obj["traceEvents"] = _typed_events(evs, notes)
+    try:
+        encoded = msgspec.json.encode(obj)
+    except UnicodeEncodeError:  # a lone surrogate escape (valid JSON, not valid UTF-8)
+        obj, n_sur = _replace_surrogates(obj)
+        notes.append(f"replaced {n_sur} lone surrogate escape(s) (such as \\ud800) with U+FFFD")
+        encoded = msgspec.json.encode(obj)
     try:
         # Re-encode the repaired document so both paths share one typed decoder.
-        doc = _DECODER.decode(msgspec.json.encode(obj))
+        doc = _DECODER.decode(encoded)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace even after repair: {e}") from None
+    except RecursionError:
+        raise TraceFormatError(
+            f"{p}: a top-level value is nested too deeply to read, even after repair"
+        ) from None
     return _as_tracefile(p, doc), notes
 
 
-def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[dict, int, bool]:
+# Python's json and msgspec refuse nesting deeper than about this (the interpreter's
+# recursion limit); no trace event nests more than a few levels.
+_DEPTH_NOTE = 900
+_EVENT_KEYS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "args", "id")
+_DECODER_EVENT = msgspec.json.Decoder(list[Event] | Event, strict=False)
+
+
+def _typed_events(evs: list, notes: list[str]) -> list:
+    """The events of a repaired document that the typed decoder accepts; the others (not an
+    object, or a field of the wrong type: ``args`` a string, ``ts`` a list...) are dropped
+    and counted in a note, by field."""
+    kept = [e for e in evs if isinstance(e, dict)]
+    dropped: dict[str, int] = {}
+    if len(kept) < len(evs):
+        dropped["not an object"] = len(evs) - len(kept)
+
+    def check(x, typ) -> None:  # the typed decoder's own check (Raw fields cannot be converted)
+        try:
+            msgspec.json.Decoder(typ, strict=False).decode(msgspec.json.encode(x))
+        except UnicodeEncodeError:  # lone surrogates: replaced later, the types are what matter
+            _DECODER_EVENT.decode(msgspec.json.encode(_replace_surrogates(x)[0]))
+
+    try:
+        check(kept, list[Event])
+        bad = False
+    except (msgspec.ValidationError, RecursionError):
+        bad = True
+    if bad:  # find which: one at a time
+        good = []
+        for e in kept:
+            try:
+                check(e, Event)
+                good.append(e)
+            except RecursionError:
+                dropped["nested too deeply"] = dropped.get("nested too deeply", 0) + 1
+            except msgspec.ValidationError as err:
+                m = re.search(r"at `\$\.(\w+)", str(err))
+                key = m.group(1) if m and m.group(1) in _EVENT_KEYS else "a field"
+                dropped[key] = dropped.get(key, 0) + 1
+        kept = good
+    if dropped:
+        n = sum(dropped.values())
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items()))
+        notes.append(f"dropped {n} event(s) of the wrong shape or field type ({detail})")
+    return kept
+
+
+def _replace_surrogates(x):
+    """``x`` with every lone surrogate in its strings replaced by U+FFFD; returns (x, count)."""
+    count = 0
+
+    def fix(v):
+        nonlocal count
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+                return v
+            except UnicodeEncodeError:
+                out = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+                count += sum(1 for c in v if 0xD800 <= ord(c) <= 0xDFFF)
+                return out
+        if isinstance(v, dict):
+            return {fix(k): fix(w) for k, w in v.items()}
+        if isinstance(v, list):
+            return [fix(w) for w in v]
+        return v
+
+    return fix(x), count
+
+
+def _skip_value(text: str, i: int) -> int:
+    """The index just after the JSON value starting at ``text[i]`` (an object or array too
+    deep for the decoder), found by counting brackets outside strings; ``len(text)`` when it
+    does not end."""
+    depth = 0
+    n = len(text)
+    in_str = False
+    while i < n:
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _salvage_events(
+    text: str, parse_constant, p: Path | None = None
+) -> tuple[dict, int, bool, int]:
     """Parse the complete events of a truncated trace, one at a time.
 
     Returns (document, events kept, whether the event list was read to its closing ``]``: the
-    break is after it, and no event was lost)."""
+    break is after it, and no event was lost; events dropped for nesting too deep)."""
     start = text.find('"traceEvents"')
     if start < 0:
         raise TraceFormatError(f"{p}: nothing to salvage: no `traceEvents` array before the break")
     i = text.find("[", start)
     dec = json.JSONDecoder(strict=False, parse_constant=parse_constant)
     events: list = []
+    deep = 0
     i += 1
     n = len(text)
     whole = False
@@ -321,6 +453,10 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
             ev, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             break
+        except RecursionError:
+            deep += 1
+            i = _skip_value(text, i)
+            continue
         events.append(ev)
     # Salvage top-level keys written before traceEvents (deviceProperties, versions).
     head: dict = {}
@@ -328,9 +464,11 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
         head = json.loads(text[:start].rstrip().rstrip(",") + "}", strict=False)
     except json.JSONDecodeError:
         head = {}
+    except RecursionError:  # a top-level key nested too deeply: the keys before the list go
+        head, deep = {}, deep + 1
     head = head if isinstance(head, dict) else {}
     head["traceEvents"] = events
-    return head, len(events), whole
+    return head, len(events), whole, deep
 
 
 def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFile, list[str]]:
@@ -630,7 +768,7 @@ def _start_worker():
 def _decode_part(payload: bytes, decoder, where: str):
     try:
         return decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise _NotFast(f"{where}: {e}") from None
 
 

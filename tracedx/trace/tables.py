@@ -274,7 +274,7 @@ _KINDS = (
 )
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _SKIP, _UNKNOWN, _CAT_NONE = 100, 101, 102
-_PH_X, _PH_M, _PH_NONE, _PH_OTHER = 0, 1, 2, 3
+_PH_X, _PH_M, _PH_NONE, _PH_OTHER, _PH_BE = 0, 1, 2, 3, 4
 
 _GET_PH = attrgetter("ph")
 _GET_CAT = attrgetter("cat")
@@ -293,7 +293,7 @@ def _cat_code(cat: str | None) -> int:
 
 
 def _ph_code(ph: str | None) -> int:
-    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE}.get(ph, _PH_OTHER)
+    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE, "B": _PH_BE, "E": _PH_BE}.get(ph, _PH_OTHER)
 
 
 def _codes(vals: list, cache: dict, fn) -> np.ndarray:
@@ -406,6 +406,8 @@ class ChunkColumns:
     unknown: dict[str, int]
     process_names: dict[Any, str]
     thread_names: dict[tuple[Any, Any], str]
+    # B/E (begin/end) duration events: not read (torch.profiler writes complete X events)
+    begin_end: int = 0
 
 
 class Converter:
@@ -431,6 +433,7 @@ class Converter:
         kind = _codes(cats, self._cat_cache, _cat_code)
         for i in np.flatnonzero(ph == _PH_M).tolist():
             _metadata(evs[i], out)
+        out.begin_end += int(np.count_nonzero(ph == _PH_BE))
         cand = ph == _PH_X
         for i in np.flatnonzero(ph == _PH_NONE).tolist():
             cand[i] = evs[i].dur is not None
@@ -565,6 +568,7 @@ class TableBuilder:
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.unknown: dict[str, int] = {}
         self.invalid: dict[str, int] = {}
+        begin_end = 0
         for c in self._chunks:
             if c is None:
                 raise RuntimeError("a reserved chunk was never filled")
@@ -580,6 +584,7 @@ class TableBuilder:
                 self.unknown[k] = self.unknown.get(k, 0) + v
             self.process_names.update(c.process_names)
             self.thread_names.update(c.thread_names)
+            begin_end += c.begin_end
         self._chunks = []
         frames: dict[str, pl.DataFrame | None] = {
             k: (pl.concat(v, how="vertical", rechunk=True) if len(v) > 1 else v[0]) if v else None
@@ -625,6 +630,16 @@ class TableBuilder:
                     "invalid_duration",
                     n,
                     f"{n} event(s) with a negative or missing duration/timestamp left out ({detail})",
+                )
+            )
+        if begin_end:
+            warnings.append(
+                DataWarning(
+                    "begin_end_unused",
+                    begin_end,
+                    f"{begin_end} B/E (begin/end) duration event(s) were not used: tracedx reads "
+                    "complete (X) events, as torch.profiler writes them; steps, ops or kernels "
+                    "written as B/E pairs are missing from this analysis",
                 )
             )
         if self.unknown:
