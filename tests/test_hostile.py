@@ -588,3 +588,136 @@ def test_begin_end_events_are_said_to_be_unused(tmp_path):
     code, out, _ = run("diagnose", b.write(tmp_path / "be.json"))
     assert code == 0
     assert "2 B/E (begin/end) duration event(s) were not used" in out
+
+
+# --- numbers that must never pass silently ---------------------------------------------------------
+
+
+def _sample_doc(name: str) -> dict:
+    import gzip
+
+    src = Path(__file__).resolve().parents[1] / "sample_traces" / name
+    return json.loads(gzip.decompress(src.read_bytes()))
+
+
+def _kernel_indices(doc: dict, linked: bool = False) -> list[int]:
+    """Kernel events; with ``linked``, only those whose correlation id has a launch call."""
+    evs = doc["traceEvents"]
+    runtime = {
+        (e.get("args") or {}).get("correlation")
+        for e in evs
+        if e.get("cat") in ("cuda_runtime", "cuda_driver")
+    }
+    return [
+        i
+        for i, e in enumerate(evs)
+        if e.get("cat") == "kernel"
+        and (not linked or (e.get("args") or {}).get("correlation") in runtime)
+    ]
+
+
+_EXTREMES = {
+    "dur": [2.0**64 / 1e3, 1e29, 1e300, 3 * 86_400e6],
+    "ts": [lambda ts: ts + 500e6, lambda ts: ts - 1e6, lambda ts: ts + 5e9],
+}
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.sampled_from([p.name for p in _REAL] + ["mlp_large-bf16.json.gz"]),
+    field=st.sampled_from(["dur", "ts"]),
+    data=st.data(),
+)
+def test_one_corrupt_number_leaves_the_verdict_or_withholds_it_with_a_note(
+    tmp_path, name, field, data
+):
+    doc = _sample_doc(name)
+    ks = _kernel_indices(doc)
+    i = data.draw(st.sampled_from(ks), label="kernel")
+    v = data.draw(st.sampled_from(_EXTREMES[field]), label="value")
+    ev = doc["traceEvents"][i]
+    ev[field] = v(ev[field]) if callable(v) else v
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    src = Path(__file__).resolve().parents[1] / "sample_traces" / name
+    before = _verdict(src)[:2]
+    regime, bottleneck, d = _verdict(p)
+    if (regime, bottleneck) != before:
+        assert regime is None, (before, regime, bottleneck)
+        assert any("no verdict" in e or "no bottleneck" in e for e in d.evidence), d.evidence
+    warned = {w.kind for w in d.trace.warnings}
+    assert warned & {"impossible_duration", "inconsistent_timestamps", "outlier_timestamp"} or (
+        field == "ts" and (regime, bottleneck) == before
+    ), warned
+
+
+def test_an_unsigned_underflow_duration_is_dropped_and_said(tmp_path):
+    doc = _sample_doc("matmul-bf16.json.gz")
+    doc["traceEvents"][_kernel_indices(doc)[0]]["dur"] = 2.0**64 / 1e3
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    code, out, _ = run("diagnose", p)
+    assert code == 0
+    assert "1 event(s) last longer than the trace or than a day" in out
+    assert _verdict(p)[:2] == _verdict(_REAL[0])[:2]
+
+
+def test_inconsistent_clocks_withhold_verdict_and_estimates(tmp_path):
+    for shift, said in ((500e6, "start up to 500"), (-1e6, "before its launch call")):
+        doc = _sample_doc("matmul-bf16.json.gz")
+        ks = _kernel_indices(doc, linked=True)
+        for i in ks if shift < 0 else ks[:1]:  # a GPU clock 1 s early: every kernel
+            doc["traceEvents"][i]["ts"] += shift
+        p = tmp_path / "t.json"
+        p.write_text(json.dumps(doc))
+        regime, bottleneck, d = _verdict(p)
+        assert regime is None and bottleneck is None
+        assert not d.findings
+        assert any("timestamps are inconsistent" in e and said in e for e in d.evidence), d.evidence
+
+
+def test_no_recognised_kernel_name_gives_no_bottleneck(tmp_path):
+    b = TraceBuilder()
+    for n in range(3):
+        t = T0 + n * 1000
+        b.step(n + 1, t, 1000)
+        b.launched_kernel("myext::op", t + 5, 20, t + 10, 985, kname=f"vendor_blob_{n}")
+    regime, bottleneck, d = _verdict(b.write(tmp_path / "t.json"))
+    assert regime is None and bottleneck is None
+    assert any("no kernel name is recognised" in e for e in d.evidence)
+
+
+def test_a_zero_kernel_step_is_not_launch_bound(tmp_path):
+    b = TraceBuilder()
+    for n in range(3):
+        t = T0 + n * 1000
+        b.step(n + 1, t, 1000)
+        b.op("aten::empty", t + 5, 900)
+    b.launched_kernel("aten::mm", T0 + 5, 10, T0 + 20, 10)  # one kernel in step 1 only
+    regime, bottleneck, d = _verdict(b.write(tmp_path / "t.json"))
+    assert bottleneck != "kernel launch", d.evidence
+
+
+@pytest.mark.parametrize(
+    "props, device, expected",
+    [
+        ([(0, "NVIDIA GeForce GT 710"), (1, "NVIDIA H100 80GB HBM3")], 1, "NVIDIA H100 80GB HBM3"),
+        ([(1, "NVIDIA A100-SXM4-80GB"), (0, "NVIDIA H100 80GB HBM3")], 0, "NVIDIA H100 80GB HBM3"),
+        ([(0, "NVIDIA GeForce GT 710")], 3, None),
+    ],
+)
+def test_device_peaks_are_matched_by_device_id(tmp_path, props, device, expected):
+    b = TraceBuilder()
+    b.top["deviceProperties"] = [{"id": i, "name": n} for i, n in props]
+    b.step(1, T0, 1000)
+    b.launched_kernel("aten::mm", T0 + 5, 20, T0 + 10, 500, device=device)
+    import tracedx
+
+    t = tracedx.load(b.write(tmp_path / "t.json"))
+    assert t.device_name == expected
+    if expected is None:
+        from tracedx.analysis.diagnosis import diagnose
+
+        assert any("no entry with id 3" in n for n in diagnose(t).notes)

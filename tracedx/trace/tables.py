@@ -622,6 +622,31 @@ class TableBuilder:
                     f"({detail}): the trace is partly corrupt",
                 )
             )
+        # Durations no real event has: over a day, or over twice the span of the trace's start
+        # times plus a second (an unsigned end-minus-start underflow writes 2^64 ns).
+        all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None and f.height]
+        if all_ts:
+            ts = np.concatenate(all_ts)
+            limit = min(MAX_DURATION_US, 2 * float(ts.max() - ts.min()) + 1e6)
+            long: dict[str, int] = {}
+            for k, f in frames.items():
+                if f is None:
+                    continue
+                keep = f.filter(pl.col("duration_us") <= limit)
+                if keep.height != f.height:
+                    long[k] = f.height - keep.height
+                    frames[k] = keep
+            if long:
+                n = sum(long.values())
+                detail = ", ".join(f"{v} {k}" for k, v in sorted(long.items()))
+                warnings.append(
+                    DataWarning(
+                        "impossible_duration",
+                        n,
+                        f"{n} event(s) last longer than the trace or than a day (over "
+                        f"{limit / 1e6:,.3f} s) and were left out ({detail}): corrupt durations",
+                    )
+                )
         if self.invalid:
             n = sum(self.invalid.values())
             detail = ", ".join(f"{v} {k}" for k, v in sorted(self.invalid.items()))
@@ -694,6 +719,9 @@ class TableBuilder:
         if codes.len() == 0:
             return pl.Series(col, [], dtype=values.dtype)
         return values.gather(codes).alias(col)
+
+
+MAX_DURATION_US = 86_400e6  # a day
 
 
 def _outlier_cutoff(ts: np.ndarray) -> float | None:
