@@ -721,3 +721,32 @@ def test_device_peaks_are_matched_by_device_id(tmp_path, props, device, expected
         from tracedx.analysis.diagnosis import diagnose
 
         assert any("no entry with id 3" in n for n in diagnose(t).notes)
+
+
+def test_negative_copy_bytes_give_no_bandwidth(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 1000)
+    corr = b.launch(T0 + 5, 5, "cudaMemcpyAsync")
+    b.memcpy(T0 + 20, 100, corr, -10_500_000)
+    b.launched_kernel("aten::mm", T0 + 200, 20, T0 + 210, 500)
+    code, out, _ = run("diagnose", b.write(tmp_path / "t.json"))
+    assert code == 0
+    assert "1 copy or memset event(s) have a negative byte count" in out
+    assert "-105" not in out and "GB/s" not in out.split("copies", 1)[-1].split("\n")[0]
+
+
+def test_an_impossible_roofline_overshoot_is_not_blamed_on_the_cache(tmp_path):
+    b = TraceBuilder()
+    for n in range(2):
+        t = T0 + n * 1000
+        b.step(n + 1, t, 1000)
+        ext = b.op("aten::mm", t + 5, 20, input_dims=[[8192, 8192], [8192, 8192]],
+                   input_type=["c10::BFloat16", "c10::BFloat16"])  # fmt: skip
+        corr = b.launch(t + 6, 3, ext=ext)
+        b.kernel(t + 10, 0.01, corr, "sm90_xmma_gemm_bf16bf16_bf16f32", ext=ext)
+    import tracedx
+    from tracedx.analysis.diagnosis import diagnose
+
+    d = diagnose(tracedx.load(b.write(tmp_path / "t.json")))
+    over = [n for n in d.notes if "faster than the roofline" in n]
+    assert over and "corrupt" in over[0] and "L2" not in over[0], d.notes

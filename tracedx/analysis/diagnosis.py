@@ -300,6 +300,11 @@ def _fusable_chains(
     )
 
 
+# An op faster than this multiple of its roofline bound is not explained by the L2 cache
+# (which serves a few times the device memory bandwidth): the inputs of the figure are wrong.
+IMPOSSIBLE_ROOF_FRACTION = 10.0
+
+
 def diagnose(
     trace: Trace,
     *,
@@ -414,6 +419,14 @@ def diagnose(
         if over.height:
             worst = over.sort("bound_fraction", descending=True).row(0, named=True)
             per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
+            if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
+                notes.append(
+                    f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
+                    f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
+                    "explains that much; its kernel durations or its FLOP and byte counts (input "
+                    "shapes) are corrupt, and its roofline numbers are not to be trusted"
+                )
+        if over.height and worst["bound_fraction"] <= IMPOSSIBLE_ROOF_FRACTION:
             notes.append(
                 f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
                 f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "

@@ -622,6 +622,26 @@ class TableBuilder:
                     f"({detail}): the trace is partly corrupt",
                 )
             )
+        # A copy or memset of negative size (a corrupt or overflowed count) has no bandwidth.
+        neg = 0
+        for k in ("memcpy", "memset"):
+            f = frames.get(k)
+            if f is not None and f.height:
+                bad = f["bytes"] < 0
+                if bad.any():
+                    neg += int(bad.sum())
+                    frames[k] = f.with_columns(
+                        bytes=pl.when(pl.col("bytes") < 0).then(None).otherwise(pl.col("bytes"))
+                    )
+        if neg:
+            warnings.append(
+                DataWarning(
+                    "negative_bytes",
+                    neg,
+                    f"{neg} copy or memset event(s) have a negative byte count: their bytes and "
+                    "bandwidth are left out",
+                )
+            )
         # Durations no real event has: over a day, or over twice the span of the trace's start
         # times plus a second (an unsigned end-minus-start underflow writes 2^64 ns).
         all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None and f.height]
