@@ -775,3 +775,22 @@ def test_report_is_linear_in_host_threads(tmp_path):
     assert time.process_time() - t0 < 60
     html = (tmp_path / "r.html").read_text()
     assert f"32 busiest host threads of {n_threads} drawn" in html  # tid 4242 is one
+
+
+@pytest.mark.parametrize("how", ["epoch-ns", "displayTimeUnit"])
+def test_nanosecond_timestamps_are_detected(tmp_path, how):
+    doc = _sample_doc("matmul-bf16.json.gz")
+    for e in doc["traceEvents"]:
+        for k in ("ts", "dur"):
+            if isinstance(e.get(k), (int, float)):
+                e[k] = e[k] * 1000 + (1.7e18 if k == "ts" and how == "epoch-ns" else 0)
+    if how == "displayTimeUnit":
+        doc["displayTimeUnit"] = "ns"
+    p = tmp_path / "ns.json"
+    p.write_text(json.dumps(doc))
+    regime, bottleneck, d = _verdict(p)
+    ref = _verdict(_REAL[0])[2]
+    assert (regime, bottleneck) == (ref.regime, ref.bottleneck)
+    assert any(w.kind == "ns_timestamps" for w in d.trace.warnings)
+    # float64 holds epoch ns to 256 ns: the same step within 0.1%
+    assert d.model.step_us == pytest.approx(ref.model.step_us, rel=1e-3)

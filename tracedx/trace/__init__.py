@@ -187,6 +187,47 @@ MAX_LAUNCH_LAG_US = 60e6
 INCONSISTENT_TIMESTAMPS = "inconsistent_timestamps"
 
 
+# A start time above this many microseconds is after the year 5000: it can only be ns.
+_NS_START = 1e17
+# With displayTimeUnit "ns", a median kernel of a millisecond or more (in us) is read as ns.
+_NS_MEDIAN_KERNEL = 1_000.0
+
+
+def _nanoseconds(doc, raw) -> str | None:
+    """Why the trace's times are nanoseconds (the evidence, for the note), or None.
+
+    The Chrome trace format's ``ts`` and ``dur`` are microseconds, and ``displayTimeUnit`` only
+    sets the viewer's display; some writers still write ns. Read as ns: start times that can
+    only be ns (over 1e17 us), or ``displayTimeUnit: "ns"`` with a median kernel of 1 ms or
+    more in us (a few microseconds is usual)."""
+    starts = [t["start_us"] for t in (raw.kernels, raw.ops, raw.launches) if t.height]
+    if not starts:
+        return None
+    med_start = float(pl.concat(starts).median())
+    if med_start > _NS_START:
+        return f"start times near {med_start:.3g}, which can only be ns"
+    unit = doc.displayTimeUnit if isinstance(doc.displayTimeUnit, str) else ""
+    if unit.lower() == "ns" and raw.kernels.height:
+        med_k = float(raw.kernels["duration_us"].median())
+        if med_k >= _NS_MEDIAN_KERNEL:
+            return f'displayTimeUnit "ns" and a median kernel of {med_k:,.0f} units'
+    return None
+
+
+def _scaled(raw, factor: float):
+    """``raw`` with every time column (start, duration, end) multiplied by ``factor``."""
+    import dataclasses
+
+    cols = ("start_us", "duration_us", "end_us")
+    out = {}
+    for f in dataclasses.fields(raw):
+        v = getattr(raw, f.name)
+        if isinstance(v, pl.DataFrame):
+            v = v.with_columns(pl.col(c) * factor for c in cols if c in v.columns)
+        out[f.name] = v
+    return dataclasses.replace(raw, **out)
+
+
 def _as_int(v) -> int | None:
     if isinstance(v, bool):
         return None
@@ -241,6 +282,17 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     doc, repairs = read_into(p, builder, repair_mode=repair)
     raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
+    ns = _nanoseconds(doc, raw)
+    if ns:
+        raw = _scaled(raw, 1e-3)
+        warnings.append(
+            DataWarning(
+                "ns_timestamps",
+                1,
+                f"timestamps and durations are in nanoseconds ({ns}), not the microseconds of "
+                "the Chrome trace format: they were divided by 1000",
+            )
+        )
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
