@@ -794,3 +794,21 @@ def test_nanosecond_timestamps_are_detected(tmp_path, how):
     assert any(w.kind == "ns_timestamps" for w in d.trace.warnings)
     # float64 holds epoch ns to 256 ns: the same step within 0.1%
     assert d.model.step_us == pytest.approx(ref.model.step_us, rel=1e-3)
+
+
+def test_a_reused_external_id_does_not_put_all_device_time_on_one_op(tmp_path):
+    b = TraceBuilder()
+    for n in range(2):
+        t = T0 + n * 1000
+        b.step(n + 1, t, 1000)
+        for name, at in (("aten::mm", 5), ("aten::add", 400)):
+            ext = b.op(name, t + at, 100, ext=7)  # the same External id on every op
+            corr = b.launch(t + at + 10, 5, ext=ext)
+            b.kernel(t + at + 20, 300, corr, "sm90_gemm" if name == "aten::mm" else "add_kernel")
+    import tracedx
+    from tracedx.analysis.diagnosis import diagnose
+
+    tr = tracedx.load(b.write(tmp_path / "t.json"))
+    assert any(w.kind == "reused_external_id" for w in tr.warnings)
+    ops = {r["name"]: r["device_time_us"] for r in diagnose(tr).op_table.to_dicts()}
+    assert ops["aten::mm"] == pytest.approx(600) and ops["aten::add"] == pytest.approx(600), ops

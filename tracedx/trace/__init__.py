@@ -20,6 +20,7 @@ from tracedx.trace.link import (
     launch_table,
     link_gpu,
     link_launches_to_ops,
+    reused_external_ids,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, read_into
 from tracedx.trace.tables import DataWarning, TableBuilder
@@ -386,6 +387,16 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             ]
         ).sort("start_us")
     launches, _ = link_launches_to_ops(launches, ops)
+    reused = reused_external_ids(ops).len()
+    if reused:
+        warnings.append(
+            DataWarning(
+                "reused_external_id",
+                reused,
+                f"{reused} External id(s) are carried by more than one op: their launches go to "
+                "the op that holds them in time, so device time is not all put on one op",
+            )
+        )
     launches = assign_step(launches, steps, "start_us")
 
     launch_info = launch_table(launches, ops)

@@ -247,6 +247,15 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         .unique("external_id", keep="first")
     )
     launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
+    # An External id that several ops share (a corrupt or reused id) does not say which op
+    # launched: the op holding the launch in time does, else the first op of the id.
+    dup = reused_external_ids(ops)
+    launches = launches.with_columns(
+        __ext_first=pl.col("__ext_op"),
+        __ext_op=pl.when(pl.col("external_id").is_in(dup.implode()))
+        .then(None)
+        .otherwise(pl.col("__ext_op")),
+    )
     missing = launches.filter(pl.col("__ext_op").is_null())
     by_time = 0
     if missing.height and ops.height:
@@ -281,10 +290,19 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         by_time = int(np.count_nonzero(oid >= 0))
     else:
         launches = launches.with_columns(__time_op=pl.lit(None, pl.Int64))
-    launches = launches.with_columns(op_id=pl.coalesce("__ext_op", "__time_op")).drop(
-        "__ext_op", "__time_op", "__lrow"
-    )
+    launches = launches.with_columns(
+        op_id=pl.coalesce("__ext_op", "__time_op", "__ext_first")
+    ).drop("__ext_op", "__time_op", "__ext_first", "__lrow")
     return launches, by_time
+
+
+def reused_external_ids(ops: pl.DataFrame) -> pl.Series:
+    """External ids that more than one op carries (each op should have its own)."""
+    ext = ops.filter(pl.col("external_id").is_not_null())
+    if ext.height == 0:
+        return pl.Series("external_id", [], dtype=ops.schema.get("external_id", pl.Int64))
+    counts = ext.group_by("external_id").len()
+    return counts.filter(pl.col("len") > 1)["external_id"]
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
