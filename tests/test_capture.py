@@ -323,3 +323,126 @@ def test_write_calibration_is_atomic_json(tmp_path):
     )
     assert json.loads(out.read_text()) == {"schema": "tracedx.calibration/1", "x": 1.5}
     assert [p.name for p in out.parent.iterdir()] == ["c.json"]
+
+
+# --- issue 19: capture keeps the trace whatever the script does ---------------------------------
+
+LOOP = """
+import os, signal, sys
+import torch
+import tracedx
+
+for i in range(12):
+    torch.randn(8, 8) @ torch.randn(8, 8)
+    tracedx.step()
+    if i == 4:
+        {action}
+print("after the loop")
+"""
+
+
+def _loop(action: str) -> str:
+    return LOOP.replace("{action}", action)
+
+
+@needs_torch
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_keep_the_trace(tmp_path, capsys, sig):
+    script = _loop(f"os.kill(os.getpid(), signal.{sig})")
+    res = _inprocess(tmp_path, script, schedule=cap.Schedule(active=5))
+    import signal
+
+    assert res.exit_code == 128 + getattr(signal, sig)
+    assert f"terminated ({sig})" in capsys.readouterr().err
+    assert _load(res.path)["tracedx"]["active_steps_recorded"] == 3
+
+
+@needs_torch
+def test_a_second_ctrl_c_during_the_stop_keeps_the_trace(tmp_path, capsys, monkeypatch):
+    import signal
+
+    finish = cap._Session.finish
+
+    def slow_finish(self):  # Ctrl-C again while torch stops and exports
+        os.kill(os.getpid(), signal.SIGINT)
+        return finish(self)
+
+    monkeypatch.setattr(cap._Session, "finish", slow_finish)
+    res = _inprocess(tmp_path, _loop("raise KeyboardInterrupt"), schedule=cap.Schedule(active=5))
+    err = capsys.readouterr().err
+    assert res.exit_code == 130
+    assert "Ctrl-C is held until it is written" in err
+    assert "could not write the trace" not in err
+    assert _load(res.path)["tracedx"]["active_steps_recorded"] == 3
+
+
+@needs_torch
+def test_a_relative_out_survives_a_chdir(tmp_path, monkeypatch, capsys):
+    script = _loop("import tempfile; os.chdir(tempfile.mkdtemp())")
+    (tmp_path / "s.py").write_text(textwrap.dedent(script))
+    monkeypatch.chdir(tmp_path)
+    res = cap.capture_script("s.py", [], out_dir="rel-out", schedule=cap.Schedule(active=3))
+    assert res.path == tmp_path / "rel-out" / res.path.name and res.path.exists()
+    assert str(tmp_path / "rel-out") in capsys.readouterr().out  # an absolute path
+
+
+@needs_torch
+def test_a_script_with_its_own_profiler_keeps_both_traces(tmp_path, capsys):
+    own = tmp_path / "own.json"
+    script = _loop(
+        f"""
+        with torch.profiler.profile() as p:
+            torch.randn(8, 8) @ torch.randn(8, 8)
+        p.export_chrome_trace({str(own)!r})"""
+    )
+    res = _inprocess(tmp_path, script, schedule=cap.Schedule(active=5))
+    err = capsys.readouterr().err
+    assert res.exit_code == 0, err
+    assert "starts its own torch.profiler" in err
+    assert own.exists() and json.loads(own.read_text())["traceEvents"]
+    assert _load(res.path)["tracedx"]["active_steps_recorded"] == 3
+
+
+def test_the_summary_counts_are_counted_while_writing(tmp_path):
+    c = cap._Counter()
+    text = b'{"ph": "X", "cat": "kernel", "name": "ProfilerStep#1"}' * 3
+    for i in range(0, len(text), 7):  # patterns split across pieces
+        c.feed(text[i : i + 7])
+    assert c.counts == {"events": 3, "kernels": 3, "steps": 3}
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    "action, code, said, recorded",
+    [
+        ("sys.stdout.flush(); os._exit(7)", 7, "called os._exit", 3),
+        (
+            "pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            torch.randn(4, 4).sum(); sys.exit(0)\n"
+            "        os.waitpid(pid, 0)",
+            0,
+            None,
+            5,  # the parent's whole active window; the child wrote nothing
+        ),
+    ],
+    ids=["os._exit", "fork"],
+)
+def test_os_exit_and_fork_keep_one_trace(tmp_path, action, code, said, recorded):
+    proc, traces = _run(tmp_path, _loop(action), "--steps", "5")
+    assert proc.returncode == code, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert len(traces) == 1, proc.stderr
+    if said:
+        assert said in proc.stderr
+    assert _load(traces[0])["tracedx"]["active_steps_recorded"] == recorded
+
+
+@needs_torch
+def test_a_script_that_closes_stdout_keeps_its_trace(tmp_path, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    res = _inprocess(tmp_path, _loop("sys.stdout.close(); sys.exit(0)"))
+    assert res.exit_code == 0 and res.path.exists()  # the path line was lost, not the capture
+    assert "internal error" not in capsys.readouterr().err

@@ -160,3 +160,75 @@ def test_cpu_times_count_only_this_process_cpus():
     assert sum(one) < sum(source._cpu_times(mine)) or len(mine) == 1
     with pytest.raises(ValueError):
         source._cpu_times({10**6})  # a CPU /proc/stat does not list
+
+
+class _ShortWrites:
+    """A pipe end whose ``write`` takes at most 4 KiB per call (as an unbuffered pipe may)."""
+
+    def __init__(self, f):
+        self._f = f
+        self.calls = 0
+
+    def write(self, data):
+        self.calls += 1
+        return self._f.write(memoryview(data)[:4096])
+
+    def close(self):
+        self._f.close()
+
+
+def test_write_all_finishes_short_writes():
+    import io
+
+    class Short(io.RawIOBase):
+        def __init__(self):
+            self.got = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.got += bytes(b[:3])
+            return min(3, len(b))
+
+    f = Short()
+    parallel.write_all(f, b"0123456789" * 5)
+    assert bytes(f.got) == b"0123456789" * 5
+
+
+def test_worker_with_short_writes_equals_the_reference(forced_worker, monkeypatch):
+    popen = parallel.subprocess.Popen
+    pipes = []
+
+    def short_popen(*a, **k):
+        p = popen(*a, **k)
+        p.stdin = _ShortWrites(p.stdin)
+        pipes.append(p.stdin)
+        return p
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", short_popen)
+    handed = []
+    submit = parallel.Worker.submit
+
+    def counting(self, slot, payload):
+        handed.append(slot)
+        return submit(self, slot, payload)
+
+    monkeypatch.setattr(parallel.Worker, "submit", counting)
+    fast, chunks = _fast(SAMPLE)
+    assert handed and pipes and pipes[0].calls > 10 * len(handed)  # short writes happened
+    assert chunks > 1  # the worker's chunks were used, not the fallback
+    _same(_reference(SAMPLE), fast)
+
+
+def test_a_stuck_worker_times_out_to_the_one_process_reader(forced_worker, monkeypatch):
+    def stuck(self, slot, payload):  # the chunk never reaches the worker: no result comes
+        self.inflight.append(slot)
+
+    monkeypatch.setattr(parallel.Worker, "submit", stuck)
+    monkeypatch.setattr(parallel.Worker, "timeout_s", 0.5)
+    t0 = time.monotonic()
+    fast, chunks = _fast(SAMPLE)
+    assert time.monotonic() - t0 < 30
+    assert chunks == 1  # the reference path
+    _same(_reference(SAMPLE), fast)

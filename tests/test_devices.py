@@ -226,7 +226,7 @@ def test_bad_calibration_file_is_one_line_error(tmp_path, content, needle):
 
 
 def test_missing_calibration_file(tmp_path):
-    with pytest.raises(DeviceSpecError, match="cannot read calibration file"):
+    with pytest.raises(DeviceSpecError, match="no such file \\(the calibration file\\)"):
         resolve_device("NVIDIA H200", calibration=tmp_path / "absent.json")
 
 

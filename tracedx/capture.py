@@ -37,7 +37,6 @@ import gzip
 import json
 import os
 import runpy
-import shutil
 import signal
 import subprocess
 import sys
@@ -292,6 +291,13 @@ class _Session:
         self.written = False
         self._step_range = None
         self.errors: list[str] = []
+        self.owner_pid = os.getpid()  # only this process writes the trace (not a forked child)
+        self.user_profiler = False
+        self._mine: list = []
+
+    def own_profiler(self, prof) -> bool:
+        """Whether ``prof`` is one of the profilers this session made."""
+        return any(prof is p for p in self._mine)
 
     def _new_profiler(self):
         kwargs = dict(
@@ -304,10 +310,12 @@ class _Session:
         if cfg is not None:
             kwargs["experimental_config"] = cfg
         try:
-            return self.torch.profiler.profile(**kwargs)
+            prof = self.torch.profiler.profile(**kwargs)
         except TypeError:  # older torch without experimental_config
             kwargs.pop("experimental_config", None)
-            return self.torch.profiler.profile(**kwargs)
+            prof = self.torch.profiler.profile(**kwargs)
+        self._mine.append(prof)
+        return prof
 
     # -- phases --------------------------------------------------------------------------
     def start(self) -> None:
@@ -316,7 +324,9 @@ class _Session:
         self.fallback_recording = True
 
     def boundary(self) -> None:
-        """One step boundary: advance the phases."""
+        """One step boundary: advance the phases (in the process that started the profiler)."""
+        if os.getpid() != self.owner_pid:
+            return
         self.m += 1
         m, s = self.m, self.schedule
         start_active = s.start_active
@@ -393,8 +403,12 @@ class _Session:
         """Stop whatever runs and write what was collected. Returns which window was written.
 
         One of ``"active"`` (complete, already written), ``"partial"`` (the active window was
-        cut short), ``"fallback"`` (setup and first steps only), ``"none"``.
+        cut short), ``"fallback"`` (setup and first steps only), ``"none"``. In a process forked
+        from the one that started the profiler, nothing is written: ``"none"``.
         """
+        if os.getpid() != self.owner_pid:
+            self.written = True
+            return "none"
         if self.written:
             return "active" if self.active_done >= self.schedule.active else "none"
         if self.main is not None and self.main_recording:
@@ -435,13 +449,41 @@ def _torch_metadata(torch) -> dict:
     }
 
 
-def _insert_metadata(src: Path, dst_gz: Path, metadata: dict) -> None:
+# What the summary line counts, as Kineto writes it (``"ph": "X", "cat": "kernel"``), counted
+# in the bytes while they are copied (a trace of a gigabyte is never parsed for a count).
+_COUNTED = {
+    "events": b'"ph": "X"',
+    "kernels": b'"cat": "kernel"',
+    "steps": b'"name": "ProfilerStep#',
+}
+
+
+class _Counter:
+    """Counts the byte patterns of :data:`_COUNTED` in a stream fed piece by piece."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(_COUNTED, 0)
+        self._keep = max(len(v) for v in _COUNTED.values()) - 1
+        self._tail = b""
+
+    def feed(self, data: bytes) -> None:
+        buf = self._tail + data
+        for k, pat in _COUNTED.items():
+            # a match lying wholly in the kept tail was counted with the piece before
+            self.counts[k] += buf.count(pat) - self._tail.count(pat)
+        self._tail = buf[-self._keep :]
+
+
+def _insert_metadata(src: Path, dst_gz: Path, metadata: dict) -> dict:
     """Copy the chrome trace ``src`` into gzip ``dst_gz`` with ``"tracedx"`` as its first key.
 
     The events are copied byte for byte (torch's JSON is not re-serialised, so whatever it
-    wrote, even tokens a strict parser refuses, reaches the reader unchanged).
+    wrote, even tokens a strict parser refuses, reaches the reader unchanged). Returns the
+    counts of :data:`_COUNTED` (complete events, kernels, ProfilerStep ranges), counted in
+    the copied bytes.
     """
     meta = json.dumps(metadata, sort_keys=False)
+    counter = _Counter()
     with open(src, "rb") as f, gzip.open(dst_gz, "wb", compresslevel=6) as out:
         head = f.read(1 << 16)
         i = head.find(b"{")
@@ -452,28 +494,11 @@ def _insert_metadata(src: Path, dst_gz: Path, metadata: dict) -> None:
         out.write(head[: i + 1])
         out.write(b'\n  "tracedx": ' + meta.encode() + (b"" if empty else b","))
         out.write(rest)
-        shutil.copyfileobj(f, out, 1 << 20)
-
-
-def _count_events(path: Path) -> dict | None:
-    """Count events in a written trace (for the summary line); None when it cannot be parsed."""
-    try:
-        with gzip.open(path, "rb") as f:
-            data = json.loads(f.read())
-    except Exception:
-        return None
-    events = data.get("traceEvents") or []
-    counts = {"events": 0, "kernels": 0, "steps": 0}
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        counts["events"] += 1
-        cat = e.get("cat")
-        if cat == "kernel":
-            counts["kernels"] += 1
-        elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            counts["steps"] += 1
-    return counts
+        counter.feed(head)
+        while piece := f.read(1 << 20):
+            out.write(piece)
+            counter.feed(piece)
+    return counter.counts
 
 
 def _launcher_start() -> _dt.datetime | None:
@@ -537,6 +562,9 @@ def _distributed_env() -> dict | None:
     }
 
 
+_COUNTS: dict[Path, dict] = {}  # the counts of each trace written by this process
+
+
 def _export(prof, final: Path, metadata: dict) -> Path:
     """Export ``prof`` to ``final`` atomically: chrome JSON to a temp file, gzip, rename."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -545,8 +573,9 @@ def _export(prof, final: Path, metadata: dict) -> Path:
     tmp_gz = Path(tmp_json + ".gz")
     try:
         prof.export_chrome_trace(tmp_json)
-        _insert_metadata(Path(tmp_json), tmp_gz, metadata)
+        counts = _insert_metadata(Path(tmp_json), tmp_gz, metadata)
         os.replace(tmp_gz, final)
+        _COUNTS[final] = counts
     finally:
         for p in (Path(tmp_json), tmp_gz):
             with contextlib.suppress(FileNotFoundError):
@@ -560,7 +589,16 @@ def _export(prof, final: Path, metadata: dict) -> Path:
 
 
 class _Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so that ``finally`` blocks run."""
+    """Raised in the main thread on SIGTERM or SIGHUP (an ssh session dropping) so that
+    ``finally`` blocks run and the trace is written."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals that end the script like SIGTERM: the trace is still written.
+_END_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @contextlib.contextmanager
@@ -573,23 +611,24 @@ def _as_script(script: Path, args: Sequence[str]) -> Iterator[None]:
         sys.path[0] = script_dir
     else:  # pragma: no cover
         sys.path.insert(0, script_dir)
-    old_term = None
+    old_handlers: dict = {}
     if threading.current_thread() is threading.main_thread():
 
         def _on_term(signum, frame):
-            raise _Terminated()
+            raise _Terminated(signum)
 
-        with contextlib.suppress(ValueError, OSError):
-            old_term = signal.signal(signal.SIGTERM, _on_term)
+        for sig in _END_SIGNALS:
+            with contextlib.suppress(ValueError, OSError):
+                old_handlers[sig] = signal.signal(sig, _on_term)
     try:
         yield
     finally:
         sys.argv = old_argv
         if sys.path and old_path0 is not None:
             sys.path[0] = old_path0
-        if old_term is not None:
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(signal.SIGTERM, old_term)
+        for sig, old in old_handlers.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, old)
 
 
 def _exit_code(exc: BaseException | None) -> int:
@@ -605,7 +644,7 @@ def _exit_code(exc: BaseException | None) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return 130
     if isinstance(exc, _Terminated):
-        return 128 + signal.SIGTERM
+        return 128 + exc.signum
     return 1
 
 
@@ -616,7 +655,8 @@ def _show_script_error(exc: BaseException, script: Path) -> None:
             print(exc.code, file=sys.stderr)
         return
     if isinstance(exc, _Terminated):
-        print("tracedx: the script was terminated (SIGTERM)", file=sys.stderr)
+        name = signal.Signals(exc.signum).name
+        _print_err(f"tracedx: the script was terminated ({name}); the trace is kept")
         return
     tb = exc.__traceback__
     target = str(script.resolve())
@@ -649,10 +689,24 @@ def _prefix() -> str:
     return f"tracedx (rank {rank}):" if rank.isdigit() else "tracedx:"
 
 
+def _print_to(stream_name: str, text: str) -> None:
+    """One line on ``sys.stdout``/``sys.stderr``, escaped; a stream the script closed, or one on
+    a full disk, loses the line but never the capture (nor its exit status)."""
+    from tracedx.report.safe import term
+
+    stream = getattr(sys, stream_name)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(term(text, 4000), file=stream, flush=True)
+
+
+def _print_err(text: str) -> None:
+    _print_to("stderr", text)
+
+
 def _note(messages: list[str], text: str, quiet: bool = False) -> None:
     messages.append(text)
     if not quiet:
-        print(f"{_prefix()} {text}", file=sys.stderr, flush=True)
+        _print_err(f"{_prefix()} {text}")
 
 
 def capture_script(
@@ -715,7 +769,8 @@ def capture_script(
             path, args, time_unprofiled, schedule, marker, messages, quiet
         )
 
-    out = Path(out_dir)
+    # resolved now: a script that changes directory must not take the trace with it
+    out = Path(out_dir).expanduser().absolute()
     final = _unique_path(out, path.stem, dist["rank"] if dist else None)
     if not torch.cuda.is_available():
         _note(
@@ -750,27 +805,34 @@ def capture_script(
     markers_box.append(markers)
     if not quiet:
         kind = "CPU + CUDA" if session.cuda else "CPU"
-        print(
+        _print_err(
             f"{_prefix()} profiling {path} ({kind}); steps: wait {schedule.wait}, warm-up "
             f"{schedule.warmup}, active {schedule.active}; step markers: optimizer.step() or "
-            "tracedx.step()",
-            file=sys.stderr,
-            flush=True,
+            "tracedx.step()"
         )
     exc: BaseException | None = None
     window = "none"
-    with _markers_installed(markers):
+    with _markers_installed(markers), _guarded(session, quiet):
         session.start()
         try:
             exc = _run_script(path, args)
         finally:
-            try:
-                window = session.finish()
-            except BaseException as e:  # noqa: BLE001 - report, keep the script's status
-                session.errors.append(f"could not write the trace: {e}")
+            window = _finish_uninterrupted(session, quiet)
     code = _exit_code(exc)
+    if os.getpid() != session.owner_pid:
+        # A child the script forked, ending here: its parent writes the trace. It exits at
+        # once, as multiprocessing's children do: the profiler it inherited runs no thread in
+        # it, and stopping or destroying it at interpreter exit would hang.
+        if exc is not None:
+            _show_script_error(exc, path)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
     if exc is not None:
         _show_script_error(exc, path)
+    if session.user_profiler:
+        _note(messages, "the trace ends where the script started its own torch.profiler", quiet)
     for err in session.errors:
         _note(messages, err, quiet)
 
@@ -815,7 +877,7 @@ def capture_script(
 
     trace_path = written.get("path")
     if trace_path is not None and not quiet:
-        counts = _count_events(trace_path)
+        counts = _COUNTS.pop(trace_path, None)
         size = trace_path.stat().st_size / 1e6
         if counts is not None:
             detail = (
@@ -826,9 +888,9 @@ def capture_script(
                 _note(messages, "the trace holds no events", quiet)
         else:
             detail = f"{size:.2f} MB"
-        print(f"{_prefix()} wrote {trace_path} ({detail})", file=sys.stderr, flush=True)
+        _print_err(f"{_prefix()} wrote {trace_path} ({detail})")
     if trace_path is not None:
-        print(trace_path, flush=True)
+        _print_to("stdout", str(trace_path))
     return CaptureResult(
         path=trace_path,
         exit_code=code,
@@ -838,6 +900,69 @@ def capture_script(
         unprofiled=unprofiled,
         messages=messages,
     )
+
+
+def _finish_uninterrupted(session: _Session, quiet: bool) -> str:
+    """``session.finish()`` with Ctrl-C held off: a second Ctrl-C during a slow stop (torch
+    gathers and exports the events) must not lose the trace. Returns the window written."""
+    main = threading.current_thread() is threading.main_thread()
+    old = None
+    if main:
+
+        def _held(signum, frame):
+            _print_err("tracedx: still writing the trace; Ctrl-C is held until it is written")
+
+        with contextlib.suppress(ValueError, OSError):
+            old = signal.signal(signal.SIGINT, _held)
+    try:
+        return session.finish()
+    except BaseException as e:  # noqa: BLE001 - report, keep the script's status
+        reason = str(e) or type(e).__name__
+        session.errors.append(f"could not write the trace: {reason}")
+        return "none"
+    finally:
+        if old is not None:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _guarded(session: _Session, quiet: bool) -> Iterator[None]:
+    """While the script runs: a forked child never writes the parent's trace (only the process
+    that started the profiler does); ``os._exit`` in the parent first writes what was recorded;
+    a ``torch.profiler`` the script starts itself makes tracedx stop its own (two profilers at
+    once crash Kineto) and keep what it recorded so far."""
+    owner = os.getpid()
+    session.owner_pid = owner
+    real_exit = os._exit
+    torch = session.torch
+    prof_cls = torch.profiler.profile
+    real_start = prof_cls.start
+
+    def _exit(code=0):
+        if os.getpid() == owner and not session.written:
+            _print_err("tracedx: the script called os._exit: writing what was recorded first")
+            _finish_uninterrupted(session, quiet)
+        real_exit(code)
+
+    def _start(prof):
+        if os.getpid() == owner and not session.own_profiler(prof) and not session.written:
+            _print_err(
+                "tracedx: the script starts its own torch.profiler: tracedx stops its profiler "
+                "(two at once crash) and keeps what it recorded; the script's own trace is "
+                "written as the script says"
+            )
+            session.user_profiler = True
+            _finish_uninterrupted(session, quiet)
+        return real_start(prof)
+
+    os._exit = _exit
+    prof_cls.start = _start
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+        prof_cls.start = real_start
 
 
 # --------------------------------------------------------------------------------------------

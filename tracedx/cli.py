@@ -14,6 +14,15 @@ import click
 
 from tracedx import __version__
 from tracedx.errors import TraceError
+from tracedx.report.safe import term
+
+# The longest error line printed on stderr (a message quotes paths and bytes of the trace).
+_ERROR_CHARS = 1000
+
+
+def _say(message: str) -> None:
+    """One line on stderr, escaped (paths and trace text may hold control characters)."""
+    click.echo(term(message, _ERROR_CHARS), err=True)
 
 
 class _Group(click.Group):
@@ -23,7 +32,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except TraceError as e:
-            click.echo(f"tracedx: error: {e}", err=True)
+            _say(f"tracedx: error: {e}")
             ctx.exit(e.exit_code)
         except BrokenPipeError:
             # the reader of our output went away (`| head`): not an error of ours
@@ -31,19 +40,17 @@ class _Group(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             ctx.exit(0)
         except KeyboardInterrupt:
-            click.echo("tracedx: interrupted", err=True)
+            _say("tracedx: interrupted")
             ctx.exit(130)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
             if os.environ.get("TRACEDX_DEBUG"):
                 raise
-            msg = " ".join(str(e).split())
-            msg = msg if len(msg) <= 300 else msg[:299] + "…"
-            click.echo(
+            msg = term(" ".join(str(e).split()), 300)
+            _say(
                 f"tracedx: internal error: {type(e).__name__}: {msg} (a tracedx bug; please "
-                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)",
-                err=True,
+                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)"
             )
             ctx.exit(1)
 
@@ -98,7 +105,7 @@ def _analysis_options(f):
         ),
         click.option(
             "--calibration",
-            type=click.Path(dir_okay=False),
+            # checked by tracedx.files (one line, exit 2), not by click (a usage block)
             default=None,
             help="A file written by `tracedx calibrate` (preferred over the datasheet).",
         ),
@@ -121,8 +128,9 @@ def _spinner(message: str):
         yield None
         return
     from rich.console import Console
+    from rich.markup import escape
 
-    status = Console(stderr=True).status(message)
+    status = Console(stderr=True).status(escape(term(message, 200)))
     status.start()
     try:
         yield status
@@ -204,7 +212,7 @@ def diagnose(trace_paths, fmt, html_path, scheduler, summaries_dir, workers, qui
     click.echo(render(diag, fmt), nl=False)
     if html_path:
         _write_html(diag, html_path)
-        click.echo(f"wrote {html_path}", err=True)
+        _say(f"wrote {html_path}")
 
 
 def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
@@ -313,9 +321,9 @@ def capture(
         try:
             main(["diagnose", str(result.path)], standalone_mode=False)
         except TraceError as e:
-            click.echo(f"tracedx: error: {e}", err=True)
+            _say(f"tracedx: error: {e}")
         except Exception as e:  # diagnosis problems never hide the capture's own status
-            click.echo(f"tracedx: diagnose failed: {e}", err=True)
+            _say(f"tracedx: diagnose failed: {e}")
     click.get_current_context().exit(result.exit_code)
 
 
@@ -334,7 +342,7 @@ def calibrate(out_file, quick):
     from tracedx.calibrate import run_calibration
 
     run_calibration(out_file, quick=quick)
-    click.echo(out_file)
+    click.echo(term(out_file))
 
 
 @main.command()
@@ -354,9 +362,11 @@ def report(trace_path, out_path, **analysis):
     with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
         if status:
-            status.update(f"writing {out_path}")
+            from rich.markup import escape
+
+            status.update(escape(term(f"writing {out_path}", 200)))
         _write_html(diag, out_path)
-    click.echo(out_path)
+    click.echo(term(out_path))
 
 
 @main.command()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tracedx.errors import DeviceSpecError
+from tracedx.files import read_capped
 
 PEAK_KEYS = ("fp64", "fp64_tc", "fp32", "fp32_tc", "tf32", "bf16", "fp16", "fp8")
 """The peak keys a :class:`DeviceSpec` may carry (see the module docstring)."""
@@ -722,12 +723,20 @@ def get_device(name: str) -> DeviceSpec:
 _CAL_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
+# A calibration file is a few hundred bytes; anything this large is not one.
+_CALIBRATION_MAX_BYTES = 1 << 20
+# No device comes near these (an H200 is about 2,000 dense bf16 TFLOP/s and 4,800 GB/s): a
+# larger figure is a corrupt file, and would make every achieved fraction 0.
+_MAX_FIGURE = 1e7
+
+
 def _positive(v: object) -> bool:
+    """A positive finite figure below ``_MAX_FIGURE`` (TFLOP/s or GB/s)."""
     return (
         isinstance(v, (int, float))
         and not isinstance(v, bool)
         and math.isfinite(float(v))
-        and float(v) > 0
+        and 0 < float(v) < _MAX_FIGURE
     )
 
 
@@ -744,16 +753,23 @@ def load_calibration(path: str | Path) -> dict:
             positive finite number (one line naming the file and the key).
     """
     p = Path(path)
+    raw = read_capped(p, "calibration file", DeviceSpecError, _CALIBRATION_MAX_BYTES)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        utf16 = "; it looks like UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
         raise DeviceSpecError(
-            f"cannot read calibration file {str(p)!r}: {e.strerror or e}"
+            f"calibration file {str(p)!r} is not UTF-8 text (byte 0x{raw[e.start]:02X} at "
+            f"offset {e.start}{utf16})"
         ) from None
     try:
         data = json.loads(text)
     except ValueError as e:
         raise DeviceSpecError(f"calibration file {str(p)!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise DeviceSpecError(
+            f"calibration file {str(p)!r}: JSON nested too deeply to be a calibration file"
+        ) from None
     if not isinstance(data, dict):
         raise DeviceSpecError(f"calibration file {str(p)!r}: expected a JSON object")
     if data.get("schema") != CALIBRATION_SCHEMA:
@@ -764,7 +780,7 @@ def load_calibration(path: str | Path) -> dict:
     bw = data.get("copy_bandwidth_gbs")
     if bw is not None and not _positive(bw):
         raise DeviceSpecError(
-            f"calibration file {str(p)!r}: copy_bandwidth_gbs must be a positive number, got {bw!r}"
+            f"calibration file {str(p)!r}: copy_bandwidth_gbs must be a positive number below {_MAX_FIGURE:g}, got {bw!r}"
         )
     mm = data.get("matmul_tflops", {})
     if mm is None:
@@ -779,7 +795,8 @@ def load_calibration(path: str | Path) -> dict:
             )
         if v is not None and not _positive(v):
             raise DeviceSpecError(
-                f"calibration file {str(p)!r}: matmul_tflops.{k} must be a positive number, "
+                f"calibration file {str(p)!r}: matmul_tflops.{k} must be a positive number "
+                f"below {_MAX_FIGURE:g}, "
                 f"got {v!r}"
             )
     if bw is None and not any(v is not None for v in mm.values()):

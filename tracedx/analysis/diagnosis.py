@@ -332,6 +332,11 @@ def _fusable_chains(
     )
 
 
+# An op faster than this multiple of its roofline bound is not explained by the L2 cache
+# (which serves a few times the device memory bandwidth): the inputs of the figure are wrong.
+IMPOSSIBLE_ROOF_FRACTION = 10.0
+
+
 def diagnose(
     trace: Trace,
     *,
@@ -363,6 +368,11 @@ def diagnose(
         calibration=calibration,
     )
     notes: list[str] = []
+    if trace.metadata.get("device_mismatch") is not None and device is None:
+        notes.append(
+            f"deviceProperties lists no entry with id {trace.metadata['device_mismatch']}, the "
+            "GPU the kernels ran on: its peaks are unknown (give --device)"
+        )
     if trace.steps.height == 0:
         left_out = "; ".join(
             w.message for w in trace.warnings if w.kind in ("invalid_duration", "outlier_timestamp")
@@ -444,6 +454,14 @@ def diagnose(
         if over.height:
             worst = over.sort("bound_fraction", descending=True).row(0, named=True)
             per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
+            if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
+                notes.append(
+                    f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
+                    f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
+                    "explains that much; its kernel durations or its FLOP and byte counts (input "
+                    "shapes) are corrupt, and its roofline numbers are not to be trusted"
+                )
+        if over.height and worst["bound_fraction"] <= IMPOSSIBLE_ROOF_FRACTION:
             notes.append(
                 f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
                 f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
@@ -488,6 +506,9 @@ def diagnose(
         notes.append(
             "no fix estimates: this truncated trace's GPU timeline is incomplete (see the verdict)"
         )
+    elif trace.inconsistent_timestamps and found:
+        found = []
+        notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
     elif model is None and isinstance(unprof, dict) and unprof.get("median"):
         notes.append(
             f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
@@ -714,6 +735,8 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             "step's"
         )
         return None, None, ev
+    if trace.inconsistent_timestamps:
+        return None, None, [*ev, f"no verdict: {trace.inconsistent_timestamps}"]
     if model is None:
         return None, None, ["no GPU activity: no regime can be named from this trace"]
     idle = w["idle_fraction"].median()
@@ -750,6 +773,26 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             "host work": c["dataloader"] + c["host work"] + model.dataloader_us,
         }
         bott = max(cand, key=cand.get)
+        if cand[bott] <= 0:
+            return (
+                None,
+                None,
+                [
+                    *ev,
+                    "no bottleneck: no cause of the idle time has any evidence (no sync, launch, "
+                    "copy or host work measured in the idle gaps)",
+                ],
+            )
+        if bott == "kernel launch" and not (w["kernels"].median() or 0):
+            return (
+                None,
+                None,
+                [
+                    *ev,
+                    "no bottleneck: the median step runs no kernel, so its idle time cannot be "
+                    "kernel launch cost",
+                ],
+            )
         ev.append(
             "idle by cause (median per step): "
             + ", ".join(
@@ -867,6 +910,17 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
         ("bandwidth-bound", "host-device transfer"): hd_share,
     }
     (regime, bott), v = max(groups.items(), key=lambda kv: kv[1])
+    if v <= 0:
+        return (
+            None,
+            None,
+            [
+                *ev,
+                "no bottleneck: no kernel name is recognised as a GEMM, convolution, attention, "
+                "elementwise, reduction, normalization, copy or communication kernel (custom "
+                "extensions or another vendor's kernels?), so no kind holds any device time",
+            ],
+        )
     if bott == "tensor-core math" and _fp32_simt_share(trace, w, primary) >= 0.5:
         bott = "fp32 math"  # sgemm / SIMT kernels: the matrix units are not used
     ev.append(f"largest share of device time: {bott} ({v:.0%})")
@@ -1012,8 +1066,8 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
             gbs = float(pinned["bytes"].sum() / pinned["device_time_us"].sum() / 1e3)
             src = "pinned copies measured in this trace"
         else:
-            props = trace.metadata.get("device_properties") or [{}]
-            major = props[0].get("computeMajor", 0) if isinstance(props[0], dict) else 0
+            major = (trace.device_entry or {}).get("computeMajor", 0)
+            major = major if isinstance(major, int) else 0
             gbs, src = (
                 (50.0, "assumed: PCIe Gen5 x16, Hopper and later")
                 if (major or 0) >= 9

@@ -12,6 +12,7 @@ from typing import Any
 
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.report.json import _clean
+from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
 from tracedx.report.text import short_name
 
 SCHEMA = "tracedx.diff/1"
@@ -150,12 +151,12 @@ def _prediction_lines(d: dict) -> list[str]:
 
 def render_text(td) -> str:
     """The terminal report: the prediction check first, then the side-by-side tables."""
-    d = diff_dict(td)
+    d = safe_strings(diff_dict(td))
     b, a = d["before"], d["after"]
-    out = [f"tracedx diff · {b['path']} -> {a['path']}"]
-    dev = b["device_name"] or "unknown device"
+    out = [f"tracedx diff · {term(b['path'], HEADER_CHARS)} -> {term(a['path'], HEADER_CHARS)}"]
+    dev = term(b["device_name"] or "unknown device", HEADER_CHARS)
     if a["device_name"] and a["device_name"] != b["device_name"]:
-        dev += f" -> {a['device_name']}"
+        dev += f" -> {term(a['device_name'], HEADER_CHARS)}"
     out.append(f"{dev} · {len(b['steps'])} steps -> {len(a['steps'])} steps")
     out.append("")
     out += _prediction_lines(d)
@@ -222,26 +223,19 @@ def render_text(td) -> str:
     return "\n".join(out) + "\n"
 
 
-def _esc(s: str) -> str:
-    """Plain markdown text: table pipes and HTML-like tags escaped."""
-    return str(s).replace("|", "\\|").replace("<", "&lt;")
-
-
-def _code(s: str) -> str:
-    """An inline code span (no HTML escaping inside; pipes escaped for tables)."""
-    return "`" + str(s).replace("`", "'").replace("|", "\\|") + "`"
-
-
 def render_markdown(td) -> str:
     """Markdown for PRs and issues: the prediction check, then the side-by-side tables."""
-    d = diff_dict(td)
+    d = safe_strings(diff_dict(td))
     b, a = d["before"], d["after"]
     p = d["prediction"]
-    out = [f"# tracedx diff: {_code(b['path'])} -> {_code(a['path'])}", ""]
+    paths = (md_code(term(x["path"], HEADER_CHARS), table=False) for x in (b, a))
+    out = ["# tracedx diff: {} -> {}".format(*paths), ""]
     src = "given" if d["fix_source"] == "given" else "inferred"
-    out.append(f"**Applied fix: `{d['fix']}`** ({src})")
+    out.append(f"**Applied fix: {md_code(d['fix'], table=False)}** ({src})")
     out.append("")
-    out += [f"- {_esc(c['fix'])}{_weak(c)}: {_esc(c['evidence'])}" for c in d["candidates"][:3]]
+    out += [
+        f"- {md_text(c['fix'])}{_weak(c)}: {md_text(c['evidence'])}" for c in d["candidates"][:3]
+    ]
     out += ["", "| estimate | achieved (traced) | achieved (unprofiled) | est/achieved | verdict |"]
     out.append("|---|---|---|---|---|")
     rat = ", ".join(
@@ -256,7 +250,7 @@ def render_markdown(td) -> str:
         f"| {_x(p['estimated_speedup'])} | {_x(p['achieved_speedup_traced'])} | "
         f"{_x(p['achieved_speedup_unprofiled'])} | {rat or 'n/a'} | {p['verdict']} |"
     )
-    out += ["", f"Why: {_esc(p['explanation'])}", ""]
+    out += ["", f"Why: {md_text(p['explanation'])}", ""]
     out += ["## Side by side", "", "| metric | before | after | change |", "|---|---|---|---|"]
     for m in d["metrics"]:
         if m["before"] in (None, 0) and m["after"] in (None, 0):
@@ -266,14 +260,16 @@ def render_markdown(td) -> str:
             f"{_num(m['after'], m['unit'])} | {_chg(m)} |"
         )
     for k, v in d["verdicts"].items():
-        out.append(f"| {k} | {v['before'] or 'n/a'} | {v['after'] or 'n/a'} | |")
+        out.append(
+            f"| {md_text(k)} | {md_text(v['before'] or 'n/a')} | {md_text(v['after'] or 'n/a')} | |"
+        )
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
         for o in ops:
             out.append(
-                f"| {_code(o['name'][:60])} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
+                f"| {md_code(o['name'][:60])} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
                 f"{o['change_us'] / 1e3:+.3f} |"
             )
     kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
@@ -283,18 +279,22 @@ def render_markdown(td) -> str:
         for k in kc:
             us = k["after_us"] if k["status"] == "appeared" else k["before_us"]
             out.append(
-                f"| {_code(k['kernel'][:60])} | {k['kind']} | {k['status']} | "
+                f"| {md_code(k['kernel'][:60])} | {md_text(k['kind'])} | {k['status']} | "
                 f"{k['before_count']:.0f} -> {k['after_count']:.0f} | {us / 1e3:.3f} |"
             )
-    out += ["", f"## After: {(a['regime'] or 'no regime')}, bottleneck {a['bottleneck']}", ""]
+    out += [
+        "",
+        f"## After: {md_text(a['regime'] or 'no regime')}, bottleneck {md_text(a['bottleneck'])}",
+        "",
+    ]
     for f in d["new_findings"][:3]:
         out.append(
-            f"- `{f['fix']}`: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms ({_esc(f['title'])})"
+            f"- `{f['fix']}`: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms ({md_text(f['title'])})"
         )
     if not d["new_findings"]:
         out.append("- no further fix worth 5% or more")
     if d["notes"]:
-        out += ["", "## Notes", ""] + [f"- {_esc(n)}" for n in d["notes"]]
+        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in d["notes"]]
     return "\n".join(out) + "\n"
 
 

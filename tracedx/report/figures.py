@@ -78,6 +78,8 @@ ROOF_DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 HOVER_NAME_CHARS = 600
 """Longest name shown in a hover label (characters); longer names end with an ellipsis."""
 MAX_BARS_PER_ROW = 5000
+# Host threads (and GPU streams) drawn in the step timeline: the busiest ones.
+MAX_THREAD_ROWS = 32
 """Timeline rows keep at most this many events (the longest ones) to keep the page light."""
 TERA = 1e12
 """FLOP/s per TFLOP/s (the roofline's y axis is in FLOP/s)."""
@@ -546,33 +548,50 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
     ops = tr.ops.filter((pl.col("step") == step) & pl.col("parent_id").is_null())
     la = tr.launches.filter(pl.col("step") == step)
     sy = sync_calls(tr).filter(pl.col("step") == step)
-    tids = sorted(set(ops["tid"].to_list()) | set(la["tid"].to_list()))
+    # Each table is split by thread once (linear), and only the MAX_THREAD_ROWS threads with
+    # the most host time are drawn: a trace of 50,000 host threads cannot be 150,000 rows.
+    parts = {
+        label: df.partition_by("tid", as_dict=True) if df.height else {}
+        for label, df in (
+            ("ops", ops),
+            ("launches", la.filter(pl.col("api_kind") != "sync")),
+            ("syncs", sy),
+        )
+    }
+    busy: dict = {}
+    for df in (ops, la):
+        if df.height:
+            for tid, us in df.group_by("tid").agg(pl.col("duration_us").sum()).rows():
+                busy[tid] = busy.get(tid, 0.0) + (us or 0.0)
+    tids = sorted(busy, key=lambda t: (-busy[t], str(t)))
+    hidden = len(tids) - MAX_THREAD_ROWS
+    tids = sorted(tids[:MAX_THREAD_ROWS], key=str)
     for tid in tids:
-        for label, df, legend in (
-            ("ops", ops.filter(pl.col("tid") == tid), "host op"),
-            (
-                "launches",
-                la.filter((pl.col("tid") == tid) & (pl.col("api_kind") != "sync")),
-                "launch / runtime call",
-            ),
-            ("syncs", sy.filter(pl.col("tid") == tid), "blocking sync"),
+        for label, legend in (
+            ("ops", "host op"),
+            ("launches", "launch / runtime call"),
+            ("syncs", "blocking sync"),
         ):
-            if df.height:
+            df = parts[label].get((tid,))
+            if df is not None and df.height:
                 row = f"CPU {tid} {label}"
                 rows.append(row)
                 _bars(fig, rel(df), row, legend, HOST_COLORS[legend])
+    if hidden > 0:
+        title += f" ({MAX_THREAD_ROWS} busiest host threads of {hidden + MAX_THREAD_ROWS} drawn)"
     gpu = tr.gpu_activity().filter(pl.col("step") == step)
     if diag.primary_device is not None:
         gpu = gpu.filter(pl.col("device") == diag.primary_device)
     gpu = gpu.with_columns(
         _kind=pl.when(pl.col("kind") == "kernel").then(kind_expr("name")).otherwise("kind")
     )
-    for stream in sorted(gpu["stream"].drop_nulls().unique().to_list()):
+    by_stream = gpu.filter(pl.col("stream").is_not_null()).partition_by("stream", as_dict=True)
+    for (stream,) in sorted(by_stream)[:MAX_THREAD_ROWS]:
         row = f"GPU {diag.primary_device} stream {stream}"
         rows.append(row)
-        g = rel(gpu.filter(pl.col("stream") == stream))
-        for k in sorted(set(g["_kind"].to_list())):
-            _bars(fig, g.filter(pl.col("_kind") == k), row, k, _kind_color(k))
+        g = rel(by_stream[(stream,)])
+        for (k,), gk in sorted(g.partition_by("_kind", as_dict=True).items()):
+            _bars(fig, gk, row, k, _kind_color(k))
     gaps = diag.gaps.filter(pl.col("step") == step)
     if diag.primary_device is not None:
         gaps = gaps.filter(pl.col("device") == diag.primary_device)
@@ -630,7 +649,7 @@ def _bars(
     names = df["name"].to_list()
     s = df["s_ms"].to_list()
     d = df["d_ms"].to_list()
-    shown = legend not in {tr.name for tr in fig.data}
+    shown = legend not in {tr.name for tr in fig.data}  # rows are capped: a few hundred traces
     fig.add_trace(
         go.Bar(
             orientation="h",

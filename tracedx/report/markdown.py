@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from tracedx.report.json import diagnosis_dict
+from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
 from tracedx.report.text import _unplaced
 
 
-def _esc(s: str) -> str:
-    return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def render_markdown(diag) -> str:
-    d = diagnosis_dict(diag)
+    d = safe_strings(diagnosis_dict(diag))
     st = d["steps"]
-    out = [f"# tracedx diagnosis: `{_esc(d['trace']['path'])}`", ""]
+    out = [
+        f"# tracedx diagnosis: {md_code(term(d['trace']['path'], HEADER_CHARS), table=False)}",
+        "",
+    ]
     out.append(
-        f"**{(d['regime'] or 'no regime').upper()}**, bottleneck: **{d['bottleneck'] or 'n/a'}**"
+        f"**{md_text((d['regime'] or 'no regime').upper())}**, bottleneck: "
+        f"**{md_text(d['bottleneck'] or 'n/a')}**"
     )
     out.append("")
-    out += [f"- {_esc(e)}" for e in d["evidence"]]
+    out += [f"- {md_text(e)}" for e in d["evidence"]]
     out += ["", "| metric (median per step) | value |", "|---|---|"]
     for label, key in (
         ("step time (ms)", "step_time_ms"),
@@ -61,11 +62,11 @@ def render_markdown(diag) -> str:
                 return "-" if v is None else format(v, fmt)
 
             out.append(
-                f"| `{_esc(o['name'][:60])}` | {o['count']} | {o['device_time_ms']:.3f} | "
+                f"| {md_code(o['name'][:60])} | {o['count']} | {o['device_time_ms']:.3f} | "
                 f"{f(o['intensity'], '.1f')} | {f(o['achieved_tflops'], '.1f')} | {f(o['achieved_gbps'], '.0f')} | "
-                f"{f(o['bound_fraction'], '.0%')} | {o['regime'] or _unplaced(o)} |"
+                f"{f(o['bound_fraction'], '.0%')} | {md_text(o['regime'] or _unplaced(o))} |"
             )
     notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
     if notes:
-        out += ["", "## Notes", ""] + [f"- {_esc(n)}" for n in notes]
+        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in notes]
     return "\n".join(out) + "\n"

@@ -8,6 +8,7 @@ import polars as pl
 
 from tracedx.analysis.ops import HOST_DEVICE_COPY
 from tracedx.report.json import diagnosis_dict
+from tracedx.report.safe import HEADER_CHARS, safe_strings, term
 
 
 def _ms(v) -> str:
@@ -44,19 +45,19 @@ def short_name(name: str, width: int = 48) -> str:
 
 
 def render_text(diag) -> str:
-    d = diagnosis_dict(diag)
+    d = safe_strings(diagnosis_dict(diag))
     st = d["steps"]
     out: list[str] = []
     dev = d["trace"]["device"]
-    head = [d["trace"]["device_name"] or "unknown device"]
+    head = [term(d["trace"]["device_name"] or "unknown device", HEADER_CHARS)]
     if st["synthetic"]:
         head.append("no ProfilerStep markers: whole trace as one step")
     else:
         nums = st["numbers"]
         head.append(f"{st['count']} step{'s' if st['count'] != 1 else ''} ({nums[0]}..{nums[-1]})")
     if d["trace"]["pytorch_version"]:
-        head.append(f"PyTorch {d['trace']['pytorch_version']}")
-    out.append(f"tracedx · {d['trace']['path']}")
+        head.append(f"PyTorch {term(d['trace']['pytorch_version'], HEADER_CHARS)}")
+    out.append(f"tracedx · {term(d['trace']['path'], HEADER_CHARS)}")
     out.append(" · ".join(head))
     out.append("")
     if d["regime"]:
@@ -133,7 +134,7 @@ def render_text(diag) -> str:
             bf = dev["peak_tflops"].get("bf16")
             f32 = dev["peak_tflops"].get("fp32")
             bw = dev["bandwidth_gbs"]
-            ridge = f"  [{dev['name']}: {bw:.0f} GB/s"
+            ridge = f"  [{term(dev['name'], HEADER_CHARS)}: {bw:.0f} GB/s"
             if bf:
                 ridge += f"; ridge bf16 {bf * 1e3 / bw:.0f}"
             if f32:

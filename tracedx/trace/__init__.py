@@ -21,6 +21,7 @@ from tracedx.trace.link import (
     launch_table,
     link_gpu,
     link_launches_to_ops,
+    reused_external_ids,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, read_into
 from tracedx.trace.tables import COMM_SCHEMA, DataWarning, TableBuilder
@@ -128,6 +129,45 @@ class Trace:
         return any(r.startswith(TRUNCATED_NOTE) for r in self.metadata.get("repairs") or [])
 
     @property
+    def device_entry(self) -> dict | None:
+        """The ``deviceProperties`` entry of the GPU the kernels ran on: the one whose ``id`` is
+        the busiest device (most GPU events), else the first named entry (no GPU events). Matched
+        by id, never by position: a display GPU listed first, or entries out of id order, must
+        not give another GPU's peaks. None when no listed entry is that device (a note says so)."""
+        props = [
+            p
+            for p in self.metadata.get("device_properties") or []
+            if isinstance(p, dict) and isinstance(p.get("name"), str)
+        ]
+        busiest = self._busiest_device()
+        if busiest is not None and any(_as_int(p.get("id")) is not None for p in props):
+            for p in props:
+                if _as_int(p.get("id")) == busiest:
+                    return p
+            self.metadata["device_mismatch"] = busiest
+            return None
+        return props[0] if props else None
+
+    def _busiest_device(self) -> int | None:
+        counts: dict[int, int] = {}
+        for t in (self.kernels, self.memcpys, self.memsets):
+            if t.height:
+                for dev, n in t.group_by("device").len().rows():
+                    if dev is not None:
+                        counts[dev] = counts.get(dev, 0) + n
+        return max(counts, key=counts.get) if counts else None
+
+    @property
+    def inconsistent_timestamps(self) -> str | None:
+        """What makes the host and GPU timestamps inconsistent (a GPU clock far from the host's,
+        a GPU event seconds after its launch), or None: verdicts and estimates that rest on
+        the step windows are withheld then."""
+        for w in self.warnings:
+            if w.kind == INCONSISTENT_TIMESTAMPS:
+                return w.message
+        return None
+
+    @property
     def has_gpu_activity(self) -> bool:
         return (self.kernels.height + self.memcpys.height + self.memsets.height) > 0
 
@@ -170,14 +210,78 @@ class Trace:
 
     @property
     def device_name(self) -> str | None:
-        """The name of the first GPU in ``deviceProperties`` (or tracedx capture metadata)."""
-        props = self.metadata.get("device_properties") or []
-        for p in props:
-            if isinstance(p, dict) and isinstance(p.get("name"), str):
-                return p["name"]
+        """The name of the GPU the trace's kernels ran on (:attr:`device_entry`), else the one
+        tracedx capture recorded."""
+        entry = self.device_entry
+        if entry is not None:
+            return entry["name"]
+        if self.metadata.get("device_mismatch"):
+            return None
         cap = self.metadata.get("tracedx") or {}
         name = cap.get("gpu_name") if isinstance(cap, dict) else None
         return name if isinstance(name, str) else None
+
+
+# A GPU event that starts this far before its launch call means the GPU clock is off (CUPTI
+# and the host clock agree to a few microseconds on a sane trace).
+MAX_CLOCK_SKEW_US = 1_000.0
+# A GPU event that starts this long after its launch call was not queued that long: one
+# corrupt timestamp (500 s) would make a step of minutes.
+MAX_LAUNCH_LAG_US = 60e6
+INCONSISTENT_TIMESTAMPS = "inconsistent_timestamps"
+
+
+# A start time above this many microseconds is after the year 5000: it can only be ns.
+_NS_START = 1e17
+# With displayTimeUnit "ns", a median kernel of a millisecond or more (in us) is read as ns.
+_NS_MEDIAN_KERNEL = 1_000.0
+
+
+def _nanoseconds(doc, raw) -> str | None:
+    """Why the trace's times are nanoseconds (the evidence, for the note), or None.
+
+    The Chrome trace format's ``ts`` and ``dur`` are microseconds, and ``displayTimeUnit`` only
+    sets the viewer's display; some writers still write ns. Read as ns: start times that can
+    only be ns (over 1e17 us), or ``displayTimeUnit: "ns"`` with a median kernel of 1 ms or
+    more in us (a few microseconds is usual)."""
+    starts = [t["start_us"] for t in (raw.kernels, raw.ops, raw.launches) if t.height]
+    if not starts:
+        return None
+    med_start = float(pl.concat(starts).median())
+    if med_start > _NS_START:
+        return f"start times near {med_start:.3g}, which can only be ns"
+    unit = doc.displayTimeUnit if isinstance(doc.displayTimeUnit, str) else ""
+    if unit.lower() == "ns" and raw.kernels.height:
+        med_k = float(raw.kernels["duration_us"].median())
+        if med_k >= _NS_MEDIAN_KERNEL:
+            return f'displayTimeUnit "ns" and a median kernel of {med_k:,.0f} units'
+    return None
+
+
+def _scaled(raw, factor: float):
+    """``raw`` with every time column (start, duration, end) multiplied by ``factor``."""
+    import dataclasses
+
+    cols = ("start_us", "duration_us", "end_us")
+    out = {}
+    for f in dataclasses.fields(raw):
+        v = getattr(raw, f.name)
+        if isinstance(v, pl.DataFrame):
+            v = v.with_columns(pl.col(c) * factor for c in cols if c in v.columns)
+        out[f.name] = v
+    return dataclasses.replace(raw, **out)
+
+
+def _as_int(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():
+        return int(v)
+    return None
 
 
 def _metadata(doc, path: str, repairs: list[str]) -> dict[str, Any]:
@@ -223,10 +327,21 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     doc, repairs = read_into(p, builder, repair_mode=repair)
     raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
+    ns = _nanoseconds(doc, raw)
+    if ns:
+        raw = _scaled(raw, 1e-3)
+        warnings.append(
+            DataWarning(
+                "ns_timestamps",
+                1,
+                f"timestamps and durations are in nanoseconds ({ns}), not the microseconds of "
+                "the Chrome trace format: they were divided by 1000",
+            )
+        )
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
-    is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#\d+$")
+    is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
     step_ops = raw.ops.filter(is_step_op)
     # a copy of the op table only when there is something to take out
     ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op) if step_ops.height else raw.ops)
@@ -316,6 +431,16 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             ]
         ).sort("start_us")
     launches, _ = link_launches_to_ops(launches, ops)
+    reused = reused_external_ids(ops).len()
+    if reused:
+        warnings.append(
+            DataWarning(
+                "reused_external_id",
+                reused,
+                f"{reused} External id(s) are carried by more than one op: their launches go to "
+                "the op that holds them in time, so device time is not all put on one op",
+            )
+        )
     launches = assign_step(launches, steps, "start_us")
 
     launch_info = launch_table(launches, ops)
@@ -434,13 +559,35 @@ def _quality(
     zero = gpu.filter(pl.col("duration_us") == 0).height
     if zero:
         out.append(DataWarning("zero_duration", zero, f"{zero} GPU events have zero duration"))
-    early = gpu.filter(pl.col("start_us") < pl.col("launch_start_us")).height
+    lag = gpu.select(lag=pl.col("start_us") - pl.col("launch_start_us"))["lag"].drop_nulls()
+    early = int((lag < 0).sum())
+    worst_early = -float(lag.min()) if early else 0.0
+    late = lag.filter(lag > MAX_LAUNCH_LAG_US)
     if early:
         out.append(
             DataWarning(
                 "gpu_before_launch",
                 early,
-                f"{early} GPU events start before their launch call (host and GPU clocks disagree)",
+                f"{early} GPU events start before their launch call, by up to "
+                f"{worst_early / 1e3:.3f} ms (host and GPU clocks disagree)",
+            )
+        )
+    if worst_early > MAX_CLOCK_SKEW_US or late.len():
+        what = []
+        if worst_early > MAX_CLOCK_SKEW_US:
+            what.append(f"a GPU event starts {worst_early / 1e3:,.3f} ms before its launch call")
+        if late.len():
+            what.append(
+                f"{late.len()} GPU event(s) start up to {float(late.max()) / 1e6:,.3f} s after "
+                "their launch call"
+            )
+        out.append(
+            DataWarning(
+                INCONSISTENT_TIMESTAMPS,
+                early + late.len(),
+                "the host and GPU timestamps are inconsistent ("
+                + "; ".join(what)
+                + "): no verdict and no fix estimate rest on them",
             )
         )
     ov = (

@@ -16,7 +16,10 @@ import polars as pl
 
 from tracedx.trace.tables import DataWarning
 
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# A step number: ASCII digits only, at most 18 (within int64). Unicode or full-width digits,
+# or a longer number, are not a number torch.profiler writes: such a step is skipped, with a note.
+STEP_RE = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
+_STEP_NUMBER = r"^ProfilerStep#([0-9]{1,18})$"
 
 # Host API names -> kind. Matched case-sensitively on substrings, CUDA and HIP spellings.
 # First match wins. A host function (cudaLaunchHostFunc / cuLaunchHostFunc) runs on the host:
@@ -144,11 +147,23 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     are reported as data-quality warnings.
     """
     host = annotations.filter(pl.col("category") == "user_annotation")
-    st = (
-        host.with_columns(
-            step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)$", 1).cast(pl.Int64)
+    marked = host.filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    st = marked.with_columns(
+        step=pl.col("name").str.extract(_STEP_NUMBER, 1).cast(pl.Int64, strict=False)
+    )
+    bad = st.filter(pl.col("step").is_null())
+    if bad.height:
+        shown = ", ".join(repr(x) for x in bad["name"].unique(maintain_order=True).head(3))
+        warnings.append(
+            DataWarning(
+                "bad_step_number",
+                bad.height,
+                f"{bad.height} ProfilerStep annotation(s) without a step number of ASCII digits "
+                f"(at most 18) were skipped: {shown}",
+            )
         )
-        .filter(pl.col("step").is_not_null())
+    st = (
+        st.filter(pl.col("step").is_not_null())
         .select("step", "name", "pid", "tid", "start_us", "end_us", "duration_us")
         .sort("start_us")
     )
@@ -178,6 +193,18 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
             )
         )
         st = st.filter(~nested)
+    # Overlapping: a step that starts before the previous one ends (and ends after it).
+    over = (st["start_us"] - st["end_us"].shift(1)).fill_null(0)
+    if (over < 0).any():
+        k = int((over < 0).sum())
+        warnings.append(
+            DataWarning(
+                "overlapping_step",
+                k,
+                f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
+                f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
+            )
+        )
     return st.sort("start_us")
 
 
@@ -220,6 +247,15 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         .unique("external_id", keep="first")
     )
     launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
+    # An External id that several ops share (a corrupt or reused id) does not say which op
+    # launched: the op holding the launch in time does, else the first op of the id.
+    dup = reused_external_ids(ops)
+    launches = launches.with_columns(
+        __ext_first=pl.col("__ext_op"),
+        __ext_op=pl.when(pl.col("external_id").is_in(dup.implode()))
+        .then(None)
+        .otherwise(pl.col("__ext_op")),
+    )
     missing = launches.filter(pl.col("__ext_op").is_null())
     by_time = 0
     if missing.height and ops.height:
@@ -254,10 +290,19 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         by_time = int(np.count_nonzero(oid >= 0))
     else:
         launches = launches.with_columns(__time_op=pl.lit(None, pl.Int64))
-    launches = launches.with_columns(op_id=pl.coalesce("__ext_op", "__time_op")).drop(
-        "__ext_op", "__time_op", "__lrow"
-    )
+    launches = launches.with_columns(
+        op_id=pl.coalesce("__ext_op", "__time_op", "__ext_first")
+    ).drop("__ext_op", "__time_op", "__ext_first", "__lrow")
     return launches, by_time
+
+
+def reused_external_ids(ops: pl.DataFrame) -> pl.Series:
+    """External ids that more than one op carries (each op should have its own)."""
+    ext = ops.filter(pl.col("external_id").is_not_null())
+    if ext.height == 0:
+        return pl.Series("external_id", [], dtype=ops.schema.get("external_id", pl.Int64))
+    counts = ext.group_by("external_id").len()
+    return counts.filter(pl.col("len") > 1)["external_id"]
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:

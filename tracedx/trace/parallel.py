@@ -40,6 +40,22 @@ def _read_exact(f, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def write_all(f, data) -> None:
+    """Write every byte of ``data`` to ``f``: an unbuffered pipe's ``write`` may take only part
+    of it (a short write, returning how many bytes it took), and ``None`` means none for now.
+
+    Raises OSError from the pipe (the reader went away)."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = f.write(view)
+        if n is None:  # a non-blocking pipe that is full: wait for room
+            import select
+
+            select.select([], [f], [], 1.0)
+            continue
+        view = view[n:]
+
+
 def worker_main(spool: str) -> int:
     """The worker's loop: chunk in, columns out (a file in ``spool``), until stdin closes."""
     import gc
@@ -88,8 +104,13 @@ class Worker:
     """The parent's handle: :meth:`submit` chunks, :meth:`poll`/:meth:`wait` for their columns.
 
     Sending and receiving run in threads (pipe I/O releases the GIL), so the parent keeps
-    decoding its own chunks meanwhile. At most ``max_inflight`` chunks are out at once.
+    decoding its own chunks meanwhile. At most ``max_inflight`` chunks are out at once. A chunk
+    whose columns do not come back within ``timeout_s`` seconds (a worker stuck or starved)
+    raises :class:`WorkerError`, and the reader falls back to its one-process path.
     """
+
+    # A 16 MB chunk takes the worker about 0.1 to 0.3 s; a minute is a hang, not a slow core.
+    timeout_s = 60.0
 
     def __init__(self, max_inflight: int = 2) -> None:
         import tracedx
@@ -153,10 +174,11 @@ class Worker:
                 if payload is None:
                     f.close()
                     return
-                f.write(_HEADER.pack(len(payload)))
-                f.write(payload)
+                write_all(f, _HEADER.pack(len(payload)))
+                write_all(f, payload)
                 del payload
-        except Exception:  # the worker died: _receive reports it
+        except Exception as e:  # the worker died (or its pipe broke): the parent stops waiting
+            self._results.put(("dead", f"sending a chunk: {type(e).__name__}: {e}"))
             return
 
     # -- the parent's side ----------------------------------------------------------------------
@@ -164,8 +186,13 @@ class Worker:
         """One message from the worker: None when none is there (and not blocking)."""
         while True:
             try:
-                kind, value = self._results.get(block=block)
+                kind, value = self._results.get(
+                    block=block, timeout=self.timeout_s if block else None
+                )
             except queue.Empty:
+                if block:
+                    self.failed = f"no result from the worker in {self.timeout_s:g} s"
+                    raise WorkerError(self.failed) from None
                 return None
             if kind == "hello":
                 self.ready = True

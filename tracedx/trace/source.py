@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import gzip
 import json
 import os
 import queue
@@ -30,11 +29,13 @@ from typing import Protocol
 import msgspec
 
 from tracedx.errors import TraceFormatError
+from tracedx.files import regular_file
 from tracedx.trace.events import (
     COMM_MARKER,
     CommFastEvent,
     CommFastPart,
     CommTraceDocument,
+    Event,
     FastEvent,
     FastPart,
     TraceDocument,
@@ -77,45 +78,130 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
     A leading UTF-8 byte-order mark (Windows editors write one) is dropped. With
     ``repair_mode`` a cut gzip stream yields the JSON decompressed before the cut.
 
-    Raises TraceFormatError: missing file, directory, empty file, empty or truncated gzip.
+    Raises TraceFormatError: missing or not a regular file, empty file, empty or truncated
+    gzip, another compression format (named), a zero-filled file (stopped at the first run of
+    NULs, so a sparse or inflated one never fills memory).
     """
     p = Path(path)
-    if not p.exists():
-        raise TraceFormatError(f"{p}: no such file")
-    if p.is_dir():
-        raise TraceFormatError(f"{p}: is a directory, not a trace file")
+    regular_file(p, "trace", TraceFormatError)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise TraceFormatError(f"{p}: cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
+    check_format(p, raw[:8])
     if raw[:2] == _GZIP_MAGIC:
         raw = _gunzip(p, raw, repair_mode)
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (the gzip stream holds no data)")
-    elif not raw.strip():
-        raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
+    else:
+        cut = check_zeros(p, raw, 0, repair_mode)
+        raw = raw if cut is None else raw[:cut]
+        if not raw.strip():
+            raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
 
 
-def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
-    try:
-        return gzip.decompress(raw)
-    except EOFError:
-        # Say how much was recoverable: decompress what is there.
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            part = d.decompress(raw)
-        except zlib.error:
-            part = b""
-        if repair_mode and part.strip():
-            return part  # the JSON salvage then keeps the complete events
+# Magic bytes of formats a trace is sometimes packed in: named, instead of "invalid UTF-8".
+_PACKED = (
+    (b"BZh", "bz2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"PK\x03\x04", "zip", "unzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"7z\xbc\xaf\x27\x1c", "7z", "7z x"),
+    (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+)
+# A run of this many NUL bytes is no JSON: a file preallocated and never written.
+_ZEROS = b"\x00" * 4096
+
+
+def check_format(p: Path, head: bytes, inside_gzip: bool = False) -> None:
+    """Refuse a file packed in a format tracedx does not unpack, naming it (``head``: its
+    first bytes, or the first bytes inside the gzip stream). Raises TraceFormatError."""
+    if inside_gzip and head[:2] == _GZIP_MAGIC:
         raise TraceFormatError(
-            f"{p}: truncated gzip: the compressed stream ends early "
-            f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file was cut short"
-        ) from None
-    except (OSError, zlib.error) as e:
+            f"{p}: a gzip file inside a gzip file (compressed twice): run `gunzip -c {p.name} "
+            "| gunzip > trace.json` and read trace.json"
+        )
+    for magic, fmt, tool in _PACKED:
+        if head.startswith(magic):
+            where = "inside the gzip stream " if inside_gzip else ""
+            raise TraceFormatError(
+                f"{p}: {where}a {fmt}-compressed file, not JSON or gzip: unpack it first (`{tool}`)"
+            )
+
+
+class ZeroFilled(TraceFormatError):
+    """A long run of NUL bytes: the file was preallocated and never (or not fully) written."""
+
+    def __init__(self, message: str, at: int) -> None:
+        super().__init__(message)
+        self.at = at  # where the NULs start, in bytes of the (decompressed) JSON
+
+
+def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | None:
+    """Find the first long run of NUL bytes in ``data`` (JSON bytes from ``offset`` of the
+    decompressed document). Returns None when there is none; with ``repair_mode`` and bytes
+    before it, returns its index in ``data`` (the salvage keeps what came before).
+
+    Raises ZeroFilled (a TraceFormatError) saying the file is zero-filled."""
+    i = data.find(_ZEROS)
+    if i < 0:
+        return None
+    at = offset + i
+    if repair_mode and at > 0:
+        return i
+    what = "is zero-filled" if at == 0 else f"is zero-filled from byte {at:,} of its JSON"
+    hint = _HINT if at > 0 else ""
+    raise ZeroFilled(
+        f"{p}: the trace {what} (NUL bytes, not JSON): a trace file preallocated and never "
+        f"written, or cut by a crash{hint}",
+        at,
+    )
+
+
+# The gzip stream is inflated in pieces of this many bytes, each checked for NUL runs.
+_INFLATE_OUT = 16 << 20
+
+
+def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
+    """Inflate every gzip member of ``raw`` piece by piece (a bomb of NULs stops at its first
+    piece). Raises TraceFormatError: truncated (unless ``repair_mode`` keeps what was
+    inflated), corrupt, zero-filled, or another packed format inside."""
+    out: list[bytes] = []
+    size = 0
+    data = raw
+    try:
+        while True:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            buf = data
+            while buf and not d.eof:
+                piece = d.decompress(buf, _INFLATE_OUT)
+                buf = d.unconsumed_tail
+                if piece:
+                    if size == 0:
+                        check_format(p, piece[:8], inside_gzip=True)
+                    cut = check_zeros(p, piece, size, repair_mode)
+                    if cut is not None:  # repair: keep the JSON before the NULs
+                        return b"".join([*out, piece[:cut]])
+                    out.append(piece)
+                    size += len(piece)
+            if not d.eof:
+                part = b"".join(out)
+                if repair_mode and part.strip():
+                    return part  # the JSON salvage then keeps the complete events
+                raise TraceFormatError(
+                    f"{p}: truncated gzip: the compressed stream ends early "
+                    f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file "
+                    "was cut short"
+                )
+            data = d.unused_data
+            if not data.lstrip(b"\x00"):  # no further member (NUL padding after one is allowed)
+                return b"".join(out)
+            if data[:2] != _GZIP_MAGIC:
+                raise TraceFormatError(f"{p}: corrupt gzip data: bytes after the gzip stream")
+    except zlib.error as e:
         raise TraceFormatError(f"{p}: corrupt gzip data: {e}") from None
 
 
@@ -131,6 +217,7 @@ def _where(data: bytes, pos: int) -> str:
 
 
 _HINT = "; `--repair` loads what can be salvaged"
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # The start of the repair note for a file of which only the events before a break were kept.
 TRUNCATED_NOTE = "the JSON is truncated or broken"
 
@@ -147,6 +234,12 @@ def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
             )
     if pos < len(data) and data[pos] < 0x20:
         return f"{p}: raw control character U+{data[pos]:04X} inside a string at {where}{_HINT}"
+    sur = _LONE_SURROGATE.search(data, max(0, pos - 12), pos + 12)
+    if sur:
+        return (
+            f"{p}: lone surrogate escape `{sur.group().decode()}` at {_where(data, sur.start())}: "
+            f"JSON allows it, but it is no character (a writer cut a UTF-16 pair){_HINT}"
+        )
     bs = data.rfind(b"\\", max(0, pos - 2), pos + 1)
     if bs >= 0:
         esc = data[bs : bs + 2].decode("latin-1")
@@ -166,6 +259,11 @@ def decode(p: Path, data: bytes) -> TraceFile:
             ) from None
     try:
         doc = _with_comms(_DECODER, _COMM_DECODER, data).decode(data)
+    except RecursionError:
+        raise TraceFormatError(
+            f"{p}: the JSON is nested too deeply to be a trace (a value over {_DEPTH_NOTE} "
+            f"levels deep){_HINT}"
+        ) from None
     except msgspec.ValidationError as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace: {e}") from None
     except msgspec.DecodeError as e:
@@ -222,8 +320,20 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
 
     try:
         obj = json.loads(text, strict=False, parse_constant=_const)
+    except RecursionError:  # a value nested too deeply: read event by event, dropping it
+        obj, kept, whole, deep = _salvage_events(text, _const, p)
+        notes.append(
+            f"dropped {deep} value(s) nested too deeply (over {_DEPTH_NOTE} levels), with the "
+            "event or the top-level keys holding them"
+            + ("" if whole else f"; {TRUNCATED_NOTE}: kept the {kept} complete event(s)")
+        )
     except json.JSONDecodeError:
-        obj, kept, whole = _salvage_events(text, _const, p)
+        obj, kept, whole, deep = _salvage_events(text, _const, p)
+        if deep:
+            notes.append(
+                f"dropped {deep} value(s) nested too deeply (over {_DEPTH_NOTE} levels), with "
+                "the event or the top-level keys holding them"
+            )
         if whole:
             notes.append(
                 f"the JSON is broken after its event list: kept all {kept} event(s); keys "
@@ -236,30 +346,137 @@ def repair(p: Path, data: bytes) -> tuple[TraceFile, list[str]]:
             f"read {n_inf + n_nonfinite} non-finite number literal(s) (NaN/Infinity/inf) as null"
         )
     if isinstance(obj, dict):
-        # Drop non-dict events; keep the rest.
         evs = obj.get("traceEvents")
         if isinstance(evs, list):
-            obj["traceEvents"] = [e for e in evs if isinstance(e, dict)]
+            obj["traceEvents"] = _typed_events(evs, notes)
+    try:
+        encoded = msgspec.json.encode(obj)
+    except UnicodeEncodeError:  # a lone surrogate escape (valid JSON, not valid UTF-8)
+        obj, n_sur = _replace_surrogates(obj)
+        notes.append(f"replaced {n_sur} lone surrogate escape(s) (such as \\ud800) with U+FFFD")
+        encoded = msgspec.json.encode(obj)
     try:
         # Re-encode the repaired document so both paths share one typed decoder.
-        data = msgspec.json.encode(obj)
-        doc = _with_comms(_DECODER, _COMM_DECODER, data).decode(data)
+        doc = _with_comms(_DECODER, _COMM_DECODER, encoded).decode(encoded)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace even after repair: {e}") from None
+    except RecursionError:
+        raise TraceFormatError(
+            f"{p}: a top-level value is nested too deeply to read, even after repair"
+        ) from None
     return _as_tracefile(p, doc), notes
 
 
-def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[dict, int, bool]:
+# Python's json and msgspec refuse nesting deeper than about this (the interpreter's
+# recursion limit); no trace event nests more than a few levels.
+_DEPTH_NOTE = 900
+_EVENT_KEYS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "args", "id")
+_DECODER_EVENT = msgspec.json.Decoder(list[Event] | Event, strict=False)
+
+
+def _typed_events(evs: list, notes: list[str]) -> list:
+    """The events of a repaired document that the typed decoder accepts; the others (not an
+    object, or a field of the wrong type: ``args`` a string, ``ts`` a list...) are dropped
+    and counted in a note, by field."""
+    kept = [e for e in evs if isinstance(e, dict)]
+    dropped: dict[str, int] = {}
+    if len(kept) < len(evs):
+        dropped["not an object"] = len(evs) - len(kept)
+
+    def check(x, typ) -> None:  # the typed decoder's own check (Raw fields cannot be converted)
+        try:
+            msgspec.json.Decoder(typ, strict=False).decode(msgspec.json.encode(x))
+        except UnicodeEncodeError:  # lone surrogates: replaced later, the types are what matter
+            _DECODER_EVENT.decode(msgspec.json.encode(_replace_surrogates(x)[0]))
+
+    try:
+        check(kept, list[Event])
+        bad = False
+    except (msgspec.ValidationError, RecursionError):
+        bad = True
+    if bad:  # find which: one at a time
+        good = []
+        for e in kept:
+            try:
+                check(e, Event)
+                good.append(e)
+            except RecursionError:
+                dropped["nested too deeply"] = dropped.get("nested too deeply", 0) + 1
+            except msgspec.ValidationError as err:
+                m = re.search(r"at `\$\.(\w+)", str(err))
+                key = m.group(1) if m and m.group(1) in _EVENT_KEYS else "a field"
+                dropped[key] = dropped.get(key, 0) + 1
+        kept = good
+    if dropped:
+        n = sum(dropped.values())
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items()))
+        notes.append(f"dropped {n} event(s) of the wrong shape or field type ({detail})")
+    return kept
+
+
+def _replace_surrogates(x):
+    """``x`` with every lone surrogate in its strings replaced by U+FFFD; returns (x, count)."""
+    count = 0
+
+    def fix(v):
+        nonlocal count
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+                return v
+            except UnicodeEncodeError:
+                out = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+                count += sum(1 for c in v if 0xD800 <= ord(c) <= 0xDFFF)
+                return out
+        if isinstance(v, dict):
+            return {fix(k): fix(w) for k, w in v.items()}
+        if isinstance(v, list):
+            return [fix(w) for w in v]
+        return v
+
+    return fix(x), count
+
+
+def _skip_value(text: str, i: int) -> int:
+    """The index just after the JSON value starting at ``text[i]`` (an object or array too
+    deep for the decoder), found by counting brackets outside strings; ``len(text)`` when it
+    does not end."""
+    depth = 0
+    n = len(text)
+    in_str = False
+    while i < n:
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _salvage_events(
+    text: str, parse_constant, p: Path | None = None
+) -> tuple[dict, int, bool, int]:
     """Parse the complete events of a truncated trace, one at a time.
 
     Returns (document, events kept, whether the event list was read to its closing ``]``: the
-    break is after it, and no event was lost)."""
+    break is after it, and no event was lost; events dropped for nesting too deep)."""
     start = text.find('"traceEvents"')
     if start < 0:
         raise TraceFormatError(f"{p}: nothing to salvage: no `traceEvents` array before the break")
     i = text.find("[", start)
     dec = json.JSONDecoder(strict=False, parse_constant=parse_constant)
     events: list = []
+    deep = 0
     i += 1
     n = len(text)
     whole = False
@@ -273,6 +490,10 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
             ev, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             break
+        except RecursionError:
+            deep += 1
+            i = _skip_value(text, i)
+            continue
         events.append(ev)
     # Salvage top-level keys written before traceEvents (deviceProperties, versions).
     head: dict = {}
@@ -280,9 +501,11 @@ def _salvage_events(text: str, parse_constant, p: Path | None = None) -> tuple[d
         head = json.loads(text[:start].rstrip().rstrip(",") + "}", strict=False)
     except json.JSONDecodeError:
         head = {}
+    except RecursionError:  # a top-level key nested too deeply: the keys before the list go
+        head, deep = {}, deep + 1
     head = head if isinstance(head, dict) else {}
     head["traceEvents"] = events
-    return head, len(events), whole
+    return head, len(events), whole, deep
 
 
 def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFile, list[str]]:
@@ -364,13 +587,18 @@ def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
     :func:`read_document` (TraceFormatError, one line that says what and where).
     """
     p = Path(path)
+    regular_file(p, "trace", TraceFormatError)
     was_enabled = gc.isenabled()
     gc.disable()  # millions of new objects, none of them in cycles: the collector only costs
     try:
         try:
             return _read_fast(p, sink), []
-        except _NotFast:
+        except (_NotFast, OSError):  # an I/O error is said by the reference path
             pass
+        except ZeroFilled as e:
+            if not (repair_mode and e.at > 0):
+                raise
+            # the salvage reads the JSON before the NULs (bounded by them)
         sink.reset()
         doc, notes = read_document(p, repair_mode)
         events = doc.traceEvents or []
@@ -387,8 +615,11 @@ def _blocks(p: Path) -> Iterator[bytes]:
     with open(p, "rb") as f:
         magic = f.read(2)
         f.seek(0)
+        offset = 0
         if magic != _GZIP_MAGIC:
             while block := f.read(_READ_BYTES):
+                check_zeros(p, block, offset)
+                offset += len(block)
                 yield block
             return
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -398,6 +629,8 @@ def _blocks(p: Path) -> Iterator[bytes]:
                 raise _NotFast("truncated gzip stream")
             out = d.decompress(data, _READ_BYTES)
             if out:
+                check_zeros(p, out, offset)
+                offset += len(out)
                 yield out
         if d.unused_data or f.read(1):
             raise _NotFast("data after the gzip stream (several members?)")
@@ -418,6 +651,8 @@ class _Reader:
                 if not self._put(b):
                     return
             self._put(None)
+        except TraceFormatError as e:  # the reference path would say the same: say it now
+            self._put(e)
         except BaseException as e:  # handed to the consumer
             self._put(_NotFast(f"{type(e).__name__}: {e}"))
 
@@ -446,6 +681,20 @@ class _Reader:
                 self._q.get_nowait()
         except queue.Empty:
             pass
+
+
+# A block of whitespace only, holding a tab, CR or LF, is read as one LF: outside a string
+# they mean the same, and inside one a raw control character is invalid JSON either way, so
+# padding costs no memory. Blocks of spaces only (which a string may hold) are counted, and
+# more than this many of them with no event between is refused.
+_MAX_PADDING = 256 << 20
+
+
+def _squeeze(block):
+    """``block``, or one LF when it is whitespace holding a tab, CR or LF."""
+    if block.strip() or not (b"\n" in block or b"\r" in block or b"\t" in block):
+        return block
+    return b"\n"
 
 
 def _find_cut(buf: bytes, lo: int) -> int:
@@ -560,7 +809,7 @@ def _decode_part(payload: bytes, decoder, where: str):
         decoder = _COMM_PART if decoder is _FAST_PART else _COMM_LIST
     try:
         return decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise _NotFast(f"{where}: {e}") from None
 
 
@@ -573,7 +822,7 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
     try:
         if _json_size(p) >= PARALLEL_MIN_BYTES and _idle_cpu():
             worker = _start_worker()
-        doc = _read_chunks(reader, sink, worker)
+        doc = _read_chunks(reader, sink, worker, p)
         ok = True
         return doc
     finally:
@@ -582,7 +831,7 @@ def _read_fast(p: Path, sink: EventSink) -> TraceFile:
             worker.close(abandon=not ok)
 
 
-def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
+def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
     from tracedx.trace.parallel import WorkerError
 
     def collect(block: bool) -> None:
@@ -595,22 +844,39 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
 
     pending: list = []  # blocks (or the tail of one) not decoded yet
     size = 0
+    spaces = 0  # bytes of blocks of spaces only in pending
     head: FastPart | None = None
+    key_block = -1  # the index in pending of the block holding the traceEvents key
+    key_at = -1  # its offset in that block
     for block in reader:
+        block = _squeeze(block)
+        if not block.strip(b" "):
+            spaces += len(block)
         pending.append(block)
         size += len(block)
+        if head is None and key_block < 0:
+            # search only the new block, and the key's length across its start: linear time
+            i = block.find(_KEY)
+            if i < 0 and len(pending) > 1:
+                k = len(_KEY) - 1
+                if _KEY in bytes(pending[-2][-k:]) + bytes(block[:k]):
+                    pending[-2:] = [bytes(pending[-2]) + bytes(block)]  # once: the key is found
+                    i = pending[-1].find(_KEY)
+            if i >= 0:
+                key_block, key_at = len(pending) - 1, i
+            elif size > _KEY_SEARCH_LIMIT:
+                raise _NotFast("no traceEvents key near the start")
         if size < CHUNK_BYTES:
             continue
-        if head is None and len(pending) > 1:
-            pending = [b"".join(pending)]
+        if spaces > _MAX_PADDING:
+            raise TraceFormatError(
+                f"{p}: {spaces:,} bytes of spaces without an event between them (padding, or "
+                "a file filled to a preallocated size): not a trace tracedx reads"
+            )
+        if head is None and key_block < 0:
+            continue
         last = pending[-1]
-        lo = 0
-        if head is None:
-            lo = last.find(_KEY)
-            if lo < 0:
-                if size > _KEY_SEARCH_LIMIT:
-                    raise _NotFast("no traceEvents key near the start")
-                continue
+        lo = key_at if head is None and key_block == len(pending) - 1 else 0
         cut = _find_cut(last, lo)
         if cut < 0:
             continue
@@ -650,6 +916,7 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker) -> TraceFile:
         collect(False)
         pending = [memoryview(last)[cut:]]
         size = len(pending[0])
+        spaces = 0
     rest = b"".join(pending)
     del pending
     if head is None:  # one chunk: the whole document

@@ -286,7 +286,7 @@ _KINDS = (
 )
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _SKIP, _UNKNOWN, _CAT_NONE = 100, 101, 102
-_PH_X, _PH_M, _PH_NONE, _PH_OTHER = 0, 1, 2, 3
+_PH_X, _PH_M, _PH_NONE, _PH_OTHER, _PH_BE = 0, 1, 2, 3, 4
 
 _GET_PH = attrgetter("ph")
 _GET_CAT = attrgetter("cat")
@@ -305,7 +305,7 @@ def _cat_code(cat: str | None) -> int:
 
 
 def _ph_code(ph: str | None) -> int:
-    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE}.get(ph, _PH_OTHER)
+    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE, "B": _PH_BE, "E": _PH_BE}.get(ph, _PH_OTHER)
 
 
 def _codes(vals: list, cache: dict, fn) -> np.ndarray:
@@ -597,6 +597,8 @@ class ChunkColumns:
     unknown: dict[str, int]
     process_names: dict[Any, str]
     thread_names: dict[tuple[Any, Any], str]
+    # B/E (begin/end) duration events: not read (torch.profiler writes complete X events)
+    begin_end: int = 0
 
 
 class Converter:
@@ -622,6 +624,7 @@ class Converter:
         kind = _codes(cats, self._cat_cache, _cat_code)
         for i in np.flatnonzero(ph == _PH_M).tolist():
             _metadata(evs[i], out)
+        out.begin_end += int(np.count_nonzero(ph == _PH_BE))
         mem = [
             e
             for i in np.flatnonzero(ph == _PH_OTHER).tolist()
@@ -801,6 +804,7 @@ class TableBuilder:
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.unknown: dict[str, int] = {}
         self.invalid: dict[str, int] = {}
+        begin_end = 0
         for c in self._chunks:
             if c is None:
                 raise RuntimeError("a reserved chunk was never filled")
@@ -816,6 +820,7 @@ class TableBuilder:
                 self.unknown[k] = self.unknown.get(k, 0) + v
             self.process_names.update(c.process_names)
             self.thread_names.update(c.thread_names)
+            begin_end += c.begin_end
         self._chunks = []
         frames: dict[str, pl.DataFrame | None] = {
             k: (pl.concat(v, how="vertical", rechunk=True) if len(v) > 1 else v[0]) if v else None
@@ -860,6 +865,56 @@ class TableBuilder:
                     f"({detail}): the trace is partly corrupt",
                 )
             )
+        # A copy or memset of negative size (a corrupt or overflowed count) has no bandwidth.
+        neg = 0
+        for k in ("memcpy", "memset"):
+            f = frames.get(k)
+            if f is not None and f.height:
+                bad = f["bytes"] < 0
+                if bad.any():
+                    neg += int(bad.sum())
+                    frames[k] = f.with_columns(
+                        bytes=pl.when(pl.col("bytes") < 0).then(None).otherwise(pl.col("bytes"))
+                    )
+        if neg:
+            warnings.append(
+                DataWarning(
+                    "negative_bytes",
+                    neg,
+                    f"{neg} copy or memset event(s) have a negative byte count: their bytes and "
+                    "bandwidth are left out",
+                )
+            )
+        # Durations no real event has: over a day, or over twice the span of the trace's start
+        # times plus a second (an unsigned end-minus-start underflow writes 2^64 ns).
+        # (the comm side table describes events of the other tables: they decide for it)
+        all_ts = [
+            f["start_us"].to_numpy()
+            for k, f in frames.items()
+            if f is not None and f.height and k != "comm"
+        ]
+        if all_ts:
+            ts = np.concatenate(all_ts)
+            limit = min(MAX_DURATION_US, 2 * float(ts.max() - ts.min()) + 1e6)
+            long: dict[str, int] = {}
+            for k, f in frames.items():
+                if f is None or k == "comm" or "duration_us" not in f.columns:
+                    continue
+                keep = f.filter(pl.col("duration_us") <= limit)
+                if keep.height != f.height:
+                    long[k] = f.height - keep.height
+                    frames[k] = keep
+            if long:
+                n = sum(long.values())
+                detail = ", ".join(f"{v} {k}" for k, v in sorted(long.items()))
+                warnings.append(
+                    DataWarning(
+                        "impossible_duration",
+                        n,
+                        f"{n} event(s) last longer than the trace or than a day (over "
+                        f"{limit / 1e6:,.3f} s) and were left out ({detail}): corrupt durations",
+                    )
+                )
         if self.invalid:
             n = sum(self.invalid.values())
             detail = ", ".join(f"{v} {k}" for k, v in sorted(self.invalid.items()))
@@ -868,6 +923,16 @@ class TableBuilder:
                     "invalid_duration",
                     n,
                     f"{n} event(s) with a negative or missing duration/timestamp left out ({detail})",
+                )
+            )
+        if begin_end:
+            warnings.append(
+                DataWarning(
+                    "begin_end_unused",
+                    begin_end,
+                    f"{begin_end} B/E (begin/end) duration event(s) were not used: tracedx reads "
+                    "complete (X) events, as torch.profiler writes them; steps, ops or kernels "
+                    "written as B/E pairs are missing from this analysis",
                 )
             )
         if self.unknown:
@@ -930,6 +995,9 @@ class TableBuilder:
         if codes.len() == 0:
             return pl.Series(col, [], dtype=values.dtype)
         return values.gather(codes).alias(col)
+
+
+MAX_DURATION_US = 86_400e6  # a day
 
 
 def _outlier_cutoff(ts: np.ndarray) -> float | None:
