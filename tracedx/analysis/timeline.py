@@ -111,8 +111,10 @@ def step_windows(trace: Trace) -> pl.DataFrame:
 
     Columns: step, device, cpu_start_us, cpu_end_us, cpu_time_us, gpu_start_us, gpu_end_us,
     gpu_window_us, window_start_us, window_end_us, overlap_prev_us (what the previous step
-    already counted of this step's longer window), step_time_us, gpu_busy_us, idle_us, idle_fraction, kernels, memcpys,
-    memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
+    already counted of this step's longer window), step_time_us, gpu_busy_us (the union of the
+    GPU events the step launched: it can run past the window, and sums over steps to the busy
+    time of the analysed steps), idle_us (the device idle inside the window, whichever step's
+    events cover the rest: what the idle causes split), idle_fraction, kernels, memcpys, memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
     pageable memcpys included: :func:`sync_calls`). A trace without GPU activity gets device null
     and null GPU columns (never "100 % idle").
     """
@@ -220,8 +222,13 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             en_ = np.concatenate([en_, _arr(orphans, "end_us")[keep]])
             owner = np.concatenate([owner, k[keep]])
         busy = owned_union(st_, en_, owner, s.height)
+        # The device's idle time inside each window (what the idle causes split): the window
+        # less the part any GPU event covers, whichever step launched it.
+        ms, me = union(_arr(g, "start_us"), _arr(g, "end_us"))
+        idle = (ends - starts) - overlap(ms, me, starts, ends) if s.height else np.empty(0)
         s = s.with_columns(
             gpu_busy_us=pl.Series(busy).cast(pl.Float64),
+            _idle_us=pl.Series(idle, dtype=pl.Float64),
             # how much of the step's own (CPU or GPU) window the previous step already counted
             overlap_prev_us=(pl.col("window_start_us") - pl.col("chosen_start_us")).clip(
                 lower_bound=0.0
@@ -242,8 +249,11 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             memcpy_us=pl.col("memcpy_us").fill_null(0.0),
         )
         .with_columns(
-            idle_us=(pl.col("step_time_us") - pl.col("gpu_busy_us")).clip(lower_bound=0.0),
+            idle_us=pl.col("_idle_us").clip(lower_bound=0.0)
+            if has_gpu
+            else pl.lit(None, pl.Float64),
         )
+        .drop("_idle_us")
         .with_columns(
             idle_fraction=pl.when(pl.col("step_time_us") > 0).then(
                 pl.col("idle_us") / pl.col("step_time_us")
