@@ -499,3 +499,25 @@ def test_device_table_links_per_direction():
     assert h.link_gbs(intra_host=False) == (None, None)  # the network: not in the table
     assert DEVICES["l4"].link_gbs() == (32.0, "PCIe")  # no NVLink: PCIe Gen4 x16
     assert "datasheet" in h.sources["gpu_link_gbs"]
+
+
+def test_comm_alone_is_the_union_of_concurrent_transfers():
+    """Two all-reduces run at once on each rank (gloo's two worker threads, or two NCCL
+    streams): A at [1000, 1400], B at [1100, 1500], the same on both ranks, so waits are 0 and
+    tau = duration. Summed tau would be 400 + 400 = 800; the union is [1000, 1500] = 500."""
+    ss = []
+    for r in (0, 1):
+        st = [sb.step(k, start=k * 5000.0, time=1600, compute=1000, comm=500) for k in range(3)]
+        cl = []
+        for k in range(3):
+            t0 = k * 5000.0
+            cl.append(sb.coll(k, t0 + 1000, 400, seq=2 * k, ordinal=0))
+            cl.append(sb.coll(k, t0 + 1100, 400, seq=2 * k + 1, ordinal=1))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    assert jd.steps["transfer_us"].to_list() == [500.0] * 6
+    assert jd.typical["transfer_us"] == 500.0
+    f = {x.fix: x for x in jd.findings}["overlap-communication"]
+    # H = X - E = 500 - 0; T' = max(1600 - 500, 1000, 500) = 1100
+    assert "0.500 ms)" in f.derivation
+    assert f.estimated_speedup == pytest.approx(1600 / 1100)

@@ -12,8 +12,9 @@ speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
   ``T' = T - G``, s = inf.
 - ``overlap-communication`` (4.6, 2) acts on exposed *transfer* only, never on waiting:
   ``H = median_r (X - E)``; the new step cannot beat compute alone nor communication alone:
-  ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its summed transfer
-  time (``sum_c tau_c``) per step.
+  ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its communication
+  alone per step: the union of its kernels' transfer parts ``[end - tau_c, end]`` (collectives
+  running concurrently count once).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def overlap_communication(
     """Hide the exposed transfer under compute (bucketing, FSDP prefetch, async TP).
 
     ``hideable_us`` H (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
-    summed transfer time), ``wait_us`` (median exposed wait, which this fix cannot remove).
+    rank's union of transfer parts), ``wait_us`` (median exposed wait, which this fix cannot remove).
     """
     if hideable_us <= 0 or t_us <= 0:
         return None

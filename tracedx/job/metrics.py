@@ -21,6 +21,8 @@ Per rank r and step k (``Comp`` = merged compute kernels, ``Comm`` = merged comm
 - wait intervals: the first ``w`` us of each of the rank's comm kernels; exposed wait
   ``E = |wait intervals minus Comp|``, from each kernel's ``free_us`` segments (its parts not
   covered by compute), unioned over the rank's kernels of the step;
+- communication alone ``M = |union of [end - tau_c, end]|`` over the rank's kernels (concurrent
+  collectives count once);
 - exposed transfer ``X - E``; overlap ratio ``|Comp ∩ Comm| / |Comm|`` (HolisticTraceAnalysis's
   ``comp_comm_overlap_pctg`` / 100);
 - POP load balance ``LB = mean_r U_r / max_r U_r`` with ``U = |Comp|`` (POP Centre of
@@ -169,13 +171,28 @@ def _device(summaries: list):
     return spec
 
 
-def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step): ``exposed_wait_us`` = |union over the rank's kernels of (their first w
-    us minus compute)|, from each kernel's free segments (offsets from its start).
+def union_length(seg: pl.DataFrame, by: list[str], name: str) -> pl.DataFrame:
+    """Per ``by`` group, the length of the union of the intervals ``[a, b]`` of ``seg``.
 
     The union of intervals sorted by start is ``sum_i max(0, b_i - max(a_i, M_{i-1}))`` with
     ``M_{i-1}`` the largest end before i (vectorised per group).
     """
+    seg = seg.filter(pl.col("b") > pl.col("a")).sort(*by, "a", "b")
+    prev = pl.col("b").cum_max().shift(1).over(by)
+    return (
+        seg.with_columns(
+            _len=(pl.col("b") - pl.max_horizontal("a", prev.fill_null(float("-inf")))).clip(
+                lower_bound=0.0
+            )
+        )
+        .group_by(by)
+        .agg(pl.col("_len").sum().alias(name))
+    )
+
+
+def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): ``exposed_wait_us`` = |union over the rank's kernels of (their first w
+    us minus compute)|, from each kernel's free segments (offsets from its start)."""
     seg = (
         usable.filter(pl.col("wait_us") > 0)
         .select("rank", "step", "start_us", "wait_us", "free_us")
@@ -186,19 +203,21 @@ def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
             b=pl.col("start_us")
             + pl.min_horizontal(pl.col("free_us").struct.field("end_us"), pl.col("wait_us")),
         )
-        .filter(pl.col("b") > pl.col("a"))
-        .sort("rank", "step", "a", "b")
     )
-    prev = pl.col("b").cum_max().shift(1).over("rank", "step")
-    return (
-        seg.with_columns(
-            _len=(pl.col("b") - pl.max_horizontal("a", prev.fill_null(float("-inf")))).clip(
-                lower_bound=0.0
-            )
-        )
-        .group_by("rank", "step")
-        .agg(exposed_wait_us=pl.col("_len").sum())
+    return union_length(seg, ["rank", "step"], "exposed_wait_us")
+
+
+def transfer_union(usable: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): ``transfer_us`` (communication alone, M) = |union over the rank's
+    usable kernels of their transfer part ``[end - tau, end]``|: collectives that run at the same
+    time (gloo's worker threads, NCCL on several streams) count once."""
+    seg = usable.select(
+        "rank",
+        "step",
+        a=pl.col("end_us") - (pl.col("duration_us") - pl.col("wait_us")),
+        b=pl.col("end_us"),
     )
+    return union_length(seg, ["rank", "step"], "transfer_us")
 
 
 STEP_COLUMNS = (
@@ -226,8 +245,9 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
     Columns (us unless named): ``rank``, ``step``, ``step_time_us``, ``compute_us`` (U),
     ``comm_us``, ``comm_overlap_us``, ``exposed_comm_us`` (X), ``exposed_wait_us`` (E),
     ``exposed_transfer_us`` (X - E, at least 0), ``overlap_ratio`` (null without
-    communication), ``wait_us`` (sum of the rank's waits), ``transfer_us`` (sum of the
-    transfer times of its collectives: communication alone, M), ``last_arrivals``,
+    communication), ``wait_us`` (sum of the rank's waits), ``transfer_us`` (communication
+    alone, M: the union of its kernels' transfer parts ``[end - tau, end]``, so concurrent
+    collectives count once), ``last_arrivals``,
     ``collectives`` (matched, usable), the ``idle_*`` columns of the summary.
     E and X - E are null where the rank-step has communication but no usable matched
     collective (waiting cannot be split from one rank's trace).
@@ -238,10 +258,10 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
         usable.group_by("rank", "step")
         .agg(
             wait_us=pl.col("wait_us").sum(),
-            transfer_us=(pl.col("duration_us") - pl.col("wait_us")).sum(),
             last_arrivals=pl.col("last").sum().cast(pl.Int64),
             collectives=pl.len().cast(pl.Int64),
         )
+        .join(transfer_union(usable), on=["rank", "step"], how="left")
         .join(exposed_wait(usable), on=["rank", "step"], how="left")
         .with_columns(pl.col("exposed_wait_us").fill_null(0.0))
     )
