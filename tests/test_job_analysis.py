@@ -521,3 +521,29 @@ def test_comm_alone_is_the_union_of_concurrent_transfers():
     # H = X - E = 500 - 0; T' = max(1600 - 500, 1000, 500) = 1100
     assert "0.500 ms)" in f.derivation
     assert f.estimated_speedup == pytest.approx(1600 / 1100)
+
+
+def test_exposed_transfer_splits_only_fully_matched_collectives():
+    """Per step, on both ranks: all-reduce A at [1000, 1300] (matched, waits 0, tau 300), then
+    collective B at [1300, 1800] whose type differs between the ranks (type mismatch). No
+    compute under either: X = 800. B's 500 us mix waiting and transfer: not split, so exposed
+    transfer = 800 - 0 - 500 = 300 (never above M = 300), exposed unsplit = 500."""
+    ss = []
+    for r in (0, 1):
+        st = [sb.step(k, start=k * 5000.0, time=2000, compute=1000, comm=800) for k in range(3)]
+        cl = []
+        for k in range(3):
+            t0 = k * 5000.0
+            cl.append(sb.coll(k, t0 + 1000, 300, seq=2 * k))
+            ctype = "all_reduce" if r == 0 else "all_gather"
+            cl.append(sb.coll(k, t0 + 1300, 500, seq=2 * k + 1, ctype=ctype, ordinal=1))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    assert jd.steps["exposed_transfer_us"].to_list() == [300.0] * 6
+    assert jd.steps["exposed_unsplit_us"].to_list() == [500.0] * 6
+    assert jd.typical["exposed_transfer_us"] == 300.0 == jd.typical["transfer_us"]
+    assert jd.typical["exposed_unsplit_us"] == 500.0
+    f = {x.fix: x for x in jd.findings}["overlap-communication"]
+    # H = 300; T' = max(2000 - 300, 1000, 300) = 1700
+    assert f.estimated_speedup == pytest.approx(2000 / 1700)
+    assert any("3 collectives could not be split" in e and "0.500 ms" in e for e in f.evidence)

@@ -69,8 +69,9 @@ class JobDiagnosis:
     Tables (polars; times in us):
         ranks: one row per rank: ``rank``, ``host``, ``device_name``, ``steps``, medians over
             its steps of ``step_time_us``, ``compute_us``, ``comm_us``, ``exposed_comm_us``,
-            ``exposed_wait_us``, ``exposed_transfer_us``, ``overlap_ratio``, ``idle_us``,
-            ``transfer_us``; totals ``wait_us``, ``collectives``, ``last_arrivals``; its
+            ``exposed_wait_us``, ``exposed_transfer_us``, ``exposed_unsplit_us``, ``overlap_ratio``,
+            ``idle_us``, ``transfer_us``; totals ``wait_us``, ``collectives``, ``unsplit``,
+            ``last_arrivals``; its
             verdict ``regime``, ``bottleneck`` and the one-rank ``single_rank_regime``,
             ``single_rank_bottleneck``.
         steps: one row per (rank, step) (:func:`tracedx.job.metrics.rank_step_metrics`).
@@ -82,7 +83,8 @@ class JobDiagnosis:
     Verdict: ``regime``, ``bottleneck``, ``evidence``; ``straggler`` (None or
     :class:`~tracedx.job.straggler.Straggler`); ``findings`` (best first); ``notes``.
     ``typical``: the typical rank's step (us): ``step_us`` (T), ``compute_us`` (U),
-    ``exposed_wait_us`` (E), ``exposed_transfer_us``, ``idle_us``, ``transfer_us`` (M),
+    ``exposed_wait_us`` (E), ``exposed_transfer_us``, ``exposed_unsplit_us`` (exposed time of
+    collectives not fully matched: not split), ``idle_us``, ``transfer_us`` (M),
     ``load_balance``, ``communication_efficiency``, ``parallel_efficiency``.
     """
 
@@ -193,6 +195,7 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
         "exposed_comm_us",
         "exposed_wait_us",
         "exposed_transfer_us",
+        "exposed_unsplit_us",
         "overlap_ratio",
         "idle_us",
         "transfer_us",
@@ -205,6 +208,7 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
             *[pl.col(c).drop_nulls().median() for c in have],
             pl.col("wait_us").sum(),
             pl.col("collectives").sum(),
+            pl.col("unsplit").sum(),
             pl.col("last_arrivals").sum(),
         )
         .sort("rank")
@@ -261,7 +265,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         return _med(ranks[c].to_list()) if c in ranks.columns else None
 
     U, E, X = typ("compute_us"), typ("exposed_wait_us"), typ("exposed_transfer_us")
-    idle, M = typ("idle_us"), typ("transfer_us")
+    idle, M, Z = typ("idle_us"), typ("transfer_us"), typ("exposed_unsplit_us")
     us = [u for u in (ranks["compute_us"].to_list() if "compute_us" in ranks.columns else [])]
     lb = load_balance(us)
     umax = max((u for u in us if u is not None), default=None)
@@ -270,6 +274,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         "compute_us": U,
         "exposed_wait_us": E,
         "exposed_transfer_us": X,
+        "exposed_unsplit_us": Z,
         "idle_us": idle,
         "transfer_us": M,
         "load_balance": lb,
@@ -300,7 +305,10 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         if f:
             found.append(f)
     if T and X:
-        f = jf.overlap_communication(T, X, U or 0.0, M or 0.0, E or 0.0)
+        n_unsplit = int(colls.filter(pl.col("status") != "ok").height) if colls.height else 0
+        f = jf.overlap_communication(
+            T, X, U or 0.0, M or 0.0, E or 0.0, unsplit=n_unsplit, unsplit_us=Z or 0.0
+        )
         if f:
             found.append(f)
     found.sort(key=lambda f: -f.estimated_speedup)

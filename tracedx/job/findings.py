@@ -76,12 +76,21 @@ def balance_ranks(
 
 
 def overlap_communication(
-    t_us: float, hideable_us: float, compute_us: float, comm_alone_us: float, wait_us: float
+    t_us: float,
+    hideable_us: float,
+    compute_us: float,
+    comm_alone_us: float,
+    wait_us: float,
+    *,
+    unsplit: int = 0,
+    unsplit_us: float = 0.0,
 ) -> Finding | None:
     """Hide the exposed transfer under compute (bucketing, FSDP prefetch, async TP).
 
     ``hideable_us`` H (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
-    rank's union of transfer parts), ``wait_us`` (median exposed wait, which this fix cannot remove).
+    rank's union of transfer parts), ``wait_us`` (median exposed wait, which this fix cannot
+    remove); ``unsplit``: how many collectives are not fully matched (their exposed time ``unsplit_us``, median rank per step,
+    mixes waiting and transfer and is not counted in H).
     """
     if hideable_us <= 0 or t_us <= 0:
         return None
@@ -99,6 +108,13 @@ def overlap_communication(
         f"bounded by compute alone {_ms(compute_us)} and communication alone "
         f"{_ms(comm_alone_us)} per step",
     ]
+    if unsplit:
+        ev.append(
+            f"{unsplit} collective{'s' if unsplit != 1 else ''} could not be split into waiting "
+            f"and transfer (mismatched, unmatched or partial): their exposed "
+            f"{_ms(unsplit_us)} per step (median rank) is not counted in H; the part of it "
+            "that is transfer would add to this estimate"
+        )
     deriv = (
         f"overlap: T' = max(T - H, U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
         f"{_ms(comm_alone_us)}), set by {bound}"

@@ -23,7 +23,9 @@ Per rank r and step k (``Comp`` = merged compute kernels, ``Comm`` = merged comm
   covered by compute), unioned over the rank's kernels of the step;
 - communication alone ``M = |union of [end - tau_c, end]|`` over the rank's kernels (concurrent
   collectives count once);
-- exposed transfer ``X - E``; overlap ratio ``|Comp ∩ Comm| / |Comm|`` (HolisticTraceAnalysis's
+- exposed transfer ``X - E - Z``, only from fully matched (``ok``) collectives: ``Z`` is the
+  exposed part of the mismatched, unmatched or partial ones' kernels (``exposed_unsplit_us``),
+  which mixes waiting and transfer and is not split; overlap ratio ``|Comp ∩ Comm| / |Comm|`` (HolisticTraceAnalysis's
   ``comp_comm_overlap_pctg`` / 100);
 - POP load balance ``LB = mean_r U_r / max_r U_r`` with ``U = |Comp|`` (POP Centre of
   Excellence metrics, https://co-design.pop-coe.eu/metrics/).
@@ -76,7 +78,9 @@ def collective_metrics(
     colls = matched.collectives
     mem = matched.members
     if colls.height == 0:
-        return colls, mem.with_columns(wait_us=pl.lit(None, pl.Float64), last=pl.lit(False))
+        return colls, mem.with_columns(
+            wait_us=pl.lit(None, pl.Float64), last=pl.lit(False), split=pl.lit(False)
+        )
     off = clock.offsets_us
     mem = mem.with_columns(
         _s=pl.col("abs_start_us")
@@ -85,7 +89,11 @@ def collective_metrics(
         - pl.col("rank").replace_strict(off, default=0.0, return_dtype=pl.Float64),
     )
     usable = colls.filter(pl.col("status").is_in(USABLE) & (pl.col("members") >= 1))["coll_id"]
-    mem = mem.with_columns(_usable=pl.col("coll_id").is_in(usable.implode()))
+    split = colls.filter(pl.col("status") == "ok")["coll_id"]
+    mem = mem.with_columns(
+        _usable=pl.col("coll_id").is_in(usable.implode()),
+        split=pl.col("coll_id").is_in(split.implode()),
+    )
     mem = mem.with_columns(
         wait_us=pl.when(pl.col("_usable"))
         .then(pl.col("duration_us") - pl.col("duration_us").min().over("coll_id"))
@@ -207,6 +215,26 @@ def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
     return union_length(seg, ["rank", "step"], "exposed_wait_us")
 
 
+def exposed_unsplit(members: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): ``exposed_unsplit_us`` = |union of the free segments (parts not under
+    compute) of the rank's kernels whose collective is not fully matched|: exposed time that
+    cannot be split into waiting and transfer; ``unsplit`` = how many such kernels."""
+    rest = members.filter(~pl.col("split"))
+    seg = (
+        rest.select("rank", "step", "start_us", "free_us")
+        .explode("free_us")
+        .drop_nulls("free_us")
+        .with_columns(
+            a=pl.col("start_us") + pl.col("free_us").struct.field("start_us"),
+            b=pl.col("start_us") + pl.col("free_us").struct.field("end_us"),
+        )
+    )
+    n = rest.group_by("rank", "step").agg(unsplit=pl.len().cast(pl.Int64))
+    return n.join(
+        union_length(seg, ["rank", "step"], "exposed_unsplit_us"), on=["rank", "step"], how="left"
+    ).with_columns(pl.col("exposed_unsplit_us").fill_null(0.0))
+
+
 def transfer_union(usable: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step): ``transfer_us`` (communication alone, M) = |union over the rank's
     usable kernels of their transfer part ``[end - tau, end]``|: collectives that run at the same
@@ -230,6 +258,7 @@ STEP_COLUMNS = (
     "exposed_comm_us",
     "exposed_wait_us",
     "exposed_transfer_us",
+    "exposed_unsplit_us",
     "overlap_ratio",
     "wait_us",
     "transfer_us",
@@ -243,17 +272,19 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
     """One row per (rank, step): the summary's step figures plus the cross-rank split.
 
     Columns (us unless named): ``rank``, ``step``, ``step_time_us``, ``compute_us`` (U),
-    ``comm_us``, ``comm_overlap_us``, ``exposed_comm_us`` (X), ``exposed_wait_us`` (E),
-    ``exposed_transfer_us`` (X - E, at least 0), ``overlap_ratio`` (null without
+    ``comm_us``, ``comm_overlap_us``, ``exposed_comm_us`` (X), ``exposed_wait_us`` (E, from
+    fully matched collectives only), ``exposed_unsplit_us`` (exposed time of the kernels whose
+    collective is mismatched, unmatched or partial: not split), ``exposed_transfer_us``
+    (X - E - unsplit, at least 0), ``unsplit`` (count of those kernels), ``overlap_ratio`` (null without
     communication), ``wait_us`` (sum of the rank's waits), ``transfer_us`` (communication
     alone, M: the union of its kernels' transfer parts ``[end - tau, end]``, so concurrent
     collectives count once), ``last_arrivals``,
-    ``collectives`` (matched, usable), the ``idle_*`` columns of the summary.
-    E and X - E are null where the rank-step has communication but no usable matched
-    collective (waiting cannot be split from one rank's trace).
+    ``collectives`` (fully matched), the ``idle_*`` columns of the summary.
+    E and the exposed transfer are null (and unsplit = X) where the rank-step has communication
+    but no fully matched collective (waiting cannot be split from one rank's trace).
     """
     frames = []
-    usable = members.filter(pl.col("wait_us").is_not_null())
+    usable = members.filter(pl.col("split"))
     per = (
         usable.group_by("rank", "step")
         .agg(
@@ -265,6 +296,7 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
         .join(exposed_wait(usable), on=["rank", "step"], how="left")
         .with_columns(pl.col("exposed_wait_us").fill_null(0.0))
     )
+    rest = exposed_unsplit(members)
     for s in summaries:
         st = s.steps
         if st is None or st.height == 0:
@@ -285,21 +317,42 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
             ],
             *[pl.col(c).cast(pl.Float64) for c in idle_cols],
         ).join(per, on=["rank", "step"], how="left")
-        f = f.with_columns(pl.col("last_arrivals").fill_null(0), pl.col("collectives").fill_null(0))
+        f = f.join(rest, on=["rank", "step"], how="left").with_columns(
+            pl.col("last_arrivals").fill_null(0),
+            pl.col("collectives").fill_null(0),
+            pl.col("unsplit").fill_null(0),
+        )
         no_comm = pl.col("comm_us").fill_null(0) <= 0
-        f = f.with_columns(
-            exposed_wait_us=pl.when(no_comm)
-            .then(0.0)
-            .when(pl.col("exposed_wait_us").is_null())
-            .then(None)
-            .otherwise(pl.min_horizontal("exposed_wait_us", "exposed_comm_us")),
-        ).with_columns(
-            exposed_transfer_us=(pl.col("exposed_comm_us") - pl.col("exposed_wait_us")).clip(
-                lower_bound=0.0
-            ),
-            overlap_ratio=pl.when(pl.col("comm_us") > 0)
-            .then(pl.col("comm_overlap_us") / pl.col("comm_us"))
-            .otherwise(None),
+        f = (
+            f.with_columns(
+                exposed_wait_us=pl.when(no_comm)
+                .then(0.0)
+                .when(pl.col("exposed_wait_us").is_null())
+                .then(None)
+                .otherwise(pl.min_horizontal("exposed_wait_us", "exposed_comm_us")),
+            )
+            .with_columns(
+                exposed_unsplit_us=pl.when(no_comm)
+                .then(0.0)
+                .when(pl.col("exposed_wait_us").is_null())
+                .then(pl.col("exposed_comm_us"))
+                .otherwise(
+                    pl.min_horizontal(
+                        pl.col("exposed_unsplit_us").fill_null(0.0),
+                        pl.col("exposed_comm_us") - pl.col("exposed_wait_us"),
+                    )
+                ),
+            )
+            .with_columns(
+                exposed_transfer_us=(
+                    pl.col("exposed_comm_us")
+                    - pl.col("exposed_wait_us")
+                    - pl.col("exposed_unsplit_us")
+                ).clip(lower_bound=0.0),
+                overlap_ratio=pl.when(pl.col("comm_us") > 0)
+                .then(pl.col("comm_overlap_us") / pl.col("comm_us"))
+                .otherwise(None),
+            )
         )
         frames.append(f)
     if not frames:
