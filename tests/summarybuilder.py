@@ -36,8 +36,10 @@ def coll(
     nbytes: int = 100_000_000,
     free: list[tuple[float, float]] | None = None,
     dtype: str = "Float",
+    free_total: float | None = None,
 ) -> dict:
-    """One communication kernel row; ``free`` defaults to the whole kernel (no compute under it)."""
+    """One communication kernel row; ``free`` defaults to the whole kernel (no compute under it);
+    ``free_total`` (the true free time) defaults to the segments' total."""
     segs = [(0.0, dur)] if free is None else free
     return {
         "step": step,
@@ -60,6 +62,7 @@ def coll(
         "out_nelems": nbytes // 4,
         "msg_bytes": nbytes,
         "free_us": [{"start_us": float(a), "end_us": float(b)} for a, b in segs],
+        "free_total_us": float(sum(b - a for a, b in segs) if free_total is None else free_total),
     }
 
 

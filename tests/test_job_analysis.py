@@ -547,3 +547,23 @@ def test_exposed_transfer_splits_only_fully_matched_collectives():
     # H = 300; T' = max(2000 - 300, 1000, 300) = 1700
     assert f.estimated_speedup == pytest.approx(2000 / 1700)
     assert any("3 collectives could not be split" in e and "0.500 ms" in e for e in f.evidence)
+
+
+def test_merged_free_segment_is_pro_rated():
+    """Rank 0's all-reduce [0, 41] (offsets) has compute at [1, 2], [3, 4], ..., [39, 40]: 21
+    free gaps of 1 us (free total 21). The summary keeps 16 segments: 15 gaps then [30, 41]
+    merged (11 us long, 6 us free). Rank 1's kernel lasts 1 us: rank 0 waits w = 40.
+    Exposed wait = 15 (gaps before 30) + pro-rated (40 - 30) * 6 / 11, never the merged 10."""
+    gaps = [(float(x), float(x + 1)) for x in range(0, 30, 2)] + [(30.0, 41.0)]
+    ss = []
+    for r, dur in ((0, 41.0), (1, 1.0)):
+        st = [sb.step(0, time=2000, compute=1000, comm=dur, overlap=20.0 if r == 0 else 0.0)]
+        cl = [
+            sb.coll(0, 1000.0 + 41.0 - dur, dur, seq=0, free=gaps if r == 0 else None,
+                    free_total=21.0 if r == 0 else None)
+        ]  # fmt: skip
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = jd.steps.sort("rank")
+    assert s["exposed_wait_us"][0] == pytest.approx(15 + 10 * 6 / 11)
+    assert s["exposed_wait_us"][0] <= 21.0

@@ -207,7 +207,8 @@ def test_free_segments_capped():
     # compute covers [1,2], [3,4], ... [39,40]: 20 gaps in [0, 41]
     cs = np.arange(1.0, 40.0, 2.0)
     comp = (cs, cs + 1.0)
-    (segs,) = free_segments(np.array([0.0]), np.array([41.0]), comp, max_segments=16)
+    (segs,), (total,) = free_segments(np.array([0.0]), np.array([41.0]), comp, max_segments=16)
+    assert total == 21.0  # 21 gaps of 1 us: [0, 1], [2, 3], ..., [40, 41]
     assert len(segs) == 16
     assert segs[0] == {"start_us": 0.0, "end_us": 1.0}
     assert segs[14] == {"start_us": 28.0, "end_us": 29.0}

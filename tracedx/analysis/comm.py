@@ -93,14 +93,19 @@ def free_segments(
     ends: np.ndarray,
     comp: tuple[np.ndarray, np.ndarray],
     max_segments: int = 16,
-) -> list[list[dict[str, float]]]:
+) -> tuple[list[list[dict[str, float]]], list[float]]:
     """For each interval [starts_i, ends_i]: the parts not covered by ``comp`` (a merged union),
     as ``{"start_us", "end_us"}`` offsets from ``starts_i``, in time order; beyond
-    ``max_segments`` the rest are merged into the last (it then spans covered time too)."""
+    ``max_segments`` the rest are merged into the last (it then spans covered time too).
+
+    Returns ``(segments, free_total_us)``: the second is each interval's true uncovered time
+    (us), which the merged last segment overstates; readers pro-rate inside it.
+    """
     cs, ce = comp
-    out = []
+    out, total = [], []
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         gs, ge = gaps(cs, ce, a, b)
+        total.append(float((ge - gs).sum()) if len(gs) else 0.0)
         if len(gs) > max_segments:
             gs, ge = gs[:max_segments], np.append(ge[: max_segments - 1], ge[-1])
         out.append(
@@ -109,4 +114,4 @@ def free_segments(
                 for s, e in zip(gs.tolist(), ge.tolist(), strict=True)
             ]
         )
-    return out
+    return out, total

@@ -55,7 +55,7 @@ class Matched:
     Attributes:
         members: one row per (collective, rank): ``coll_id``, ``rank`` and the rank's ``colls``
             columns (``step``, ``start_us``, ``end_us``, ``duration_us`` on the rank's own
-            clock, ``free_us``, ...), plus ``abs_start_us``/``abs_end_us`` (the rank's times on
+            clock, ``free_us``, ``free_total_us``, ...), plus ``abs_start_us``/``abs_end_us`` (the rank's times on
             the job's common base: ``(base_time_ns - min base) / 1000 + t``).
         collectives: one row per collective instance: ``coll_id``, ``pg_key``, ``pg_name``,
             ``pg_desc``, ``pg_ranks``, ``coll_type``, ``step``, ``seq``, ``match_key``
@@ -105,11 +105,17 @@ def _rank_rows(s) -> pl.DataFrame | None:
         for k, t in _MEMBER_COLS.items()
     ]
     free = pl.col("free_us") if "free_us" in c.columns else pl.lit(None, dtype=FREE_DTYPE)
+    total = (
+        pl.col("free_total_us").cast(pl.Float64)
+        if "free_total_us" in c.columns
+        else pl.lit(None, dtype=pl.Float64)
+    )
     return c.select(
         pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
         pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
         *cols,
         free.alias("free_us"),
+        total.alias("free_total_us"),
     )
 
 
@@ -126,7 +132,7 @@ def match_collectives(summaries: list) -> Matched:
         empty = pl.DataFrame(
             schema={"coll_id": pl.Int64, "rank": pl.Int64, "abs_start_us": pl.Float64,
                     "abs_end_us": pl.Float64, **_MEMBER_COLS, "free_us": FREE_DTYPE,
-                    "pg_key": pl.Utf8}
+                    "free_total_us": pl.Float64, "pg_key": pl.Utf8}
         )  # fmt: skip
         colls = pl.DataFrame(schema=COLLECTIVE_SCHEMA)
         groups = pl.DataFrame(schema={"pg_key": pl.Utf8, "pg_name": pl.Utf8, "pg_desc": pl.Utf8,

@@ -198,20 +198,51 @@ def union_length(seg: pl.DataFrame, by: list[str], name: str) -> pl.DataFrame:
     )
 
 
-def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step): ``exposed_wait_us`` = |union over the rank's kernels of (their first w
-    us minus compute)|, from each kernel's free segments (offsets from its start)."""
+def free_parts(kernels: pl.DataFrame, cap: pl.Expr) -> pl.DataFrame:
+    """The free (not under compute) parts of each kernel up to ``cap`` us after its start, as
+    intervals ``a``, ``b`` on the rank's clock, with ``rank``, ``step``.
+
+    A summary keeps at most 16 segments per kernel and merges the rest into the last, which then
+    spans covered time too; ``free_total_us`` (the kernel's true free time) bounds it: inside
+    the merged last segment the free time is pro-rated (its true free time over its length), so
+    no more free time is ever counted than exists. Without ``free_total_us`` (older summaries)
+    the segments are taken as they are.
+    """
+    k = kernels.with_columns(_cap=cap).with_row_index("_kid")
+    if "free_total_us" not in k.columns:
+        k = k.with_columns(free_total_us=pl.lit(None, dtype=pl.Float64))
     seg = (
-        usable.filter(pl.col("wait_us") > 0)
-        .select("rank", "step", "start_us", "wait_us", "free_us")
+        k.select("_kid", "rank", "step", "start_us", "_cap", "free_total_us", "free_us")
         .explode("free_us")
         .drop_nulls("free_us")
         .with_columns(
-            a=pl.col("start_us") + pl.col("free_us").struct.field("start_us"),
-            b=pl.col("start_us")
-            + pl.min_horizontal(pl.col("free_us").struct.field("end_us"), pl.col("wait_us")),
+            _s=pl.col("free_us").struct.field("start_us"),
+            _e=pl.col("free_us").struct.field("end_us"),
+        )
+        .with_columns(_len=pl.col("_e") - pl.col("_s"))
+        .with_columns(
+            _last=pl.int_range(pl.len()).over("_kid") == pl.len().over("_kid") - 1,
+            _over=(pl.col("_len").sum().over("_kid") - pl.col("free_total_us"))
+            .fill_null(0.0)
+            .clip(lower_bound=0.0),
+        )
+        .with_columns(
+            _rho=pl.when(pl.col("_last") & (pl.col("_over") > 0) & (pl.col("_len") > 0))
+            .then(((pl.col("_len") - pl.col("_over")) / pl.col("_len")).clip(0.0, 1.0))
+            .otherwise(1.0),
+            a=pl.col("start_us") + pl.col("_s"),
         )
     )
+    b_cap = pl.col("start_us") + pl.min_horizontal("_e", "_cap")
+    return seg.with_columns(b=pl.col("a") + pl.col("_rho") * (b_cap - pl.col("a"))).select(
+        "rank", "step", "a", "b"
+    )
+
+
+def exposed_wait(usable: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): ``exposed_wait_us`` = |union over the rank's kernels of (their first w
+    us minus compute)|, from each kernel's free segments (:func:`free_parts`)."""
+    seg = free_parts(usable.filter(pl.col("wait_us") > 0), pl.col("wait_us"))
     return union_length(seg, ["rank", "step"], "exposed_wait_us")
 
 
@@ -220,15 +251,7 @@ def exposed_unsplit(members: pl.DataFrame) -> pl.DataFrame:
     compute) of the rank's kernels whose collective is not fully matched|: exposed time that
     cannot be split into waiting and transfer; ``unsplit`` = how many such kernels."""
     rest = members.filter(~pl.col("split"))
-    seg = (
-        rest.select("rank", "step", "start_us", "free_us")
-        .explode("free_us")
-        .drop_nulls("free_us")
-        .with_columns(
-            a=pl.col("start_us") + pl.col("free_us").struct.field("start_us"),
-            b=pl.col("start_us") + pl.col("free_us").struct.field("end_us"),
-        )
-    )
+    seg = free_parts(rest, pl.col("duration_us"))
     n = rest.group_by("rank", "step").agg(unsplit=pl.len().cast(pl.Int64))
     return n.join(
         union_length(seg, ["rank", "step"], "exposed_unsplit_us"), on=["rank", "step"], how="left"

@@ -98,6 +98,7 @@ COLL_COLUMNS: dict[str, Any] = {
     "out_nelems": pl.Int64,
     "msg_bytes": pl.Int64,
     "free_us": FREE_DTYPE,
+    "free_total_us": pl.Float64,
     # beyond the core columns (docs/multirank.md lists them)
     "host_side": pl.Boolean,
     "tid": pl.Int64,
@@ -228,7 +229,14 @@ class RankSummary:
             raise ValueError(f"{d}: not a rank summary directory ({e})") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"{d}: not a {SCHEMA} summary")
-        tables = {t: pl.read_parquet(d / f"{t}.parquet").cast(_SCHEMAS[t]) for t in TABLES}
+        tables = {}
+        for t in TABLES:
+            df = pl.read_parquet(d / f"{t}.parquet")
+            # a column added since the summary was written (free_total_us) reads as null
+            add = [pl.lit(None, dtype=v).alias(k) for k, v in _SCHEMAS[t].items() if k not in df]
+            if add:
+                df = df.with_columns(add).select(list(_SCHEMAS[t]))
+            tables[t] = df.cast(_SCHEMAS[t])
         return cls(meta=doc["meta"], **tables)
 
 
@@ -355,19 +363,23 @@ def _colls_table(trace, steps: list[int], device) -> tuple[pl.DataFrame, int]:
         group_rank=pl.col("rank"),
     )
     free: list = [None] * c.height
+    free_total: list = [None] * c.height
     for host in (False, True):
         idx = c.with_row_index("_i").filter(pl.col("host_side") == host)
         if idx.height == 0:
             continue
-        segs = free_segments(
+        segs, totals = free_segments(
             idx["start_us"].to_numpy(),
             idx["end_us"].to_numpy(),
             compute_union(trace, None if host else device),
             MAX_FREE_SEGMENTS,
         )
-        for i, s in zip(idx["_i"].to_list(), segs, strict=True):
-            free[i] = s
-    c = c.with_columns(free_us=pl.Series(free, dtype=FREE_DTYPE))
+        for i, s, t in zip(idx["_i"].to_list(), segs, totals, strict=True):
+            free[i], free_total[i] = s, t
+    c = c.with_columns(
+        free_us=pl.Series(free, dtype=FREE_DTYPE),
+        free_total_us=pl.Series(free_total, dtype=pl.Float64),
+    )
     return c.select(list(COLL_COLUMNS)).cast(COLL_COLUMNS), left_out
 
 
