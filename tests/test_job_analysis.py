@@ -411,8 +411,10 @@ def test_clock_offset_recovered_with_uncertainty():
     # pass 1: d_B = 200 + jit/2 -> median 200, d_A = -200; B - A = 400; pass 2 residual 0
     assert h["hostB"]["theta_us"] == pytest.approx(400.0)
     assert h["hostA"]["theta_us"] == 0.0
-    # corrected B - A per collective = jit in {-2, 0, 2}: MAD = 2 -> u = 1.4826 * 2
-    assert h["hostB"]["uncertainty_us"] == pytest.approx(1.4826 * 2)
+    # corrected B - A per collective = jit in {-2, 0, 2}: MAD = 2 -> spread 1.4826 * 2, and
+    # the offset (a median of 30 readings) has standard error 1.2533 * spread / sqrt(30)
+    assert h["hostB"]["spread_us"] == pytest.approx(1.4826 * 2)
+    assert h["hostB"]["uncertainty_us"] == pytest.approx(1.2533 * 1.4826 * 2 / math.sqrt(30))
     assert h["hostB"]["collectives"] == 30
     assert h["hostB"]["applied"] and ce.mode == "corrected"
     assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 400.0, 3: 400.0}
@@ -435,8 +437,8 @@ def test_clock_offsets_per_rank_without_hostnames():
     assert ce.source == "per rank" and ce.mode == "corrected"
     th = dict(zip(ce.hosts["host"], ce.hosts["theta_us"], strict=True))
     assert th == pytest.approx({"rank 0": 0.0, "rank 1": 0.0, "rank 2": 700.0, "rank 3": 700.0})
-    # rank 2 against rank 0 per collective: 700 + jit, corrected jit: u = 1.4826 * 2
-    u = dict(zip(ce.hosts["host"], ce.hosts["uncertainty_us"], strict=True))
+    # rank 2 against rank 0 per collective: 700 + jit, corrected jit: spread 1.4826 * 2
+    u = dict(zip(ce.hosts["host"], ce.hosts["spread_us"], strict=True))
     assert u["rank 2"] == pytest.approx(1.4826 * 2)
     assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 700.0, 3: 700.0}
     assert diagnose_job(Job(ss)).straggler.rank == 0
@@ -454,6 +456,34 @@ def test_small_clock_offset_not_applied():
     assert h["hostB"]["theta_us"] == pytest.approx(40.0)
     assert not h["hostB"]["applied"] and ce.mode == "consistent"
     assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+
+
+def test_uncorrected_hosts_use_the_clock_free_arriver():
+    """Rank 0 on host A, rank 1 on host B whose clock reads 40 us late (under 50 us: not
+    applied); both truly start at 1000 and end at 1500, host B's kernel lasting 500 + jit
+    (jit -2, 0, +2 in turn). Raw starts would make rank 1 last every time (1040 > 1000); the
+    arrival skew 40 + jit is under 3 x (40 + u), so the shortest kernel is the last arriver:
+    rank 1 when jit = -2 (10 of 30), rank 0 when jit = +2 (10), a tie (none) when jit = 0."""
+    steps, colls = [[], []], [[], []]
+    for k in range(30):
+        t0 = k * 10_000.0
+        jit = (-2.0, 0.0, 2.0)[k % 3]
+        for r in (0, 1):
+            d = 500.0 + (jit if r else 0.0)
+            start = t0 + 1000 + (40.0 if r else 0.0)
+            steps[r].append(sb.step(k, start=t0, time=1500, compute=1000, comm=d))
+            colls[r].append(sb.coll(k, start, d, seq=k))
+    ss = [sb.summary(r, steps[r], colls[r], hostname=("hostA", "hostB")[r]) for r in (0, 1)]
+    jd = diagnose_job(Job(ss))
+    assert jd.clock.mode == "consistent"
+    r = jd.ranks.sort("rank")
+    assert r["last_arrivals"].to_list() == [10, 10]
+    assert jd.straggler is None
+    # a true 300 us late arrival on rank 0 (skew 260 us > 3 x (40 + u)) is read from timestamps
+    for k in range(30):
+        colls[0][k] = sb.coll(k, k * 10_000.0 + 1300, 200.0, seq=k)
+    ss = [sb.summary(r, steps[r], colls[r], hostname=("hostA", "hostB")[r]) for r in (0, 1)]
+    assert diagnose_job(Job(ss)).ranks.sort("rank")["last_arrivals"].to_list() == [30, 0]
 
 
 # --- reports and API -------------------------------------------------------------------------

@@ -9,9 +9,11 @@ host h, over the collectives whose members span two hosts or more:
 1. ``d_{c,h} = median_{r in R_c on h} e_r - median_{r in R_c} e_r``;
    ``theta_h = median_c d_{c,h}``; the host of the lowest rank is the reference (theta = 0);
    the estimate is repeated once on the corrected end times and the residual added.
-2. Uncertainty ``u_h = 1.4826 * MAD`` over the collectives of the corrected differences
+2. Spread ``sigma_h = 1.4826 * MAD`` over the collectives of the corrected differences
    between host h and the reference host (the normal-consistent median absolute deviation:
-   the spread of one collective's reading of the offset).
+   the spread of one collective's reading of the offset), and the offset's uncertainty
+   ``u_h = 1.2533 * sigma_h / sqrt(N)``, the standard error of a median of N readings
+   (asymptotic efficiency of the median under normal noise, sqrt(pi / 2) = 1.2533).
 3. An offset is applied only when ``|theta_h| > 3 u_h`` and ``|theta_h| > 50 us``.
 4. Validation: the median end skew (``max e - min e``) of the cross-host collectives must drop
    once the offsets are applied; if it does not, no offset is applied and the job's
@@ -31,6 +33,10 @@ import polars as pl
 SYNC_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "coalesced")
 MIN_OFFSET_US = 50.0
 MAD_SIGMA = 1.4826
+MEDIAN_SE = 1.2533  # sqrt(pi / 2): standard error of the median = 1.2533 * sigma / sqrt(N)
+# Uncorrected hosts: raw timestamps pick the last arriver only when a collective's arrival skew
+# exceeds this many times the largest |theta| + u (else the clock-free arriver is used).
+ARRIVAL_MARGIN = 3.0
 # End skew above which timestamps of ranks said to share a host are not trusted (MULTIRANK
 # reference: implicit-sync end skew <= 0.5 ms on one node, TraceLens reference data).
 MAX_END_SKEW_US = 500.0
@@ -43,7 +49,8 @@ class ClockEstimate:
     Attributes:
         hosts: one row per host: ``host``, ``ranks`` (text), ``theta_us`` (offset of the host's
             clock from the reference host's, us; later means the host's clock reads late),
-            ``uncertainty_us``, ``collectives`` (used), ``applied``.
+            ``uncertainty_us`` (standard error of theta), ``spread_us`` (one collective's
+            spread, 1.4826 MAD), ``collectives`` (used), ``applied``.
         host_of: rank -> host label.
         offsets_us: rank -> the offset applied to its timestamps (0 when not applied).
         mode: ``one host`` (shared clock), ``consistent`` (offsets below their thresholds),
@@ -67,6 +74,21 @@ class ClockEstimate:
     def timestamps_usable(self) -> bool:
         """Whether cross-rank timestamps (arrival order, skews) may be compared."""
         return self.mode != "clock-free"
+
+    @property
+    def arrival_margin_us(self) -> float:
+        """Arrival skew (us) above which raw timestamps may name a collective's last arriver:
+        0 when the timestamps share a clock or are corrected; with several hosts left
+        uncorrected (``consistent``), ``ARRIVAL_MARGIN * max_h (|theta_h| + u_h)``; infinite
+        when timestamps cannot be compared."""
+        if self.mode == "clock-free":
+            return float("inf")
+        if self.mode != "consistent" or self.hosts.height < 2:
+            return 0.0
+        t = self.hosts.select(
+            (pl.col("theta_us").abs() + pl.col("uncertainty_us").fill_null(0.0)).max()
+        ).item()
+        return ARRIVAL_MARGIN * float(t or 0.0)
 
 
 def host_map(summaries: list) -> tuple[dict[int, str], str]:
@@ -146,6 +168,8 @@ def estimate_offsets(
         )
     cross = [g for g in groups if len({h for _, h, _ in g}) >= 2]
 
+    spread: dict[str, float] = {}
+
     def table(theta, unc, used, applied) -> pl.DataFrame:
         return pl.DataFrame(
             {
@@ -156,6 +180,7 @@ def estimate_offsets(
                 ],
                 "theta_us": [theta.get(h) for h in hosts],
                 "uncertainty_us": [unc.get(h) for h in hosts],
+                "spread_us": [spread.get(h) for h in hosts],
                 "collectives": [used.get(h, 0) for h in hosts],
                 "applied": [applied.get(h, False) for h in hosts],
             },
@@ -164,6 +189,7 @@ def estimate_offsets(
                 "ranks": pl.Utf8,
                 "theta_us": pl.Float64,
                 "uncertainty_us": pl.Float64,
+                "spread_us": pl.Float64,
                 "collectives": pl.Int64,
                 "applied": pl.Boolean,
             },
@@ -224,11 +250,12 @@ def estimate_offsets(
             if th and tr:
                 rel.append(median(th) - median(tr))
         if h == ref:
-            unc[h], used[h] = 0.0, sum(1 for g in cross if any(x == ref for _, x, _ in g))
+            spread[h], used[h] = 0.0, sum(1 for g in cross if any(x == ref for _, x, _ in g))
         elif rel:
-            unc[h], used[h] = _mad(rel), len(rel)
+            spread[h], used[h] = _mad(rel), len(rel)
         else:
-            unc[h], used[h] = _mad(d2[h]), len(d2[h])
+            spread[h], used[h] = _mad(d2[h]), len(d2[h])
+        unc[h] = MEDIAN_SE * spread[h] / used[h] ** 0.5 if used[h] else 0.0
     applied = {
         h: h != ref and abs(theta[h]) > 3 * unc[h] and abs(theta[h]) > MIN_OFFSET_US for h in theta
     }
@@ -236,7 +263,10 @@ def estimate_offsets(
     before = median(_end_skews(cross, {}))
     after = median(_end_skews(cross, off)) if off else before
     worst = max(theta, key=lambda h: abs(theta[h]))
-    desc = f"largest {abs(theta[worst]):.0f} us on {worst} (+/- {unc[worst]:.0f})"
+    desc = (
+        f"largest {abs(theta[worst]):.0f} us on {worst} (+/- {unc[worst]:.1f} standard error; "
+        f"spread {spread[worst]:.1f} us per collective)"
+    )
     if not off:
         if any(abs(theta[h]) > MIN_OFFSET_US for h in theta):
             notes.append(
@@ -245,7 +275,12 @@ def estimate_offsets(
             )
             mode = "clock-free"
         else:
-            notes.append(f"host clock offsets under {MIN_OFFSET_US:.0f} us ({desc}): not applied")
+            notes.append(
+                f"host clock offsets under {MIN_OFFSET_US:.0f} us ({desc}): not applied; a "
+                "collective's last arriver is read from its timestamps only when its arrival "
+                f"skew exceeds {ARRIVAL_MARGIN:g} x (|offset| + uncertainty), else from the "
+                "shortest kernel (clock-free)"
+            )
             mode = "consistent"
         return ClockEstimate(
             table(theta, unc, used, {}), host_of, zero, mode, before, before, source, notes

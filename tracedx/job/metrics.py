@@ -8,8 +8,10 @@ Per collective c with members R_c (durations d_r on each rank's own clock, so cl
   data-transfer time): the member that waited least was moving bytes all along;
 - wait ``w_r = d_r - tau_c`` (the TensorBoard plugin's "synchronizing" time);
 - last arriver: ``argmax_r s_r`` on corrected clocks when the job's timestamps can be compared
-  (one host, or host offsets estimated: :mod:`.clock`), else ``argmin_r d_r``; none when the
-  two latest are within ``TIE_US``;
+  (one host, or host offsets estimated: :mod:`.clock`), else ``argmin_r d_r``; with several
+  hosts whose small offsets were not applied, ``argmax_r s_r`` only when the arrival skew is
+  above ``ClockEstimate.arrival_margin_us`` (3 x (|theta| + u)), else ``argmin_r d_r``; none
+  when the two latest are within ``TIE_US``;
 - algbw ``= S / tau`` and busbw ``= algbw * F(n)`` in GB/s (1e9 bytes/s), with nccl-tests'
   factors (``doc/PERFORMANCE.md`` and ``src/*.cu``): all-reduce ``2(n-1)/n``; reduce-scatter,
   all-gather, all-to-all, gather, scatter ``(n-1)/n``; broadcast, reduce, send/recv 1;
@@ -100,8 +102,18 @@ def collective_metrics(
         .otherwise(None)
     )
     use_clock = clock.timestamps_usable
-    # last arriver: latest corrected start (clock-free: the shortest kernel); a tie -> none
-    key = pl.col("_s") if use_clock else -pl.col("duration_us")
+    # last arriver: latest corrected start (clock-free: the shortest kernel); a tie -> none.
+    # Hosts left uncorrected: the timestamps only when the arrival skew is well above the
+    # offsets (ClockEstimate.arrival_margin_us)
+    margin = clock.arrival_margin_us
+    skew = pl.col("_s").max().over("coll_id") - pl.col("_s").min().over("coll_id")
+    key = (
+        pl.when(skew > margin).then(pl.col("_s")).otherwise(-pl.col("duration_us"))
+        if margin > 0 and use_clock
+        else pl.col("_s")
+        if use_clock
+        else -pl.col("duration_us")
+    )
     ranked = (
         mem.filter(
             pl.col("_usable")

@@ -184,7 +184,9 @@ def render_text(jd) -> str:
             if h.get("theta_ms") is not None:
                 out.append(
                     f"  clock {h['host']}: offset {h['theta_ms'] * 1e3:.1f} us "
-                    f"(+/- {h['uncertainty_ms'] * 1e3:.1f}){' applied' if h['applied'] else ''}"
+                    f"(+/- {h['uncertainty_ms'] * 1e3:.1f} standard error, spread "
+                    f"{(h.get('spread_ms') or 0) * 1e3:.1f} per collective)"
+                    f"{' applied' if h['applied'] else ''}"
                 )
     out.append("")
     out.append("FIXES (Amdahl against the job's step)")
