@@ -145,23 +145,48 @@ def test_binomial_tail_exact():
 # --- thresholds: just below and just above ------------------------------------------------------
 
 
-def test_straggler_needs_twenty_collectives():
-    late = lambda n: [[0.0, 300.0]] * n  # noqa: E731 - rank 1 late by 300 us every step
-    assert diagnose_job(Job(lateness_job(late(19)))).straggler is None
-    jd = diagnose_job(Job(lateness_job(late(19))))
-    assert "too few matched collectives" in jd.straggler_test.reason
-    assert diagnose_job(Job(lateness_job(late(20)))).straggler.rank == 1
+def test_straggler_needs_four_steps():
+    """16 ranks, rank 15 late by 300 us every step: chance 1/16 per step. Last in 3 of 3 steps
+    is significant, p = (1/16)^3 = 2.4e-4 < 0.01 / 16 = 6.25e-4, but 3 steps are under the
+    gate of 4; 4 of 4 (p = 1.5e-5) names it."""
+    late = lambda n: [[0.0] * 15 + [300.0]] * n  # noqa: E731
+    jd = diagnose_job(Job(lateness_job(late(3))))
+    a = jd.straggler_test.arrivals.filter(pl.col("rank") == 15).row(0, named=True)
+    assert a["last"] == 3 and a["steps"] == 3 and a["p_value"] == pytest.approx(16.0**-3)
+    assert jd.straggler is None and "too few steps" in jd.straggler_test.reason
+    jd = diagnose_job(Job(lateness_job(late(4))))
+    assert jd.straggler.rank == 15 and jd.straggler.p_value == pytest.approx(16.0**-4)
+
+
+def test_straggler_test_is_per_step_not_per_collective():
+    """Two ranks, 6 steps of 5 all-reduces each, rank 1 last at all 30: per collective that
+    would be p = 2^-30; per step it is 6 of 6 steps, p = 2^-6 = 0.0156 >= 0.01 / 2: not named."""
+    steps, colls = [[], []], [[], []]
+    for k in range(6):
+        t0 = k * 10_000.0
+        for r in (0, 1):
+            steps[r].append(sb.step(k, start=t0, time=3000, compute=1000, comm=1500))
+            for j in range(5):
+                d = 300.0 if r == 0 else 200.0
+                colls[r].append(sb.coll(k, t0 + 1000 + 300 * j + 300 - d, d, seq=5 * k + j))
+    jd = diagnose_job(Job([sb.summary(r, steps[r], colls[r]) for r in (0, 1)]))
+    a = jd.straggler_test.arrivals.filter(pl.col("rank") == 1).row(0, named=True)
+    assert a["last_collectives"] == 30 and a["last"] == 6 and a["steps"] == 6
+    assert a["p_value"] == pytest.approx(2.0**-6)
+    assert jd.straggler is None and "chance" in jd.straggler_test.reason
 
 
 def test_straggler_arrival_threshold():
-    """20 steps; rank 1 late (300 us) in k of them, rank 0 late in the others.
-    p(16 of 20) = 6196 / 2^20 = 0.0059 < 0.01; p(15 of 20) = 0.0207."""
-    for k, named in ((15, False), (16, True)):
+    """20 steps; rank 1 late (300 us) in k of them, rank 0 late in the others; Bonferroni over
+    2 ranks: threshold 0.005. p(16 of 20) = 6196 / 2^20 = 0.0059 (>= 0.005, though < 0.01);
+    p(17 of 20) = 1351 / 2^20 = 0.0013."""
+    for k, named in ((16, False), (17, True)):
         late = [[0.0, 300.0]] * k + [[300.0, 0.0]] * (20 - k)
         jd = diagnose_job(Job(lateness_job(late)))
         a = jd.straggler_test.arrivals.filter(pl.col("rank") == 1).row(0, named=True)
-        assert a["last"] == k and a["collectives"] == 20
+        assert a["last"] == k and a["steps"] == 20
         assert a["p_value"] == pytest.approx(sum(math.comb(20, i) for i in range(k, 21)) / 2**20)
+        assert jd.straggler_test.threshold == pytest.approx(0.01 / 2)
         assert (jd.straggler is not None) is named
 
 
@@ -177,9 +202,9 @@ def test_straggler_effect_threshold():
 
 
 def test_straggler_consistency_threshold():
-    """4 ranks, chance 1/4; rank 3 last in 18 (then 20) of 40 steps, the others share the rest:
-    significant either way, but last in 45 % of steps (< 50 %) vs 50 %."""
-    for k, named in ((18, False), (20, True)):
+    """4 ranks, chance 1/4; rank 3 last in 19 (then 20) of 40 steps, the others share the rest:
+    significant either way (p < 0.01 / 4), but last in 47.5 % of steps (< 50 %) vs 50 %."""
+    for k, named in ((19, False), (20, True)):
         late = []
         for i in range(40):
             if i < k:
@@ -191,7 +216,7 @@ def test_straggler_consistency_threshold():
         jd = diagnose_job(Job(lateness_job(late)))
         a = jd.straggler_test.arrivals.filter(pl.col("rank") == 3).row(0, named=True)
         p = sum(math.comb(40, i) * 0.25**i * 0.75 ** (40 - i) for i in range(k, 41))
-        assert a["p_value"] == pytest.approx(p) and p < 0.01
+        assert a["p_value"] == pytest.approx(p) and p < 0.01 / 4
         assert a["consistency"] == pytest.approx(k / 40)
         assert (jd.straggler is not None) is named
 

@@ -28,7 +28,11 @@ def _diagnose(spec, path):
 
 @pytest.mark.parametrize("pct, named", [(1.0, False), (8.0, True)])
 def test_compute_straggler_only_above_threshold(tmp_path, pct, named):
-    spec = JobSpec(**MESH, straggler=2, straggler_kind="compute", straggler_pct=pct)
+    # 12 steps: rank 2's groups have 2 members (chance 1/2 per step), so naming it needs
+    # 2^-S < 0.01 / 4 ranks, S >= 9 steps (the per-step binomial with Bonferroni)
+    spec = JobSpec(
+        **{**MESH, "steps": 12}, straggler=2, straggler_kind="compute", straggler_pct=pct
+    )
     job, jd = _diagnose(spec, tmp_path)
     # the generator's own figures: the straggler's TP partner waits pct % of its compute
     truth = job.rank_steps.filter(job.rank_steps["rank"] == 3)["wait_us"].median()
@@ -43,8 +47,7 @@ def test_compute_straggler_only_above_threshold(tmp_path, pct, named):
 
 
 def test_host_straggler_named_with_cause(tmp_path):
-    # only its first TP all-reduce and the DP one find it late (then the group is in step): 2
-    # collectives per step, so 12 steps for C >= 20
+    # chance 1/2 per step (2-member groups): 12 steps for 2^-S < 0.01 / 4 ranks
     spec = JobSpec(**{**MESH, "steps": 12}, straggler=1, straggler_kind="host", straggler_pct=300)
     _, jd = _diagnose(spec, tmp_path)
     assert jd.straggler is not None and jd.straggler.rank == 1

@@ -1,11 +1,14 @@
 """The straggler test and its cause.
 
-A rank is named a straggler only when all three hold (thresholds as proposed in MULTIRANK
-section 4.5, each traceable to a peer tool):
+A rank is named a straggler only when all three hold (each threshold traceable to a peer
+tool or a textbook test):
 
-- arrival: over ``C >= 20`` matched collectives with a known last arriver, the rank arrived
-  last ``k`` times, and ``P(X >= k)`` for ``X ~ Binomial(C, p0)`` is below 0.01, ``p0`` being
-  the rank's chance of arriving last, the mean over its collectives of ``1 / members``;
+- arrival, tested per step (the collectives of one step are not independent: one late
+  rank is late for all of them): per step, the plurality last arriver over the step's
+  complete collectives with a known last arriver; over ``S >= 4`` such steps the rank is it
+  in ``k`` of them, and ``P(X >= k)`` for ``X ~ Binomial(S, p0)`` is below ``0.01 / N``
+  (Bonferroni over the N ranks tested), ``p0`` being the rank's chance per step, the mean
+  over its collectives of ``1 / members``;
 - effect: the median over the other ranks of their exposed wait per step, as a share of the
   job's step time, is at least 2 % (TraceLens drops findings under 2 % impact);
 - consistency: the rank is the most frequent last arriver of at least half of the steps
@@ -36,8 +39,8 @@ import polars as pl
 from tracedx.job.clock import SYNC_TYPES
 from tracedx.trace.collectives import parse_ranks
 
-MIN_COLLECTIVES = 20
-P_VALUE = 0.01
+MIN_STEPS = 4
+P_VALUE = 0.01  # family-wise: each rank is tested at P_VALUE / (ranks tested), Bonferroni
 MIN_EFFECT = 0.02
 MIN_CONSISTENCY = 0.5
 COMPUTE_RATIO = 1.05
@@ -85,7 +88,7 @@ class Straggler:
     rank: int
     cause: str
     evidence: list[str]
-    collectives: int
+    steps: int
     last: int
     chance: float
     p_value: float
@@ -99,8 +102,8 @@ class Straggler:
             "rank": self.rank,
             "cause": self.cause,
             "evidence": self.evidence,
-            "collectives": self.collectives,
-            "arrived_last": self.last,
+            "steps": self.steps,
+            "last_in_steps": self.last,
             "chance": self.chance,
             "p_value": self.p_value,
             "effect": self.effect,
@@ -113,10 +116,12 @@ class Straggler:
 class StragglerResult:
     """The test over all ranks.
 
-    ``arrivals``: per rank ``rank``, ``collectives`` (C), ``last`` (k), ``chance`` (p0),
-    ``p_value``, ``steps_last`` (steps where it was the most frequent last arriver),
-    ``steps`` (steps with a known last arriver), ``consistency``; ``effect``: median peer
-    exposed wait / T for the best candidate; ``reason``: why no rank was named.
+    ``arrivals``: per rank ``rank``, ``collectives`` (tested), ``last_collectives`` (those it
+    arrived last at), ``steps`` (S: steps with one of its collectives tested), ``last`` (k:
+    steps where it was the plurality last arriver), ``chance`` (p0 per step), ``p_value``
+    (binomial over the steps), ``consistency`` (k / S); ``effect``: median peer exposed wait /
+    T for the best candidate; ``threshold``: the Bonferroni-corrected p threshold;
+    ``reason``: why no rank was named.
     """
 
     straggler: Straggler | None
@@ -124,6 +129,7 @@ class StragglerResult:
     effect: float | None
     reason: str | None
     evidence: list[str] = field(default_factory=list)
+    threshold: float | None = None
 
 
 def _per_rank_median(steps: pl.DataFrame, col: str) -> dict[int, float]:
@@ -147,11 +153,11 @@ def arrival_table(collectives: pl.DataFrame, members: pl.DataFrame) -> pl.DataFr
             schema={
                 "rank": pl.Int64,
                 "collectives": pl.Int64,
-                "last": pl.Int64,
-                "chance": pl.Float64,
-                "p_value": pl.Float64,
-                "steps_last": pl.Int64,
+                "last_collectives": pl.Int64,
                 "steps": pl.Int64,
+                "chance": pl.Float64,
+                "last": pl.Int64,
+                "p_value": pl.Float64,
                 "consistency": pl.Float64,
             }
         )
@@ -159,32 +165,28 @@ def arrival_table(collectives: pl.DataFrame, members: pl.DataFrame) -> pl.DataFr
         m.group_by("rank")
         .agg(
             collectives=pl.len(),
-            last=pl.col("last").sum().cast(pl.Int64),
+            last_collectives=pl.col("last").sum().cast(pl.Int64),
+            steps=pl.col("step").n_unique().cast(pl.Int64),
             chance=(1.0 / pl.col("members")).mean(),
         )
         .sort("rank")
     )
-    pv = [
-        binomial_sf(k, c, p)
-        for k, c, p in zip(per["last"], per["collectives"], per["chance"], strict=True)
-    ]
-    # consistency: per step, the strict plurality of last arrivals
+    # per step, the strict plurality of last arrivals
     lasts = m.filter(pl.col("last")).group_by("step", "rank").agg(n=pl.len())
-    steps_total = lasts["step"].n_unique()
     winner: dict[int, int] = {}
     for (k,), g in lasts.group_by(["step"]):
         g = g.sort(["n", "rank"], descending=[True, False])
         ns = g["n"].to_list()
         if len(ns) == 1 or ns[0] > ns[1]:
             winner[int(k)] = int(g["rank"][0])
-    sl = [sum(1 for w in winner.values() if w == r) for r in per["rank"].to_list()]
+    ks = [sum(1 for w in winner.values() if w == r) for r in per["rank"].to_list()]
+    pv = [binomial_sf(k, n, p) for k, n, p in zip(ks, per["steps"], per["chance"], strict=True)]
     return per.with_columns(
+        last=pl.Series(ks, dtype=pl.Int64),
         p_value=pl.Series(pv, dtype=pl.Float64),
-        steps_last=pl.Series(sl, dtype=pl.Int64),
-        steps=pl.lit(steps_total, dtype=pl.Int64),
     ).with_columns(
         consistency=pl.when(pl.col("steps") > 0)
-        .then(pl.col("steps_last") / pl.col("steps"))
+        .then(pl.col("last") / pl.col("steps"))
         .otherwise(None)
     )
 
@@ -201,6 +203,7 @@ def find_straggler(
     ``steps``: :func:`tracedx.job.metrics.rank_step_metrics`; ``step_us``: the job's step time T.
     """
     arr = arrival_table(collectives, members)
+    alpha = P_VALUE / max(arr.height, 1)
     if arr.height == 0:
         link = _link_straggler(collectives, steps, step_us)
         if link is not None:
@@ -212,27 +215,24 @@ def find_straggler(
     peers = [w for q, w in wait.items() if q != r]
     effect = median(peers) / step_us if peers and step_us else None
     ev = [
-        f"rank {r} arrived last at {best['last']} of {best['collectives']} collectives "
-        f"({best['last'] / best['collectives']:.0%}; chance {best['chance']:.0%}, "
-        f"binomial p = {best['p_value']:.2g})"
+        f"rank {r} was the most frequent last arriver in {best['last']} of {best['steps']} "
+        f"steps (chance {best['chance']:.0%} per step; binomial over steps p = "
+        f"{best['p_value']:.2g}, threshold {P_VALUE:g} / {arr.height} ranks = {alpha:.2g}); "
+        f"last at {best['last_collectives']} of its {best['collectives']} collectives"
     ]
     if effect is not None:
         ev.append(f"the other ranks' median exposed wait is {effect:.1%} of the step")
-    if best["consistency"] is not None:
-        ev.append(
-            f"rank {r} was the most frequent last arriver in {best['steps_last']} of "
-            f"{best['steps']} steps"
-        )
     reason = None
-    if best["collectives"] < MIN_COLLECTIVES:
+    if best["steps"] < MIN_STEPS:
         reason = (
-            f"too few matched collectives with a known last arriver ({best['collectives']} < "
-            f"{MIN_COLLECTIVES}) to test arrival against chance"
+            f"too few steps with a known last arriver ({best['steps']} < {MIN_STEPS}) to test "
+            "arrival against chance"
         )
-    elif best["p_value"] >= P_VALUE:
+    elif best["p_value"] >= alpha:
         reason = (
-            f"no rank arrives last more often than chance (best: rank {r}, p = "
-            f"{best['p_value']:.2g} >= {P_VALUE})"
+            f"no rank arrives last more often than chance (best: rank {r}, last in "
+            f"{best['last']} of {best['steps']} steps, p = {best['p_value']:.2g} >= "
+            f"{P_VALUE:g} / {arr.height} ranks)"
         )
     elif effect is None or effect < MIN_EFFECT:
         reason = (
@@ -242,19 +242,19 @@ def find_straggler(
     elif best["consistency"] is None or best["consistency"] < MIN_CONSISTENCY:
         reason = (
             f"rank {r} arrives last more often than chance but is the last in only "
-            f"{best['steps_last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
+            f"{best['last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
         )
     if reason is not None:
         link = _link_straggler(collectives, steps, step_us)
         if link is not None:
-            return StragglerResult(link, arr, link.effect, None, link.evidence)
-        return StragglerResult(None, arr, effect, reason, ev)
+            return StragglerResult(link, arr, link.effect, None, link.evidence, alpha)
+        return StragglerResult(None, arr, effect, reason, ev, alpha)
     cause, cev, excess, host_side = _cause(r, steps, summaries)
     s = Straggler(
         rank=r,
         cause=cause,
         evidence=ev + cev,
-        collectives=int(best["collectives"]),
+        steps=int(best["steps"]),
         last=int(best["last"]),
         chance=float(best["chance"]),
         p_value=float(best["p_value"]),
@@ -263,7 +263,7 @@ def find_straggler(
         excess_us=excess,
         host_side=host_side,
     )
-    return StragglerResult(s, arr, effect, None, ev)
+    return StragglerResult(s, arr, effect, None, ev, alpha)
 
 
 def _link_straggler(
@@ -312,7 +312,7 @@ def _link_straggler(
         rank=r,
         cause="link",
         evidence=ev,
-        collectives=0,
+        steps=0,
         last=0,
         chance=0.0,
         p_value=1.0,
