@@ -622,3 +622,24 @@ def test_merged_free_segment_is_pro_rated():
     s = jd.steps.sort("rank")
     assert s["exposed_wait_us"][0] == pytest.approx(15 + 10 * 6 / 11)
     assert s["exposed_wait_us"][0] <= 21.0
+
+
+def test_collectives_without_group_size_use_the_world_size():
+    """One rank of a 2-rank gloo job loaded alone: its collectives carry no group size and no
+    group ranks, so they belong to the default group of world_size = 2 ranks; rank 1 is
+    missing: the collectives are unmatched (missing rank 1) and the exposed wait is unknown
+    (null), not 0."""
+    cl = []
+    for k in range(3):
+        c = sb.coll(k, k * 5000.0 + 1000, 400, seq=k, ranks=None, n=None)
+        cl.append(c)
+    st = [sb.step(k, start=k * 5000.0, time=1600, compute=1000, comm=400) for k in range(3)]
+    jd = diagnose_job(Job([sb.summary(0, st, cl, world_size=2)]))
+    assert jd.collectives["group_size"].to_list() == [2, 2, 2]
+    assert set(jd.collectives["status"]) == {"unmatched"}
+    assert jd.collectives["missing_ranks"].to_list() == ["1", "1", "1"]
+    assert jd.steps["exposed_wait_us"].to_list() == [None, None, None]
+    # the same rows with world_size 1 (a one-rank run) are complete: waits 0
+    jd = diagnose_job(Job([sb.summary(0, st, cl, world_size=1)]))
+    assert set(jd.collectives["status"]) == {"ok"}
+    assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0, 0.0]

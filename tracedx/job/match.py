@@ -11,7 +11,10 @@ Within a process group the match key is the first one that every row of the grou
 (the group's sequence number), else ``(step, ordinal)`` (the order of the collective within the
 group and step on each rank). A key repeated on one rank (one operation launching two kernels)
 is matched in start order. Each collective is validated over its members: same type, same
-message size (all-to-all-v excepted), same dtype, same group size, one row per rank. A
+message size (all-to-all-v excepted), same dtype, same group size, one row per rank. A row
+with neither group size nor group ranks (gloo, older traces) belongs to the default group: its
+group size is the rank's ``meta.world_size`` (ranks 0 .. world_size - 1), so one rank of a
+larger job has its collectives unmatched, never ``ok``. A
 collective whose members disagree is kept with a mismatch status and left out of every metric;
 one that lacks members is kept with status ``partial`` and its missing ranks (its transfer
 time is then an upper bound and its waits lower bounds). Send/recv are point-to-point: their
@@ -105,17 +108,32 @@ def _rank_rows(s) -> pl.DataFrame | None:
         for k, t in _MEMBER_COLS.items()
     ]
     free = pl.col("free_us") if "free_us" in c.columns else pl.lit(None, dtype=FREE_DTYPE)
+    ws = s.meta.get("world_size")
+    ws = int(ws) if isinstance(ws, int) or (isinstance(ws, str) and ws.isdigit()) else None
+    # no group size (gloo, older traces) on a row without group ranks: the default group,
+    # which spans the job's world (meta.world_size)
+    no_group = pl.col("pg_ranks").is_null() | (pl.col("pg_ranks") == "")
     total = (
         pl.col("free_total_us").cast(pl.Float64)
         if "free_total_us" in c.columns
         else pl.lit(None, dtype=pl.Float64)
     )
-    return c.select(
-        pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
-        pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
-        *cols,
-        free.alias("free_us"),
-        total.alias("free_total_us"),
+    return (
+        c.select(
+            pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
+            pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
+            *cols,
+            free.alias("free_us"),
+            total.alias("free_total_us"),
+        )
+        .with_columns(
+            _world=pl.col("group_size").is_null() & no_group & pl.lit(ws is not None),
+        )
+        .with_columns(
+            group_size=pl.when(pl.col("_world"))
+            .then(pl.lit(ws, dtype=pl.Int64))
+            .otherwise(pl.col("group_size")),
+        )
     )
 
 
@@ -152,7 +170,7 @@ def match_collectives(summaries: list) -> Matched:
         .drop("_off", "_base_ns")
         .sort("rank", "start_us", "end_us")
     )
-    p2p = rows.filter(pl.col("coll_type").is_in(P2P))
+    p2p = rows.filter(pl.col("coll_type").is_in(P2P)).drop("_world")
     rows = rows.filter(~pl.col("coll_type").is_in(P2P) | pl.col("coll_type").is_null())
     if p2p.height:
         notes.append(
@@ -213,6 +231,7 @@ def match_collectives(summaries: list) -> Matched:
         _dtypes=pl.col("dtype").n_unique(),
         _gsizes=pl.col("group_size").n_unique(),
         _ranks=pl.col("rank").unique().sort(),
+        _world=pl.col("_world").any(),
     )
     colls = colls.sort(
         pl.col("step").fill_null(-1), pl.col("_ord").fill_null(-1), "pg_key", "_key", "_dup"
@@ -221,7 +240,9 @@ def match_collectives(summaries: list) -> Matched:
     statuses, missing = [], []
     for r in colls.iter_rows(named=True):
         present = set(r["_ranks"])
-        expected = parse_ranks(r["pg_ranks"], r["group_size"]) or []
+        expected = parse_ranks(r["pg_ranks"], r["group_size"]) or (
+            list(range(r["group_size"])) if r["_world"] and r["group_size"] else []
+        )
         n = r["group_size"] or (len(expected) or None)
         miss = sorted(set(expected) - present)
         if r["_types"] > 1:
@@ -246,7 +267,7 @@ def match_collectives(summaries: list) -> Matched:
         status=pl.Series(statuses, dtype=pl.Utf8), missing_ranks=pl.Series(missing, dtype=pl.Utf8)
     )
     members = rows.join(colls.select(*ident, "coll_id"), on=ident, how="left").drop(
-        "_key", "_dup", "match_key"
+        "_key", "_dup", "match_key", "_world"
     )
     members = members.sort("coll_id", "rank")
 
@@ -263,7 +284,9 @@ def match_collectives(summaries: list) -> Matched:
         .join(colls.group_by("pg_key").agg(collectives=pl.len()), on="pg_key")
         .sort("pg_key")
     )
-    colls = colls.drop("_key", "_dup", "_ord", "_rows", "_types", "_sizes", "_dtypes", "_gsizes")
+    colls = colls.drop(
+        "_key", "_dup", "_ord", "_rows", "_types", "_sizes", "_dtypes", "_gsizes", "_world"
+    )
     notes += _match_notes(colls, groups, job_ranks)
     return Matched(members, colls.drop("_ranks"), groups, p2p, notes)
 
