@@ -643,3 +643,20 @@ def test_collectives_without_group_size_use_the_world_size():
     jd = diagnose_job(Job([sb.summary(0, st, cl, world_size=1)]))
     assert set(jd.collectives["status"]) == {"ok"}
     assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0, 0.0]
+
+
+def test_exposed_wait_counts_as_communication_in_the_verdict():
+    """Ranks alternate being 600 us late (no straggler), all-reduce tau = 1100 us, base compute
+    1000: per rank, median compute (1000 or 1600) = 1300, exposed wait median (600 or 0) =
+    300, exposed transfer 1100. Transfer alone (1100) is under half of 1300 + 1100 = 1200;
+    transfer + wait (1400) is at least half of 1300 + 1400 = 1350: communication-bound."""
+    late = [[0.0, 600.0] if k % 2 else [600.0, 0.0] for k in range(30)]
+    jd = diagnose_job(Job(lateness_job(late, tau=1100.0)))
+    t = jd.typical
+    assert (t["compute_us"], t["exposed_wait_us"], t["exposed_transfer_us"]) == (
+        1300.0,
+        300.0,
+        1100.0,
+    )
+    assert jd.straggler is None
+    assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"

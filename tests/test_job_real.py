@@ -27,6 +27,20 @@ def test_gloo_cpu_ddp_pair_is_communication_bound():
     assert not any("has 2 files" in n or "different ProfilerStep" in n for n in jd.notes)
 
 
+def test_gloo_balanced_sample_is_communication_bound():
+    """sample_traces' balanced CPU gloo DDP pair: exposed communication (transfer + waiting for
+    the all-reduce) is a larger share of the step than compute: communication binds (the
+    wait is synchronisation, no rank paces the other), not CPU compute."""
+    jd = diagnose_job(
+        load_job([str(ROOT / "sample_traces" / "ddp_mlp-gloo-balanced")], progress=False)
+    )
+    t = jd.typical
+    exposed = t["exposed_transfer_us"] + t["exposed_wait_us"] + (t["exposed_unsplit_us"] or 0)
+    assert exposed > t["compute_us"]
+    assert jd.straggler is None
+    assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"
+
+
 def test_c16_nccl_pair_one_verdict():
     """C16a/b: two ranks of one NCCL job whose single-rank verdicts differ (compute-bound on
     rank 0, bandwidth-bound on rank 1): the job gets one, compute-bound, and the all-reduce is

@@ -12,8 +12,9 @@ steps, then the median over ranks), with waiting split from transfer:
    host-side cause, else what its own compute is bound by);
 2. else, GPU idle plus exposed wait >= 50 % of the step: overhead-bound, bottleneck from the
    idle causes (the single-rank rule with waiting counted as idle);
-3. else exposed transfer >= half of compute + exposed transfer: bandwidth-bound,
-   ``communication``;
+3. else exposed communication (transfer + wait + the part that could not be split) >= half of
+   compute + exposed communication: bandwidth-bound, ``communication`` (without a straggler,
+   the ranks' waiting is synchronisation cost of communicating, not compute);
 4. else the ranks' device verdict (their single-rank verdict when it is not about
    communication, else their kernel kinds);
 and when no straggler is named but the exposed wait is >= 2 % of the step with load balance
@@ -458,17 +459,21 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
     if st.reason and len(job.summaries) > 1:
         ev.append(f"no straggler: {st.reason}")
     idle = _idle_medians(job)
+    Z = typ.get("exposed_unsplit_us")
+    comm_x = (X or 0.0) + (E or 0.0) + (Z or 0.0)
     wait_idle = (gi or 0.0) + (E or 0.0)
     if wait_idle / T >= IDLE_BOUND:
         regime, bott = "overhead-bound", _idle_bottleneck(idle)
         ev.append(
             f"GPU idle or waiting for peers {wait_idle / T:.0%} of the step: the host side binds"
         )
-    elif X is not None and 0.5 * ((U or 0.0) + X) <= X and X > 0:
+    elif comm_x > 0 and 0.5 * ((U or 0.0) + comm_x) <= comm_x:
         regime, bott = "bandwidth-bound", "communication"
         ev.append(
-            f"exposed transfer {X / 1e3:.3f} ms is at least half of the GPU's working time "
-            f"(compute {(U or 0) / 1e3:.3f} ms + exposed transfer)"
+            f"exposed communication {comm_x / 1e3:.3f} ms (transfer {(X or 0) / 1e3:.3f} + wait "
+            f"{(E or 0) / 1e3:.3f}"
+            + (f" + not split {Z / 1e3:.3f}" if Z else "")
+            + f" ms) is at least as long as compute {(U or 0) / 1e3:.3f} ms"
         )
     else:
         verdicts = [_device_verdict(s) for s in job.summaries]
