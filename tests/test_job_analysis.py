@@ -536,8 +536,14 @@ def test_json_schema_and_text():
 
 
 def test_job_without_collectives():
-    """Two ranks that never communicate: no collective, no straggler, a verdict all the same."""
+    """Two ranks of a 2-rank job (distributedInfo world_size 2) that never communicate: no
+    collective, no straggler, a verdict all the same. Without world_size they are unrelated
+    single-rank traces: refused."""
     ss = [sb.summary(r, [sb.step(0, time=1000, compute=800, python=200)], []) for r in (0, 1)]
+    with pytest.raises(tracedx.TraceError, match="these 2 traces share no collective and no"):
+        diagnose_job(Job(ss))
+    for s in ss:
+        s.meta["world_size"] = 2
     jd = diagnose_job(Job(ss))
     assert jd.collectives.height == 0 and jd.straggler is None and jd.findings == []
     assert jd.regime == "compute-bound"

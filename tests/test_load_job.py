@@ -185,3 +185,17 @@ def test_committed_gloo_jobs(job, straggler):
     jd = tracedx.diagnose(tracedx.load_job(SAMPLES / job))
     assert [s.meta["rank"] for s in jd.job.summaries] == [0, 1]
     assert (jd.straggler.rank if jd.straggler else None) == straggler
+
+
+def test_unrelated_single_rank_traces_are_refused():
+    """Two single-GPU sample traces (no collective, no distributedInfo) given together are not
+    one job: one line on stderr, exit 2."""
+    from tests.conftest import SAMPLES
+
+    a, b = SAMPLES / "add_loop-eager.json.gz", SAMPLES / "attention-naive.json.gz"
+    r = CliRunner().invoke(main, ["diagnose", str(a), str(b)])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [
+        "tracedx: error: these 2 traces share no collective and no distributedInfo: they are "
+        "not one job; diagnose each alone"
+    ]

@@ -244,10 +244,15 @@ def diagnose_job(job: Job) -> JobDiagnosis:
 
     The result does not depend on the order of ``job.summaries``. A job of one rank gets the
     same tables, with waits unknown (null): one trace cannot split waiting from transfer.
+
+    Raises :class:`~tracedx.errors.TraceError` when several traces share no collective and
+    none says it is part of a larger job (``meta.world_size`` > 1): unrelated single-rank
+    traces are not one job.
     """
     if not isinstance(job, Job):
         job = Job(list(job))
     ss = job.summaries
+    _check_one_job(ss)
     notes = list(job.notes)
     matched = match_collectives(ss)
     clock = estimate_offsets(matched.members, matched.collectives, ss)
@@ -372,6 +377,28 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         typical=typical,
         notes=notes,
     )
+
+
+def _check_one_job(ss: list) -> None:
+    if len(ss) < 2:
+        return
+    if any(s.colls is not None and s.colls.height for s in ss):
+        return
+    if any(_int(s.meta.get("world_size")) > 1 for s in ss):
+        return
+    from tracedx.errors import TraceError
+
+    raise TraceError(
+        f"these {len(ss)} traces share no collective and no distributedInfo: they are not one "
+        "job; diagnose each alone"
+    )
+
+
+def _int(v) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _rank_notes(ss: list) -> list[str]:
