@@ -30,6 +30,16 @@ def test_directory_is_searched_recursively_for_traces_only(tmp_path):
     assert expand_inputs([tmp_path]) == sorted(map(str, [a, b, c]))
 
 
+def test_rank_summary_folders_are_not_traces(tmp_path):
+    """A --summaries folder inside the job folder: its *.rank-summary/meta.json is no trace."""
+    a = tmp_path / "rank0.json"
+    a.write_text("{}")
+    s = tmp_path / "sums" / "rank0.json.rank-summary"
+    s.mkdir(parents=True)
+    (s / "meta.json").write_text("{}")
+    assert expand_inputs([tmp_path]) == [str(a)]
+
+
 def test_files_globs_urls_and_repeats(tmp_path):
     a = _touch(tmp_path / "rank-0.json")
     b = _touch(tmp_path / "rank-1.json")

@@ -64,7 +64,8 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
     Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
     an existing file (kept whatever its name); an existing directory (searched recursively for
     ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
-    folders, such as a capture's temporary ``.tracedx-*.json``, are skipped); a glob pattern
+    folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
+folders of a ``--summaries`` directory are skipped); a glob pattern
     (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
     works on every shell. Directories and globs give their files in sorted order; the same file
     named twice is kept once (the first time).
@@ -92,7 +93,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
                 str(Path(root) / name)
                 for root, dirs, files in os.walk(item)
                 for name in files
-                if _is_trace_name(name) and not _hidden_below(Path(root), Path(item))
+                if _is_trace_name(name) and not _skipped_below(Path(root), Path(item))
             )
             if not found:
                 raise TraceError(f"{item}: no trace files (*.json, *.json.gz) in this directory")
@@ -111,13 +112,16 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
     return out
 
 
-def _hidden_below(folder: Path, top: Path) -> bool:
-    """Whether a folder strictly below ``top`` on the way to ``folder`` is hidden."""
+def _skipped_below(folder: Path, top: Path) -> bool:
+    """Whether a folder strictly below ``top`` on the way to ``folder`` is hidden or a rank
+    summary (``*.rank-summary``: its ``meta.json`` is no trace)."""
     try:
         parts = folder.relative_to(top).parts
     except ValueError:
         return False
-    return any(p.startswith(".") and p not in (".", "..") for p in parts)
+    return any(
+        (p.startswith(".") and p not in (".", "..")) or p.endswith(".rank-summary") for p in parts
+    )
 
 
 def rank_from_filename(path: str | os.PathLike) -> int | None:
