@@ -737,7 +737,7 @@ def test_job_html_has_rank_table_heatmap_and_verdict():
     assert rows == ["0", "1"]
     # the rank table's wait column: totals over the steps (rank 0: 300 + 0 + 500 + 0 us)
     r0 = jd.ranks.filter(jd.ranks["rank"] == 0).row(0, named=True)
-    assert r0["wait_us"] == 800.0
+    assert r0["wait_total_us"] == 800.0
     assert "<td data-v='0.8' class='n'>0.800</td>" in page
 
 

@@ -666,3 +666,23 @@ def test_exposed_wait_counts_as_communication_in_the_verdict():
     )
     assert jd.straggler is None
     assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"
+
+
+def test_collective_groups_show_per_collective_bytes_and_totals_in_all():
+    """two_rank(): 25 all-reduces of 100 MB each (transfer 200 us): the line shows 100,000,000
+    bytes each and 2,500,000,000 in all, transfer 25 x 0.2 = 5 ms in all; the JSON ranks give
+    the wait total (rank 0: 25 x 400 us = 10 ms) as wait_total_ms; the HTML labels the group
+    with its ranks."""
+    jd = diagnose_job(Job(two_rank()))
+    t = jd.to_text()
+    assert (
+        "default_pg [0, 1] all_reduce x25, n=2: 100,000,000 bytes each (median; "
+        "2,500,000,000 in all), transfer 5.000 ms in all" in t
+    )
+    d = json.loads(jd.to_json())
+    g = d["collectives"]["by_group"][0]
+    assert g["msg_bytes"] == 100_000_000 and g["msg_bytes_total"] == 2_500_000_000
+    assert g["transfer_total_ms"] == 5.0
+    r0 = d["ranks"][0]
+    assert r0["wait_total_ms"] == 10.0 and "wait_ms" not in r0
+    assert "<td>default_pg [0, 1]</td>" in jd.to_html()

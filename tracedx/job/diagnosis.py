@@ -71,7 +71,7 @@ class JobDiagnosis:
         ranks: one row per rank: ``rank``, ``host``, ``device_name``, ``steps``, medians over
             its steps of ``step_time_us``, ``compute_us``, ``comm_us``, ``exposed_comm_us``,
             ``exposed_wait_us``, ``exposed_transfer_us``, ``exposed_unsplit_us``, ``overlap_ratio``,
-            ``idle_us``, ``transfer_us``; totals ``wait_us``, ``collectives``, ``unsplit``,
+            ``idle_us``, ``transfer_us``; totals over the steps ``wait_total_us``, ``collectives``, ``unsplit``,
             ``last_arrivals``; its
             verdict ``regime``, ``bottleneck`` and the one-rank ``single_rank_regime``,
             ``single_rank_bottleneck``.
@@ -207,7 +207,7 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
         .agg(
             pl.len().alias("steps"),
             *[pl.col(c).drop_nulls().median() for c in have],
-            pl.col("wait_us").sum(),
+            pl.col("wait_us").sum().alias("wait_total_us"),
             pl.col("collectives").sum(),
             pl.col("unsplit").sum(),
             pl.col("last_arrivals").sum(),

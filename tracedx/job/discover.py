@@ -61,17 +61,17 @@ def _is_trace_name(name: str) -> bool:
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
     """The trace files named by ``inputs``, each once, as strings.
 
-    Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
-    an existing file (kept whatever its name); an existing directory (searched recursively for
-    ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
-    folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
-folders of a ``--summaries`` directory are skipped); a glob pattern
-    (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
-    works on every shell. Directories and globs give their files in sorted order; the same file
-    named twice is kept once (the first time).
+        Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
+        an existing file (kept whatever its name); an existing directory (searched recursively for
+        ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
+        folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
+    folders of a ``--summaries`` directory are skipped); a glob pattern
+        (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
+        works on every shell. Directories and globs give their files in sorted order; the same file
+        named twice is kept once (the first time).
 
-    Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
-    input, an input does not exist, a glob matches nothing or a directory holds no trace file.
+        Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
+        input, an input does not exist, a glob matches nothing or a directory holds no trace file.
     """
     out: list[str] = []
     seen: set[str] = set()

@@ -34,9 +34,19 @@ def _rows(df: pl.DataFrame) -> list[dict]:
     return out
 
 
+def group_label(g: dict) -> str:
+    """A process group as a reader knows it: its description and its ranks
+    (``default_pg [0, 1]``), the name where there is no description."""
+    who = g.get("pg_desc") or (f"group {g['pg_name']}" if g.get("pg_name") else "group")
+    key = g.get("pg_key") or ""
+    ranks = key.split(":", 1)[1] if ":" in key else ""
+    return f"{who} {ranks}" if ranks else who
+
+
 def collective_groups(jd) -> pl.DataFrame:
-    """Per (process group, type): count, bytes, transfer time, median busbw and its share of
-    the link, median waits (the COLLECTIVES section)."""
+    """Per (process group, type): count, ``msg_bytes`` (median per collective),
+    ``msg_bytes_total`` and ``transfer_total_us`` (in all, over the instances), median busbw
+    and its share of the link, median waits (the COLLECTIVES section)."""
     c = jd.collectives
     if c.height == 0 or "transfer_us" not in c.columns:
         return pl.DataFrame()
@@ -45,17 +55,19 @@ def collective_groups(jd) -> pl.DataFrame:
         .group_by("pg_key", "coll_type")
         .agg(
             pg_desc=pl.col("pg_desc").first(),
+            pg_name=pl.col("pg_name").first(),
             group_size=pl.col("group_size").max(),
             count=pl.len(),
-            msg_bytes=pl.col("msg_bytes").sum(),
-            transfer_us=pl.col("transfer_us").sum(),
+            msg_bytes=pl.col("msg_bytes").median().cast(pl.Int64),
+            msg_bytes_total=pl.col("msg_bytes").sum(),
+            transfer_total_us=pl.col("transfer_us").sum(),
             max_wait_us=pl.col("max_wait_us").median(),
             busbw_gbs=pl.col("busbw_gbs").median(),
             link=pl.col("link").first(),
             link_gbs=pl.col("link_gbs").first(),
             busbw_fraction=pl.col("busbw_fraction").median(),
         )
-        .sort("transfer_us", descending=True)
+        .sort("transfer_total_us", descending=True)
     )
 
 
@@ -171,14 +183,13 @@ def render_text(jd) -> str:
             ref = ""
             if g.get("link_gbs"):
                 ref = f" ({g['busbw_fraction']:.0%} of {g['link']} {g['link_gbs']:.0f} GB/s)"
-            who = g["pg_desc"] or "group"
-            ranks = g["pg_key"].split(":", 1)[1] if ":" in g["pg_key"] else ""
             n_txt = f", n={g['group_size']}" if g["group_size"] else ""
-            label = f"{who} {ranks}" if ranks else who
             out.append(
-                f"  {label} {g['coll_type']} x{g['count']}{n_txt}: "
-                f"{int(g['msg_bytes'] or 0):,} bytes, transfer {_f(g['transfer_ms'])}, "
-                f"busbw {bw}{ref}, median max wait {_f(g['max_wait_ms'])}"
+                f"  {group_label(g)} {g['coll_type']} x{g['count']}{n_txt}: "
+                f"{int(g['msg_bytes'] or 0):,} bytes each (median; "
+                f"{int(g['msg_bytes_total'] or 0):,} in all), transfer "
+                f"{_f(g['transfer_total_ms'])} in all, busbw {bw}{ref} and max wait "
+                f"{_f(g['max_wait_ms'])} per collective (median)"
             )
         for h in c["clock"]["hosts"]:
             if h.get("theta_ms") is not None:

@@ -25,7 +25,7 @@ from tracedx.report.html import (
     regime_head,
     write_page,
 )
-from tracedx.report.job import collective_groups, job_dict
+from tracedx.report.job import collective_groups, group_label, job_dict
 
 CSS = """
 tr.straggler td{background:#fde8ec}
@@ -209,7 +209,7 @@ _RANK_TABLE = (
     ("exposed transfer ms", "exposed_transfer_us", "ms"),
     ("overlap", "overlap_ratio", "pct"),
     ("GPU idle ms", "idle_us", "ms"),
-    ("wait in collectives ms (all steps)", "wait_us", "ms"),
+    ("wait in collectives ms (all steps)", "wait_total_us", "ms"),
     ("arrived last", "last_arrivals", "int"),
     ("collectives", "collectives", "int"),
     ("verdict", "bottleneck", "text"),
@@ -256,9 +256,10 @@ def _collectives(jd) -> str:
     if g.height == 0:
         return "<p>No matched collective.</p>"
     rows = "".join(
-        f"<tr><td>{e(r['pg_desc'] or r['pg_key'])}</td><td>{e(r['coll_type'])}</td>"
+        f"<tr><td>{e(group_label(r))}</td><td>{e(r['coll_type'])}</td>"
         f"<td class='n'>{r['group_size']}</td><td class='n'>{r['count']}</td>"
-        f"<td class='n'>{r['msg_bytes'] / 2**20:.1f}</td><td class='n'>{_ms(r['transfer_us'])}</td>"
+        f"<td class='n'>{(r['msg_bytes'] or 0) / 2**20:.1f}</td>"
+        f"<td class='n'>{_ms(r['transfer_total_us'])}</td>"
         f"<td class='n'>{_ms(r['max_wait_us'])}</td>"
         f"<td class='n'>{'n/a' if r['busbw_gbs'] is None else format(r['busbw_gbs'], '.1f')}</td>"
         f"<td>{e(r['link'] or 'n/a')}</td><td class='n'>{_pct(r['busbw_fraction'])}</td></tr>"
@@ -266,7 +267,8 @@ def _collectives(jd) -> str:
     )
     return (
         "<div class='scroll'><table id='collectives'><thead><tr><th>process group</th>"
-        "<th>type</th><th>ranks</th><th>count</th><th>MiB</th><th>transfer ms (sum)</th>"
+        "<th>type</th><th>ranks</th><th>count</th><th>MiB per collective (median)</th>"
+        "<th>transfer ms (in all)</th>"
         "<th>max wait ms (median)</th><th>busbw GB/s (median)</th><th>link</th>"
         f"<th>of link</th></tr></thead><tbody>{rows}</tbody></table></div>"
     )
