@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import polars as pl
+import pytest
 from tracebuilder import T0, TraceBuilder
 
 import tracedx
@@ -82,6 +83,20 @@ def test_rank_ignores_p2p_and_other_groups(tmp_path):
     c = t.collectives
     assert c["coll_type"].to_list() == ["send", "all_reduce", "all_reduce"]
     assert c["dst_rank"].to_list() == [1, None, None]
+
+
+@pytest.mark.parametrize(
+    "dtype, size",
+    [("long", 8), ("int", 4), ("short", 2), ("bool", 1), ("double", 8), ("half", 2),
+     ("long int", 8), ("float", 4)],
+)  # fmt: skip
+def test_input_type_spellings_have_sizes(tmp_path, dtype, size):
+    """``Input type`` spellings of a gloo annotation's tensor: 256 elements x the size."""
+    b = TraceBuilder(device_name=None)
+    b.op("aten::addmm", T0, 100)
+    b.gloo("gloo:all_reduce", T0 + 50, 200, dims=[[256]], dtype=dtype)
+    s = summarize(_one(b, tmp_path))
+    assert s.colls["msg_bytes"].to_list() == [256 * size]
 
 
 def test_gloo_without_steps(tmp_path):

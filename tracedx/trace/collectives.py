@@ -108,10 +108,16 @@ DTYPE_BYTES = {
     "c10::Half": 2,
     "c10::BFloat16": 2,
     "long int": 8,
+    "long": 8,
+    "long long": 8,
     "int": 4,
     "short int": 2,
+    "short": 2,
+    "half": 2,
+    "bfloat16": 2,
     "signed char": 1,
     "unsigned char": 1,
+    "char": 1,
     "bool": 1,
 }
 
