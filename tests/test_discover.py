@@ -124,6 +124,13 @@ def test_duplicate_rank_keeps_the_first_by_path_and_names_both():
     assert "rank 0 has 2 files: /j/run1/r.json (analysed) and /j/run2/r.json (left out)" in note
 
 
+def test_unreadable_rank_is_said_unreadable():
+    rs = resolve_ranks([(f"/j/rank{r}.json", _meta(r, 4)) for r in (0, 1, 3)], ["/j/rank2.json"])
+    (note,) = rs.notes
+    assert note.startswith("1 rank of the 4 in the job is unreadable (rank 2: its trace could")
+    assert "no trace" not in note
+
+
 def test_missing_ranks_are_named():
     rs = resolve_ranks([(f"/j/{r}.json", _meta(r, 8)) for r in (0, 1, 2, 5, 7)])
     (note,) = rs.notes

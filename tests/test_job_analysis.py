@@ -399,6 +399,22 @@ def test_one_rank_job_cannot_split_waiting():
     assert jd.collectives["status"].to_list() == ["unmatched"] * 3
     assert any("one rank of a 2-rank job" in n for n in jd.notes)
     assert jd.straggler is None
+    # the rank's own one-rank note and the job's are one note, not two; an 8-rank job
+    s.meta["world_size"] = 8
+    s.meta["notes"] = [
+        "this trace is one rank of an 8-rank job: its collectives include waiting for the "
+        "other ranks to arrive"
+    ]
+    jd = diagnose_job(Job([s]))
+    assert sum("8-rank job" in n for n in jd.notes) == 1
+    assert any("one rank of an 8-rank job" in n for n in jd.notes)
+    # one mismatched collective: singular
+    ss = two_rank(3)
+    ss[1].colls = ss[1].colls.with_columns(
+        dtype=pl.when(pl.col("step") == 0).then(pl.lit("Half")).otherwise(pl.col("dtype"))
+    )
+    jd = diagnose_job(Job(ss))
+    assert any(n.startswith("1 collective has a dtype mismatch") for n in jd.notes)
 
 
 # --- clocks ----------------------------------------------------------------------------------

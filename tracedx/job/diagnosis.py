@@ -357,7 +357,8 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         ws = ss[0].meta.get("world_size")
         if ws and int(ws) > 1:
             notes.append(
-                f"one rank of a {ws}-rank job: its communication time includes waiting for "
+                f"one rank of {article(ws)} {ws}-rank job: its communication time includes "
+                "waiting for "
                 "peers; the other ranks' traces are needed to split waiting from transfer"
             )
     return JobDiagnosis(
@@ -377,6 +378,13 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         typical=typical,
         notes=notes,
     )
+
+
+def article(n) -> str:
+    """'a' or 'an' before the number ``n`` read aloud (an 8-rank, an 11-rank, an 18-rank, a
+    16-rank)."""
+    d = str(n)
+    return "an" if d.startswith("8") or (d[:2] in ("11", "18") and len(d) % 3 == 2) else "a"
 
 
 def _check_one_job(ss: list) -> None:
@@ -408,8 +416,8 @@ def _rank_notes(ss: list) -> list[str]:
     for x in ss:
         texts = [str(w.get("message")) for w in x.meta.get("warnings") or []]
         for n in texts + [str(n) for n in x.meta.get("notes") or []]:
-            if len(ss) > 1 and "include waiting for the other ranks" in n:
-                continue  # the one-rank note: the job has the other ranks
+            if "include waiting for the other ranks" in n:
+                continue  # the one-rank note: the job has the other ranks, or says it itself
             by.setdefault(n, []).append(int(x.meta["rank"]))
     out = []
     for text, ranks in by.items():

@@ -190,8 +190,14 @@ def _as_int(v) -> int | None:
     return None
 
 
-def resolve_ranks(entries: Sequence[tuple[str, Mapping]]) -> RankSet:
+def resolve_ranks(
+    entries: Sequence[tuple[str, Mapping]], unreadable: Sequence[str] = ()
+) -> RankSet:
     """Decide the job's ranks from ``(path, meta)`` pairs, one per readable trace.
+
+    ``unreadable``: the paths of traces that could not be read; a missing rank that one of
+    their file names carries (:func:`rank_from_filename`) is said to be unreadable, not
+    without a trace.
 
     ``meta`` is a ``RankSummary.meta`` (keys ``rank``, ``rank_source``, ``world_size``,
     ``steps``, ``steps_synthetic``; missing keys read as unknown). A file's rank is
@@ -294,6 +300,15 @@ def resolve_ranks(entries: Sequence[tuple[str, Mapping]]) -> RankSet:
     if world_size is not None:
         missing = [r for r in range(world_size) if r not in index]
         outside = [r for r in ranks if r >= world_size]
+        bad = {rank_from_filename(p) for p in unreadable} - {None}
+        lost = [r for r in missing if r in bad]
+        missing = [r for r in missing if r not in bad]
+        if lost:
+            notes.append(
+                f"{_plural(len(lost), 'rank')} of the {world_size} in the job "
+                f"{'is' if len(lost) == 1 else 'are'} unreadable (rank {_ranges(lost)}: its "
+                f"trace could not be read): the job is analysed on {_plural(len(ranks), 'rank')}"
+            )
         if missing:
             notes.append(
                 f"{_plural(len(missing), 'rank')} of the {world_size} in the job "

@@ -100,7 +100,7 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
     for path, note in bad:
         text = note if note and str(path) in note else f"{path}: {note}"
         notes.append(f"left out, cannot be read: {text}; the other ranks are analysed")
-    rs = resolve_ranks([(p, s.meta) for p, s in good])
+    rs = resolve_ranks([(p, s.meta) for p, s in good], [str(p) for p, _ in bad])
     summaries = []
     for r in rs.ranks:
         path, s = good[rs.index[r]]

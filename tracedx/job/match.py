@@ -304,13 +304,17 @@ def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]
         if bad.height:
             ex = bad.row(0, named=True)
             out.append(
-                f"{bad.height} collectives have a {st} between their ranks (first: "
+                f"{_n(bad.height, 'collective')} {'has' if bad.height == 1 else 'have'} a {st} "
+                "between their ranks (first: "
                 f"{ex['coll_type']} #{ex['coll_id']} of group {ex['pg_key']}, step {ex['step']}): "
                 "left out of the metrics; the ranks' traces may cover different operations"
             )
     dup = colls.filter(pl.col("status") == "duplicate member")
     if dup.height:
-        out.append(f"{dup.height} collectives match two kernels of one rank: left out")
+        out.append(
+            f"{_n(dup.height, 'collective')} {'matches' if dup.height == 1 else 'match'} two "
+            "kernels of one rank: left out"
+        )
     part = colls.filter(pl.col("status") == "partial")
     if part.height:
         miss = sorted({int(x) for m in part["missing_ranks"].to_list() if m for x in m.split(", ")})
@@ -323,7 +327,8 @@ def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]
             parts.append(f"ranks whose trace has no matching kernel: {_short(present)}")
         what = f" ({'; '.join(parts)})" if parts else ""
         out.append(
-            f"{part.height} of {colls.height} collectives are matched on only some of their "
+            f"{part.height} of {colls.height} collectives {'is' if part.height == 1 else 'are'} "
+            "matched on only some of their "
             f"members{what}: their transfer time is an upper bound and their waits lower bounds"
         )
     un = colls.filter(pl.col("status") == "unmatched")
@@ -332,10 +337,15 @@ def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]
         absent = [m for m in miss if m not in job_ranks]
         why = f" (their peers without a trace: {_short(absent)})" if absent else ""
         out.append(
-            f"{un.height} collectives were found on one rank only{why}: no wait can be split "
+            f"{_n(un.height, 'collective')} {'was' if un.height == 1 else 'were'} found on one "
+            f"rank only{why}: no wait can be split "
             "from them"
         )
     return out
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
 
 
 def _short(xs: list[int], n: int = 12) -> str:
