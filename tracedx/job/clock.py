@@ -37,8 +37,9 @@ MEDIAN_SE = 1.2533  # sqrt(pi / 2): standard error of the median = 1.2533 * sigm
 # Uncorrected hosts: raw timestamps pick the last arriver only when a collective's arrival skew
 # exceeds this many times the largest |theta| + u (else the clock-free arriver is used).
 ARRIVAL_MARGIN = 3.0
-# End skew above which timestamps of ranks said to share a host are not trusted (MULTIRANK
-# reference: implicit-sync end skew <= 0.5 ms on one node, TraceLens reference data).
+# End skew above which timestamps of ranks said to share a host are not trusted: on one node,
+# implicit-sync collectives end within 4-566 us of each other (TraceLens' reference
+# nccl_summary_implicit_sync.csv, "skew in end time"; TraceLens docs, NCCL analyser).
 MAX_END_SKEW_US = 500.0
 
 
