@@ -1,38 +1,63 @@
 """tracedx: trace analysis and diagnosis for PyTorch GPU programs.
 
-Public API (torch is never imported by analysis):
+Public API (torch is never imported by analysis; ``import tracedx`` imports neither torch nor the
+analysis, which load on first use):
 
 - ``tracedx.load(path) -> Trace``: read a torch.profiler chrome trace into polars tables.
 - ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth.
-- ``tracedx.step()`` / ``tracedx.profile(...)``: step markers and profiling for `tracedx capture`.
-"""
+- ``tracedx.diff(before, after) -> TraceDiff``: re-measure a fix against its estimate.
+- ``tracedx.profile(...)`` / ``tracedx.step()``: profile a block of code, mark its steps.
+- ``tracedx.measure``: timing helpers (warm-up, synchronisation, median of repeats).
 
-from __future__ import annotations
+Results (``Diagnosis``, ``TraceDiff``) display as a verdict card in a notebook and have
+``to_text()``, ``to_markdown()``, ``to_html()``, ``write_html(path)``, ``to_dict()`` and
+``figures()``.
+"""
 
 __version__ = "0.1.0"
 
 from tracedx.errors import TraceError, TraceFormatError
 from tracedx.trace import Trace, load
 
-__all__ = ["Trace", "TraceError", "TraceFormatError", "__version__", "load"]
+# name -> (module, attribute or None for the module itself), imported on first use
+_LAZY = {
+    "diagnose": ("tracedx.analysis.diagnosis", "diagnose"),
+    "Diagnosis": ("tracedx.analysis.diagnosis", "Diagnosis"),
+    "diff": ("tracedx.analysis.diff", "diff"),
+    "TraceDiff": ("tracedx.analysis.diff", "TraceDiff"),
+    "profile": ("tracedx.capture", "profile"),
+    "step": ("tracedx.capture", "step"),
+    "CaptureError": ("tracedx.capture", "CaptureError"),
+    "measure": ("tracedx.measure", None),
+}
+
+__all__ = [
+    "CaptureError",
+    "Diagnosis",
+    "Trace",
+    "TraceDiff",
+    "TraceError",
+    "TraceFormatError",
+    "__version__",
+    "diagnose",
+    "diff",
+    "load",
+    "measure",
+    "profile",
+    "step",
+]
 
 
 def __getattr__(name: str):
     # Lazy imports keep `import tracedx` light and torch-free.
-    if name == "diagnose":
-        from tracedx.analysis.diagnosis import diagnose
-
-        return diagnose
-    if name == "diff":
-        from tracedx.analysis.diff import diff
-
-        return diff
-    if name in ("step", "profile"):
-        from tracedx import capture
-
-        return getattr(capture, name)
-    if name == "measure":
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module("tracedx.measure")
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'tracedx' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {"__version__"})

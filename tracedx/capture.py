@@ -906,6 +906,14 @@ class _Profiled:
         self.steps = 0
         self.active_steps = 0
 
+    def __repr__(self) -> str:
+        if self.path is None:
+            return f"<tracedx.profile: no trace written yet ({self.steps} steps so far)>"
+        return (
+            f"<tracedx.profile: trace {self.path} ({self.active_steps} steps recorded of "
+            f"{self.steps})>"
+        )
+
 
 @contextlib.contextmanager
 def profile(

@@ -158,9 +158,19 @@ def _load_and_diagnose(
     default=None,
     help="Also write a self-contained HTML report here.",
 )
+@click.option(
+    "--max-step-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="MS",
+    help="Exit 1 when the median step (unprofiled when timed, else traced) is over MS.",
+)
 @_analysis_options
-def diagnose(trace_path, fmt, html_path, **analysis):
-    """Where the time goes, what binds it, and what each fix is worth."""
+def diagnose(trace_path, fmt, html_path, max_step_ms, **analysis):
+    """Where the time goes, what binds it, and what each fix is worth.
+
+    Exit status: 0; 1 when --max-step-ms is exceeded; 2 for unusable input.
+    """
     from tracedx.report import render
 
     with _spinner(f"reading {trace_path}") as status:
@@ -169,6 +179,18 @@ def diagnose(trace_path, fmt, html_path, **analysis):
     if html_path:
         _write_html(diag, html_path)
         click.echo(f"wrote {html_path}", err=True)
+    if max_step_ms is not None:
+        st = diag.step_time
+        if st["ms"] is None:
+            raise TraceError("cannot check --max-step-ms: the trace has no step time")
+        if st["ms"] > max_step_ms:
+            over = st["ms"] - max_step_ms
+            click.echo(
+                f"tracedx: FAIL: the {st['basis']} median step is {st['ms']:.3f} ms, "
+                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}",
+                err=True,
+            )
+            click.get_current_context().exit(1)
 
 
 @main.command(
@@ -306,14 +328,42 @@ def report(trace_path, out_path, **analysis):
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
-def diff_command(before_path, after_path, fmt, fix, repair):
-    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result."""
+@click.option(
+    "--fail-if-slower",
+    "fail_pct",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="PCT",
+    help="Exit 1 when AFTER's median step (unprofiled when both were timed, else traced) is "
+    "more than PCT percent slower than BEFORE's.",
+)
+def diff_command(before_path, after_path, fmt, fix, repair, fail_pct):
+    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result.
+
+    Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
+    """
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
     from tracedx.trace import load
 
-    td = run_diff(load(before_path, repair=repair), load(after_path, repair=repair), fix=fix)
+    with _spinner(f"reading {before_path}") as status:
+        before = load(before_path, repair=repair)
+        if status:
+            status.update(f"reading {after_path}")
+        after = load(after_path, repair=repair)
+        if status:
+            status.update("comparing")
+        td = run_diff(before, after, fix=fix)
     click.echo(render_diff(td, fmt), nl=False)
+    if fail_pct is not None:
+        c = td.step_change
+        if c["basis"] is None:
+            raise TraceError("cannot check --fail-if-slower: a side has no step time")
+        if c["slower_pct"] > fail_pct:
+            click.echo(
+                f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%", err=True
+            )
+            click.get_current_context().exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

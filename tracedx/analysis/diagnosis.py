@@ -27,6 +27,7 @@ from tracedx.analysis.timeline import (
     sync_calls,
 )
 from tracedx.errors import TraceError
+from tracedx.results import Presentable
 from tracedx.trace import Trace
 
 SCHEMA = "tracedx.diagnosis/1"
@@ -38,8 +39,8 @@ NO_GPU_CAUSES = (
 )
 
 
-@dataclass
-class Diagnosis:
+@dataclass(repr=False)
+class Diagnosis(Presentable):
     """The result of :func:`diagnose`. Tables are polars DataFrames; times are us unless named _ms.
 
     Attributes:
@@ -81,6 +82,28 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     decode: dict[str, Any] | None = None
 
+    _present = {
+        "repr": "tracedx.report.card:diagnosis_repr",
+        "card": "tracedx.report.card:diagnosis_card",
+        "text": "tracedx.report.text:render_text",
+        "md": "tracedx.report.markdown:render_markdown",
+        "html": "tracedx.report.html:render_html",
+    }
+
+    @property
+    def step_time(self) -> dict[str, Any]:
+        """The step time that counts, for gates such as ``tracedx diagnose --max-step-ms``:
+        ``{"ms": float | None, "basis": "unprofiled" | "traced" | None}``: the median step
+        timed without the profiler by ``tracedx capture --time-unprofiled`` when the trace has
+        it (the profiler slows the host), else the median traced step of the primary device."""
+        u = self.summary.get("unprofiled_step_ms") or {}
+        if u.get("median"):
+            return {"ms": float(u["median"]), "basis": "unprofiled"}
+        devs = self.summary.get("devices") or {}
+        d = devs.get(str(self.primary_device)) or next(iter(devs.values()), {})
+        med = (d.get("step_time_us") or {}).get("median")
+        return {"ms": None, "basis": None} if med is None else {"ms": med / 1e3, "basis": "traced"}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract ``tracedx.diagnosis/1`` (see README). Non-finite numbers become null."""
         from tracedx.report.json import diagnosis_dict
@@ -88,10 +111,12 @@ class Diagnosis:
         return diagnosis_dict(self)
 
     def figures(self) -> dict[str, Any]:
-        """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks."""
+        """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks; each also
+        displays as HTML where a viewer does not run plotly's own output (a static notebook)."""
         from tracedx.report import figures
+        from tracedx.report.card import notebook_figure
 
-        return figures.all_figures(self)
+        return {k: notebook_figure(f) for k, f in figures.all_figures(self).items()}
 
 
 def parse_steps(spec: str | None, available: list[int]) -> list[int]:

@@ -42,6 +42,7 @@ def diff_dict(td) -> dict[str, Any]:
         "schema": SCHEMA,
         "before": _side(td.before),
         "after": _side(td.after),
+        "step_change": td.step_change,
         "fix": td.fix,
         "fix_source": td.fix_source,
         "candidates": [
@@ -59,6 +60,7 @@ def diff_dict(td) -> dict[str, Any]:
         .to_dicts(),
         "new_findings": [f.to_dict() for f in td.new_findings],
         "notes": td.notes,
+        "unrelated": td.unrelated,
     }
     return _clean(doc)
 
@@ -111,6 +113,12 @@ def _us(v) -> str:
     return f"{v / 1e3:.3f} ms"
 
 
+def _step_line(d: dict) -> str:
+    """The first line: REGRESSION when AFTER is slower by more than 5%, else the step change."""
+    c = d["step_change"]
+    return ("REGRESSION: " if c["regression"] else "STEP: ") + c["summary"]
+
+
 def _prediction_lines(d: dict) -> list[str]:
     p = d["prediction"]
     out = []
@@ -158,6 +166,9 @@ def render_text(td) -> str:
         dev += f" -> {a['device_name']}"
     out.append(f"{dev} · {len(b['steps'])} steps -> {len(a['steps'])} steps")
     out.append("")
+    out.append(_step_line(d))
+    if d["unrelated"]:
+        out.append(f"WARNING: {d['unrelated']}")
     out += _prediction_lines(d)
     out.append("")
     shown = [m for m in d["metrics"] if not (m["before"] in (None, 0) and m["after"] in (None, 0))]
@@ -238,6 +249,9 @@ def render_markdown(td) -> str:
     b, a = d["before"], d["after"]
     p = d["prediction"]
     out = [f"# tracedx diff: {_code(b['path'])} -> {_code(a['path'])}", ""]
+    out += [f"**{_esc(_step_line(d))}**", ""]
+    if d["unrelated"]:
+        out += [f"**Warning:** {_esc(d['unrelated'])}", ""]
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: `{d['fix']}`** ({src})")
     out.append("")

@@ -27,7 +27,7 @@ from tracedx.trace.tables import DataWarning, TableBuilder
 __all__ = ["DataWarning", "Trace", "load"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Trace:
     """A loaded trace. All times are microseconds on the trace's own clock.
 
@@ -68,6 +68,16 @@ class Trace:
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
     _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        from tracedx.report.card import trace_repr
+
+        return trace_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracedx.report.card import trace_card
+
+        return trace_card(self)
 
     @property
     def devices(self) -> list[int]:

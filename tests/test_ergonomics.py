@@ -1,0 +1,209 @@
+"""Daily use (issue 17): the notebook view, the public API surface, the CI gate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import tracedx
+from tests.conftest import SAMPLES
+from tests.tracebuilder import T0, TraceBuilder
+from tracedx.cli import main
+
+PUBLIC = ["diagnose", "diff", "load", "measure", "profile", "step", "Diagnosis", "TraceDiff"]
+
+
+# --- the public API --------------------------------------------------------------------------
+
+
+def test_dir_and_all_show_the_whole_public_api():
+    names = dir(tracedx)
+    for n in PUBLIC:
+        assert n in names and n in tracedx.__all__, n
+    assert "annotations" not in names and not hasattr(tracedx, "annotations")
+    for n in tracedx.__all__:
+        getattr(tracedx, n)  # every listed name resolves
+
+
+def test_help_lists_the_lazy_functions():
+    import pydoc
+
+    text = pydoc.render_doc(tracedx, renderer=pydoc.plaintext)
+    for n in ("diagnose", "diff", "profile", "step"):
+        assert f"\n    {n}(" in text, n
+
+
+def test_import_stays_torch_free_and_light():
+    code = (
+        "import sys, tracedx; dir(tracedx); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('tracedx.analysis')"
+        " or m.startswith('tracedx.report') or m == 'plotly'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- result objects in a notebook ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def add_loop():
+    return tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-eager.json.gz"))
+
+
+def test_diagnosis_repr_is_short_and_leads_with_the_verdict(add_loop):
+    r = repr(add_loop)
+    assert len(r) < 600 and len(r.splitlines()) <= 6
+    assert "OVERHEAD-BOUND, bottleneck: kernel launch" in r.splitlines()[1]
+    st = add_loop.to_dict()["steps"]
+    assert f"step {st['step_time_ms']:.3f} ms" in r
+    top = add_loop.findings[0]
+    assert f"{top.fix} {top.estimated_speedup:.2f}x" in r
+
+
+def test_diagnosis_card_has_verdict_step_busy_idle_and_fixes(add_loop):
+    h = add_loop._repr_html_()
+    d = add_loop.to_dict()
+    assert "tracedx-verdict" in h and "OVERHEAD-BOUND" in h
+    assert f"{d['steps']['step_time_ms']:.3f} ms" in h
+    assert f"GPU busy {d['steps']['gpu_busy_ms']:.3f} ms, idle {d['steps']['idle_fraction']:.0%}" in h
+    rec = [f for f in add_loop.findings if f.recommended][:3]
+    for f in rec:
+        assert f"<code>{f.fix}</code>: <b>{f.estimated_speedup:.2f}x</b>" in h
+    assert "<script" not in h and len(h) < 5000
+
+
+def test_result_objects_render_every_format(add_loop, tmp_path):
+    from tracedx.report import render
+
+    assert add_loop.to_text() == render(add_loop, "text")
+    assert add_loop.to_markdown() == render(add_loop, "md")
+    html = add_loop.to_html()
+    assert html.startswith("<!DOCTYPE html>")
+    p = add_loop.write_html(tmp_path / "r.html")
+    assert p.read_text(encoding="utf-8") .startswith("<!DOCTYPE html>")
+
+
+def test_trace_repr_is_short(add_loop):
+    t = add_loop.trace
+    r = repr(t)
+    assert len(r) < 300
+    assert f"{t.kernels.height:,} kernels" in r and "4 steps" in r and "NVIDIA H200" in r
+    assert "not diagnosed yet" in t._repr_html_()
+
+
+def test_diff_repr_card_and_formats(add_loop, tmp_path):
+    after = tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz")
+    td = tracedx.diff(add_loop.trace, after)
+    r = repr(td)
+    assert len(r) < 600 and "fix cuda-graphs" in r
+    h = td._repr_html_()
+    assert "tracedx-verdict" in h and "AFTER is" in h
+    assert td.to_text().startswith("tracedx diff")
+    assert td.to_markdown().startswith("# tracedx diff")
+    assert "<pre" in td.to_html()
+    assert td.write_html(tmp_path / "d.html").exists()
+
+
+def test_figures_carry_an_html_fallback(add_loop):
+    figs = add_loop.figures()
+    assert set(figs) == {"roofline", "timeline", "breakdown", "fixes"}
+    for f in figs.values():
+        bundle = f._repr_mimebundle_()
+        assert "text/html" in bundle and "plotly" in bundle["text/html"].lower()
+        assert f.to_dict()["data"] is not None  # still a plotly figure
+
+
+def test_profile_handle_says_where_the_trace_went(tmp_path):
+    from tracedx.capture import _Profiled
+
+    h = _Profiled()
+    assert "no trace written yet" in repr(h)
+    h.path = tmp_path / "p.json.gz"
+    h.steps, h.active_steps = 7, 5
+    assert repr(h) == f"<tracedx.profile: trace {h.path} (5 steps recorded of 7)>"
+
+
+# --- the CI gate -----------------------------------------------------------------------------
+
+
+def _steps_trace(tmp_path, name: str, step_us: float, n: int = 4):
+    """n steps of ``step_us`` host window each, one 40 us kernel each: median step step_us."""
+    b = TraceBuilder()
+    t = T0
+    for i in range(1, n + 1):
+        b.step(i, t, step_us)
+        ext = b.op("aten::add", t + 1, 10)
+        corr = b.launch(t + 2, 5, ext=ext)
+        b.kernel(t + 10, 40, corr, name="elementwise_kernel")
+        t += step_us
+    return b.write(tmp_path / f"{name}.json")
+
+
+def test_diagnose_max_step_ms(tmp_path):
+    p = _steps_trace(tmp_path, "t", 100.0)
+    ok = CliRunner().invoke(main, ["diagnose", str(p), "--max-step-ms", "0.1"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(main, ["diagnose", str(p), "--max-step-ms", "0.08"])
+    assert bad.exit_code == 1
+    fail = [ln for ln in bad.stderr.splitlines() if "FAIL" in ln]
+    assert fail == [
+        "tracedx: FAIL: the traced median step is 0.100 ms, 0.020 ms (25.0%) over --max-step-ms 0.08"
+    ]
+
+
+def test_diff_fail_if_slower_and_regression(tmp_path):
+    fast, slow = _steps_trace(tmp_path, "fast", 100.0), _steps_trace(tmp_path, "slow", 150.0)
+    r = CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "40"])
+    assert r.exit_code == 1
+    assert r.stdout.splitlines()[3].startswith("REGRESSION: AFTER is 50.0% slower")
+    assert [ln for ln in r.stderr.splitlines() if "FAIL" in ln] == [
+        "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> "
+        "0.150 ms), over --fail-if-slower 40%"
+    ]
+    assert CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "60"]).exit_code == 0
+    fwd = CliRunner().invoke(main, ["diff", str(slow), str(fast), "--fail-if-slower", "0"])
+    assert fwd.exit_code == 0 and "REGRESSION" not in fwd.stdout
+    assert "STEP: AFTER is 1.50x faster (33.3% less time" in fwd.stdout
+    doc = json.loads(CliRunner().invoke(main, ["diff", str(fast), str(slow), "--format", "json"]).stdout)
+    assert doc["step_change"]["regression"] is True and doc["step_change"]["slower_pct"] == 50.0
+
+
+def test_gate_on_unusable_input_exits_2(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text("{")
+    r = CliRunner().invoke(main, ["diff", str(p), str(p), "--fail-if-slower", "5"])
+    assert r.exit_code == 2
+
+
+def test_reversed_sample_pair_says_regression():
+    r = CliRunner().invoke(
+        main,
+        ["diff", str(SAMPLES / "add_loop-cudagraph.json.gz"), str(SAMPLES / "add_loop-eager.json.gz")],
+    )
+    assert r.exit_code == 0
+    assert "REGRESSION: AFTER is 10.39x slower (+939% step time; unprofiled median step 0.436 -> 4.528 ms)" in r.stdout
+
+
+def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
+    from tracedx.analysis.diff import _unrelated_note
+
+    pairs = json.loads((SAMPLES / "pairs.json").read_text())
+    cache = {}
+
+    def d(name):
+        if name not in cache:
+            cache[name] = tracedx.diagnose(tracedx.load(SAMPLES / name))
+        return cache[name]
+
+    for p in pairs:
+        assert _unrelated_note(d(p["before"]), d(p["after"])) is None, p["pair"]
+    note = _unrelated_note(d("add_loop-eager.json.gz"), d("resnet_train-fp32.json.gz"))
+    assert note.startswith("BEFORE and AFTER share 0% of their tensor shapes (1 and 30 distinct)")
+    td = tracedx.diff(d("matmul-bf16.json.gz").trace, d("decode-eager.json.gz").trace)
+    assert td.unrelated and td.notes[0] == td.unrelated
+    assert f"WARNING: {td.unrelated}" in td.to_text()
