@@ -70,7 +70,9 @@ def test_diagnosis_card_has_verdict_step_busy_idle_and_fixes(add_loop):
     d = add_loop.to_dict()
     assert "tracedx-verdict" in h and "OVERHEAD-BOUND" in h
     assert f"{d['steps']['step_time_ms']:.3f} ms" in h
-    assert f"GPU busy {d['steps']['gpu_busy_ms']:.3f} ms, idle {d['steps']['idle_fraction']:.0%}" in h
+    assert (
+        f"GPU busy {d['steps']['gpu_busy_ms']:.3f} ms, idle {d['steps']['idle_fraction']:.0%}" in h
+    )
     rec = [f for f in add_loop.findings if f.recommended][:3]
     for f in rec:
         assert f"<code>{f.fix}</code>: <b>{f.estimated_speedup:.2f}x</b>" in h
@@ -85,7 +87,7 @@ def test_result_objects_render_every_format(add_loop, tmp_path):
     html = add_loop.to_html()
     assert html.startswith("<!DOCTYPE html>")
     p = add_loop.write_html(tmp_path / "r.html")
-    assert p.read_text(encoding="utf-8") .startswith("<!DOCTYPE html>")
+    assert p.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
 def test_trace_repr_is_short(add_loop):
@@ -165,11 +167,16 @@ def test_diff_fail_if_slower_and_regression(tmp_path):
         "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> "
         "0.150 ms), over --fail-if-slower 40%"
     ]
-    assert CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "60"]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "60"]).exit_code
+        == 0
+    )
     fwd = CliRunner().invoke(main, ["diff", str(slow), str(fast), "--fail-if-slower", "0"])
     assert fwd.exit_code == 0 and "REGRESSION" not in fwd.stdout
     assert "STEP: AFTER is 1.50x faster (33.3% less time" in fwd.stdout
-    doc = json.loads(CliRunner().invoke(main, ["diff", str(fast), str(slow), "--format", "json"]).stdout)
+    doc = json.loads(
+        CliRunner().invoke(main, ["diff", str(fast), str(slow), "--format", "json"]).stdout
+    )
     assert doc["step_change"]["regression"] is True and doc["step_change"]["slower_pct"] == 50.0
 
 
@@ -183,10 +190,17 @@ def test_gate_on_unusable_input_exits_2(tmp_path):
 def test_reversed_sample_pair_says_regression():
     r = CliRunner().invoke(
         main,
-        ["diff", str(SAMPLES / "add_loop-cudagraph.json.gz"), str(SAMPLES / "add_loop-eager.json.gz")],
+        [
+            "diff",
+            str(SAMPLES / "add_loop-cudagraph.json.gz"),
+            str(SAMPLES / "add_loop-eager.json.gz"),
+        ],
     )
     assert r.exit_code == 0
-    assert "REGRESSION: AFTER is 10.39x slower (+939% step time; unprofiled median step 0.436 -> 4.528 ms)" in r.stdout
+    assert (
+        "REGRESSION: AFTER is 10.39x slower (+939% step time; unprofiled median step 0.436 -> 4.528 ms)"
+        in r.stdout
+    )
 
 
 def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
@@ -207,3 +221,30 @@ def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
     td = tracedx.diff(d("matmul-bf16.json.gz").trace, d("decode-eager.json.gz").trace)
     assert td.unrelated and td.notes[0] == td.unrelated
     assert f"WARNING: {td.unrelated}" in td.to_text()
+
+
+# --- the example notebook, run in a real kernel ----------------------------------------------
+
+
+def test_first_session_notebook_runs_and_shows_card_and_figures():
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import time
+
+    from tests.conftest import ROOT
+
+    path = ROOT / "examples" / "first_session.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    t = time.monotonic()
+    nbclient.NotebookClient(
+        nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    assert time.monotonic() - t < 30
+    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outs if o.output_type == "error"]
+    html = [o["data"]["text/html"] for o in outs if "text/html" in o.get("data", {})]
+    assert any("tracedx-verdict" in h and "OVERHEAD-BOUND" in h for h in html)  # the card
+    figs = [o for o in outs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(figs) == 2 and all("text/html" in o["data"] for o in figs)
+    assert any("cuda-graphs" in h and "AFTER is" in h for h in html)  # the diff card

@@ -616,7 +616,12 @@ class TraceDiff(Presentable):
         """
         p = self.prediction
         if p.achieved_unprofiled:
-            basis, x, b, a = "unprofiled", p.achieved_unprofiled, p.before_unprofiled_ms, p.after_unprofiled_ms
+            basis, x, b, a = (
+                "unprofiled",
+                p.achieved_unprofiled,
+                p.before_unprofiled_ms,
+                p.after_unprofiled_ms,
+            )
         elif p.achieved_traced:
             basis, x, b, a = "traced", p.achieved_traced, p.before_step_ms, p.after_step_ms
         else:

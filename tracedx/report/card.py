@@ -66,8 +66,7 @@ def diagnosis_repr(diag) -> str:
     lines = [
         f"<Diagnosis of {_name(d['trace']['path'])}: {dev}, {_steps_label(st)}>",
         f"  {_verdict(d)}",
-        f"  step {_ms(st['step_time_ms'])} (median per step); "
-        + _busy_idle(st, _idle_cause(d)),
+        f"  step {_ms(st['step_time_ms'])} (median per step); " + _busy_idle(st, _idle_cause(d)),
         f"  top fixes: {fixes or 'none worth 5% or more'}",
         "  (.to_text() for the full report, .figures() for plots)",
     ]
@@ -237,6 +236,15 @@ class _NotebookFigure:
         if "text/html" not in bundle:
             bundle["text/html"] = self.to_html(include_plotlyjs="cdn", full_html=False)
         return bundle
+
+    def _ipython_display_(self):
+        # plotly's own display sends only the renderer's MIME types; send the bundle above
+        import plotly.io as pio
+        from IPython.display import display
+
+        if not (pio.renderers.render_on_display and pio.renderers.default):
+            return super()._ipython_display_()
+        display(self._repr_mimebundle_(), raw=True)
 
 
 def notebook_figure(fig):
