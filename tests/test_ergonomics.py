@@ -248,3 +248,23 @@ def test_first_session_notebook_runs_and_shows_card_and_figures():
     figs = [o for o in outs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert len(figs) == 2 and all("text/html" in o["data"] for o in figs)
     assert any("cuda-graphs" in h and "AFTER is" in h for h in html)  # the diff card
+
+
+def test_readme_documents_exit_codes_and_both_schemas(tmp_path):
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert "Exit codes" in readme and "--fail-if-slower" in readme and "--max-step-ms" in readme
+    assert "runs-on:" in readme  # the GitHub Actions example
+    fast, slow = _steps_trace(tmp_path, "fast", 100.0), _steps_trace(tmp_path, "slow", 150.0)
+    diff_doc = tracedx.diff(tracedx.load(fast), tracedx.load(slow)).to_dict()
+    diag_doc = tracedx.diagnose(tracedx.load(fast)).to_dict()
+    diff_part = readme.split("## diff JSON output")[1].split("\n## ")[0]
+    diag_part = readme.split("## JSON output")[1].split("\n## ")[0]
+    assert "tracedx.diff/1" in diff_part and "tracedx.diagnosis/1" in diag_part
+    for k in set(diff_doc) - {"schema"}:
+        assert f"`{k}`" in diff_part, k
+    for k in diff_doc["step_change"]:
+        assert f"`{k}`" in diff_part, k
+    for k in set(diag_doc) - {"schema"}:
+        assert f"`{k}`" in diag_part, k
