@@ -4,7 +4,7 @@
     python capture/item_loop.py --no-sync    # accumulate on the device, read once at the end
 
 A step is ``--iters`` iterations of three small ops; ``tracedx.step()`` marks each step.
-GUIDE.md section 2: removing the sync gained nothing (11.1 -> 12.2 ms), because kernel
+An earlier run on an H200 (another day, not recorded here): removing the sync gained nothing (11.1 -> 12.2 ms), because kernel
 launches already bound the host: a fix worth nothing, which estimates must catch.
 """
 

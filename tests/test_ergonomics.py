@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -268,3 +269,48 @@ def test_readme_documents_exit_codes_and_both_schemas(tmp_path):
         assert f"`{k}`" in diff_part, k
     for k in set(diag_doc) - {"schema"}:
         assert f"`{k}`" in diag_part, k
+
+
+# --- stand alone -----------------------------------------------------------------------------
+
+# what points to files a user lacks: the developers' guide, their ../shared folder, the seed
+# texts and the odd-trace cases beside their checkout
+_PRIVATE = re.compile(
+    r"GUIDE(\.md|'s|:| \d)|\.\./shared|shared/(GUIDE|cases|public_traces|seeds|MULTIRANK)"
+    r"|\bthe seeds\b|\bseeds[,:;)']|\bseed \d{3}\b|CASES(\.md)? C\d+|\bMULTIRANK\.md|ARCHITECTURE\.md"
+)
+
+
+def _shipped_files():
+    from tests.conftest import ROOT
+
+    yield from (ROOT / "tracedx").rglob("*.py")
+    yield from (ROOT / "capture").rglob("*.py")
+    yield from (ROOT / "docs").rglob("*.md")
+    yield from (ROOT / "examples").glob("*.ipynb")
+    yield from (ROOT / "sample_traces").glob("*.json")
+    yield from (ROOT / p for p in ("README.md", "sample_traces/README.md", "capture/README.md"))
+
+
+def test_nothing_shipped_points_to_files_a_user_lacks():
+    hits = []
+    for f in _shipped_files():
+        for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            if _PRIVATE.search(line):
+                hits.append(f"{f.name}:{i}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+def test_the_pattern_catches_what_it_is_for():
+    for bad in ("(GUIDE.md 2.7)", "GUIDE's pair", "see ../shared/cases", "seed 004:", "the seeds'"):
+        assert _PRIVATE.search(bad), bad
+    for ok in ("torch.manual_seed(0)", "seeds the generators", "shared memory", "guide"):
+        assert not _PRIVATE.search(ok), ok
+
+
+def test_plain_trace_notes_state_the_profiler_cost_with_a_public_source(tmp_path):
+    d = tracedx.diagnose(tracedx.load(_steps_trace(tmp_path, "t", 100.0)))
+    note = next(n for n in d.notes if n.startswith("the profiler slows the host"))
+    assert "1.1x to 3.7x" in note and "sample_traces" in note
+    src = d.device.source if d.device else ""
+    assert not _PRIVATE.search(note + src)

@@ -4,7 +4,7 @@
 :func:`step` (a step marker, a no-op when nothing is capturing) and :func:`profile` (a context
 manager that profiles a block with the same schedule and writing).
 
-How a capture goes (PyTorch docs, ``torch.profiler``; GUIDE.md sections 1-2; CASES C20, C21):
+How a capture goes (PyTorch docs, ``torch.profiler``):
 
 - Steps come from the script's own loop: an optimizer ``step()`` post hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) marks the end of each
@@ -248,7 +248,7 @@ def _import_torch():
 def _experimental_config(torch):
     """``_ExperimentalConfig(enable_cuda_sync_events=True)`` where this torch has it, else None.
 
-    With it each host sync appears as a ``cuda_sync`` event (GUIDE.md section 1).
+    With it each host sync appears as a ``cuda_sync`` event on the GPU's track.
     """
     try:
         return torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
@@ -352,7 +352,7 @@ class _Session:
         self.main.prepare_trace()
 
     def _enter_step_range(self) -> None:
-        # The same annotation torch's own schedule writes (GUIDE.md section 1).
+        # The same annotation torch's own schedule writes (``torch.profiler.profile.step``).
         self._step_range = self.torch.profiler.record_function(f"ProfilerStep#{self.m}")
         self._step_range.__enter__()
 
@@ -608,8 +608,8 @@ def capture_script(
     (default 1/1/5). With ``time_unprofiled=K`` the script first runs once without the profiler
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
-    more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker; seeds,
-    chapter 10); the median/min/max go into the trace's ``"tracedx"`` metadata as
+    more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker,
+    see :mod:`tracedx.measure`); the median/min/max go into the trace's ``"tracedx"`` metadata as
     ``unprofiled_step_ms``. Each timed step starts with an idle GPU: host work that a
     free-running loop would overlap with the previous step's kernels is exposed, so a step
     whose host and GPU times are close reads slower here than in the trace.

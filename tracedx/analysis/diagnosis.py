@@ -491,7 +491,7 @@ def diagnose(
         )
     else:
         notes.append(
-            "the profiler slows the host (7-35% on CPU-bound steps, GUIDE.md 2.7): estimates are against "
+            f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
             "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
         )
     if isinstance(unprof, dict) and unprof.get("median"):
@@ -882,8 +882,8 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
 
     Decode-like: GEMM ops whose activation has at most 8 rows hold >= 50% of GEMM device time.
     Bytes read per token = weights (the largest input of each GEMM) + KV cache (the key and
-    value inputs of attention ops), per step; ceiling = bandwidth / bytes per token (seed 004;
-    GUIDE.md section 5). Returns None when the trace is not decode-like or has no shapes/peaks.
+    value inputs of attention ops), per step; ceiling = bandwidth / bytes per token
+    (:func:`tracedx.analysis.roofline.decode_ceiling`). Returns None when the trace is not decode-like or has no shapes/peaks.
     """
     if spec is None or model is None or "family" not in ops_tbl.columns or ops_tbl.height == 0:
         return None

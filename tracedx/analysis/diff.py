@@ -1,7 +1,7 @@
 """``diff(a, b, fix=None) -> TraceDiff``: the re-measure step of the method.
 
-The seeds' method ends with re-measuring, because a fix moves the bottleneck (seed 001,
-section 13.1: measure, classify, fix, re-measure). ``diff`` diagnoses BEFORE and AFTER and puts
+The method (measure, classify, fix, re-measure) ends with re-measuring, because a fix moves
+the bottleneck. ``diff`` diagnoses BEFORE and AFTER and puts
 them side by side: step time, GPU busy, idle fraction, kernels, copies, syncs, regime and
 bottleneck; the op names and kernel kinds whose device time changed most; the kernels that
 appeared or vanished (grouped by a normalised name); AFTER's new top findings.
@@ -1278,7 +1278,7 @@ def diff(
             "taken out); the unprofiled speedup is the one to compare"
             if before.model is not None and before.model.unprofiled_step_us
             else "estimates are against the traced step time; the profiler slows the host "
-            "(GUIDE.md 2.7), so the unprofiled speedup is the one that counts"
+            f"({fx.PROFILER_SLOWDOWN}), so the unprofiled speedup is the one that counts"
         )
     verdicts = {
         "regime": (before.regime, after.regime),

@@ -1,7 +1,7 @@
 """Findings: one rule per fix id, each returning the fraction of the step it acts on (f), the
 local speedup (s), its evidence, and the whole-step Amdahl estimate.
 
-Amdahl's law (seed 001, section 13.1; G. Amdahl, AFIPS 1967): a part taking fraction f of the
+Amdahl's law (G. Amdahl, AFIPS 1967): a part taking fraction f of the
 time, made s times faster, speeds the whole up ``1 / ((1 - f) + f / s)``.
 
 The estimates respect what else binds the step. They are computed on a two-sided model of
@@ -16,7 +16,7 @@ the same formula. Removing launch gaps can never make a step faster than its GPU
 and a faster GEMM does not help a step whose GPU waits on the host. All times are
 microseconds per step.
 
-The profiler slows the host (GUIDE.md 2.7), by a roughly fixed cost per recorded host event
+The profiler slows the host (:data:`PROFILER_SLOWDOWN`), by a roughly fixed cost per recorded host event
 (op or runtime call). Without an unprofiled timing, estimates are against the traced step
 time. When the trace carries the unprofiled step time (``tracedx capture --time-unprofiled``),
 that cost per event is solved from the two (``tax_us``) and taken out of the host side, so
@@ -43,9 +43,15 @@ FIX_IDS = (
 )
 
 MIN_RECOMMENDED_SPEEDUP = 1.05
+PROFILER_SLOWDOWN = (
+    "host-bound steps ran 1.1x to 3.7x slower traced than unprofiled on tracedx's H200 "
+    "sample_traces"
+)
+"""How much the profiler slows a host-bound step: the traced over the unprofiled median step of
+the overhead-bound sample traces (``tracedx capture --time-unprofiled``, PyTorch 2.11, H200)."""
 # Host cost of one cudaGraphLaunch, per kernel in the graph, as measured in profiled H200 traces:
 # 1.41 us (add_loop-cudagraph, 500 kernels), 1.42 us (mlp_train-cudagraph, 29 kernels) in
-# sample_traces/; GUIDE.md 2.5 saw 0.68 ms for 394 kernels (1.7 us).
+# sample_traces/.
 GRAPH_HOST_US_PER_KERNEL = 1.4
 # GPU-side gap between consecutive kernels of a graph replay, measured as (step - busy) / kernels
 # in the same traces: 0.62 us (add_loop), 0.48 us (decode), 0.59 us (mlp_train).

@@ -1,11 +1,11 @@
 """Per-step timeline metrics: windows, busy time, idle gaps and their causes.
 
-Definitions (shared/GUIDE.md section 2.3 and 2.4):
+Definitions:
 
 - CPU window: the ``ProfilerStep#N`` host annotation.
 - GPU window (per device): from the first GPU event launched in step N to the first GPU event
   launched in step N+1 (for the last step, to the end of its last GPU event).
-- step time = max(CPU window, GPU window) in steady state (GUIDE.md 2.3): it reproduces the
+- step time = max(CPU window, GPU window) in steady state (the CPU runs ahead of the GPU): it reproduces the
   unprofiled step time within a few percent for GPU-bound steps. Per device, the steps'
   intervals are all GPU windows when the GPU windows add up to more than the CPU windows (the
   GPU binds and lags the CPU), else all CPU windows; one choice for all steps, so the intervals
@@ -64,7 +64,8 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
     ``cudaEventSynchronize`` and driver/HIP spellings), ``synchronous copy`` (``cudaMemcpy``, or a
     device-to-host copy into pageable memory under 1 MiB: ``.item()``, ``.cpu()``, ``print(t)``
     wait for the GPU to produce the value) or ``pageable memcpy`` (a larger copy from or to
-    pageable memory, which blocks the host for the whole copy: GUIDE.md 2.6).
+    pageable memory, which blocks the host for the whole copy: CUDA Runtime API docs,
+    "API synchronization behavior").
     Columns: the launches table's, plus ``blocking_reason``.
     """
     la = trace.launches
@@ -159,7 +160,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             .with_columns(
                 # The steps' intervals: GPU windows when, over the analysed steps, the GPU
                 # windows are the longer (the GPU binds and lags the CPU), else CPU windows
-                # (GUIDE.md 2.3). One choice for all steps, so the intervals tile the timeline;
+                # One choice for all steps, so the intervals tile the timeline;
                 # choosing per step mixes windows that are offset in time.
                 gpu_longer=pl.col("gpu_window_us").is_not_null()
                 & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
