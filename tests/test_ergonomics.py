@@ -314,3 +314,31 @@ def test_plain_trace_notes_state_the_profiler_cost_with_a_public_source(tmp_path
     assert "1.1x to 3.7x" in note and "sample_traces" in note
     src = d.device.source if d.device else ""
     assert not _PRIVATE.search(note + src)
+
+
+# --- terminal: the idle cause agrees with the verdict ----------------------------------------
+
+
+def test_one_op_host_work_is_the_idle_cause_too(tmp_path):
+    """Each 1000 us step: aten::slow holds 900 us of host time for one 10 us kernel (900 us per
+    kernel: work in the op, not launch cost). The steps tile by their CPU windows; the gap from
+    each step's start to its kernel (905 us) lies 895 us inside aten::slow, so its cause is host
+    work, as the verdict says (it was "kernel launch"); the 85 us after the kernel is python."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = T0 + 1000 * i
+        b.step(i + 1, t, 1000)
+        ext = b.op("aten::slow", t + 10, 900)
+        corr = b.launch(t + 900, 5, ext=ext)
+        b.kernel(t + 905, 10, corr, name="elementwise_kernel")
+    d = tracedx.diagnose(tracedx.load(b.write(tmp_path / "t.json")))
+    assert (d.regime, d.bottleneck) == ("overhead-bound", "host work")
+    causes = d.to_dict()["idle_causes"]
+    assert {k: v["ms_per_step"] for k, v in causes.items()} == {"host work": 0.905, "python": 0.085}
+
+
+def test_decode_eager_idle_cause_matches_its_bottleneck():
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "decode-eager.json.gz"))
+    causes = d.to_dict()["idle_causes"]
+    top = max(causes, key=lambda k: causes[k]["ms_per_step"])
+    assert d.bottleneck == top == "host work"

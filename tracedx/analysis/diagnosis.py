@@ -372,7 +372,9 @@ def diagnose(
         notes.append("a single ProfilerStep: no median over steps")
     w_all = step_windows(trace)
     w = w_all.filter(pl.col("step").is_in(chosen))
-    gaps = idle_gaps(trace, w)
+    top = top_level_ops(trace, chosen)
+    host_op = _host_work_op(top, w, n_steps=len(chosen))
+    gaps = idle_gaps(trace, w, _top_op_ids(trace, host_op["name"]) if host_op else None)
     causes = idle_by_cause(gaps)
     n = len(chosen)
 
@@ -442,7 +444,6 @@ def diagnose(
                 f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
                 "GPU's: check --device, or measure them with `tracedx calibrate`"
             )
-    top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)
     wp = w.filter(pl.col("device") == primary) if primary is not None else w
     largest = (
@@ -463,7 +464,7 @@ def diagnose(
         else None
     )
     regime, bottleneck, evidence = _verdict(
-        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=top
+        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=host_op
     )
     found = (
         _findings(trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n)
@@ -672,7 +673,36 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
 
 
-def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=None):
+HOST_WORK_SHARE = 0.4
+HOST_WORK_US_PER_KERNEL = 100.0
+"""One top-level op holding over 40% of the step's host time at 100 us or more per kernel is
+host work inside that op (e.g. cuDNN re-planning attention), not launch cost: a launch costs
+5-20 us of host time (7.9 us back to back on an H200, ``tracedx calibrate``)."""
+
+
+def _host_work_op(top: pl.DataFrame, w: pl.DataFrame, n_steps: int) -> dict[str, Any] | None:
+    """The top-level op (by name) whose host time is host work by the rule above: ``name``,
+    ``per_step_us`` (host time per step), ``kernels`` (per step), ``per_kernel_us``,
+    ``share`` (of the median step); None when no op qualifies."""
+    step = w["step_time_us"].median() if w.height else None
+    if not top.height or not step:
+        return None
+    t = top.sort("host_time_us", descending=True).row(0, named=True)
+    n = max(n_steps, 1)
+    per_step = t["host_time_us"] / n
+    kernels = t["kernels"] / n
+    per_k = per_step / max(kernels, 1)
+    if per_step > HOST_WORK_SHARE * step and per_k >= HOST_WORK_US_PER_KERNEL:
+        return {"name": t["name"], "per_step_us": per_step, "kernels": kernels,
+                "per_kernel_us": per_k, "share": per_step / step}  # fmt: skip
+    return None
+
+
+def _top_op_ids(trace: Trace, name: str) -> pl.Series:
+    return trace.ops.filter(pl.col("parent_id").is_null() & (pl.col("name") == name))["op_id"]
+
+
+def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=None):
     ev: list[str] = []
     if trace.metadata.get("repairs"):
         ev.append(
@@ -743,21 +773,17 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
         # One top-level op holding most of the host time is host work inside that op (e.g.
-        # cuDNN re-planning), not per-kernel launch cost: name it.
-        n_steps = max(w["step"].n_unique(), 1)
-        if top_ops is not None and top_ops.height and model.step_us > 0:
-            t = top_ops.sort("host_time_us", descending=True).row(0, named=True)
-            per_step = t["host_time_us"] / n_steps
-            per_k = per_step / max(t["kernels"] / n_steps, 1)
-            # a launch costs 5-20 us of host time; 100 us or more per kernel is work in the op
-            if per_step > 0.4 * model.step_us and per_k >= 100:
-                ev.append(
-                    f"{t['name']} holds {_ms(per_step)} of host time per step "
-                    f"({per_step / model.step_us:.0%} of the step) for {t['kernels'] / n_steps:.0f} "
-                    f"kernels ({per_k:.0f} us per kernel): host work inside one op, not launch cost"
-                )
-                if bott == "kernel launch":
-                    bott = "host work"
+        # cuDNN re-planning), not per-kernel launch cost: name it (its idle gaps count as
+        # host work too: see idle_gaps' host_work_ops).
+        if host_op is not None:
+            ev.append(
+                f"{host_op['name']} holds {_ms(host_op['per_step_us'])} of host time per step "
+                f"({host_op['share']:.0%} of the step) for {host_op['kernels']:.0f} kernels "
+                f"({host_op['per_kernel_us']:.0f} us per kernel): host work inside one op, not "
+                "launch cost"
+            )
+            if bott == "kernel launch":
+                bott = "host work"
         if bott == "kernel launch" and model.per_kernel_host_us:
             ev.append(
                 f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "

@@ -21,7 +21,8 @@ gap between queued work, HolisticTraceAnalysis's "kernel wait"), else the host w
 ("host wait" in HTA) and we say why: ``host sync`` (a synchronizing call returned inside the
 gap: the queue had drained), ``dataloader`` (inside ``enumerate(DataLoader)#...__next__``),
 ``kernel launch`` (inside ops that launch GPU work: dispatch + launch overhead),
-``host work`` (inside ops that launch nothing), ``python`` (outside any op).
+``host work`` (inside ops that launch nothing, or inside the ops passed as
+``host_work_ops``: one op whose host time is work, not launch cost), ``python`` (outside any op).
 Gaps are taken over the step's interval, so the idle time by cause adds up to the step's
 idle time.
 """
@@ -255,8 +256,14 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     ).sort("device", "step", nulls_last=True)
 
 
-def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
+def idle_gaps(
+    trace: Trace, windows: pl.DataFrame, host_work_ops: pl.Series | None = None
+) -> pl.DataFrame:
     """Every idle gap inside each step's GPU window, with its cause.
+
+    ``host_work_ops``: op ids of top-level ops whose host time counts as ``host work`` although
+    they launch GPU work (the diagnosis passes the one op that holds most of the step's host
+    time at 100 us or more per kernel, such as cuDNN planning inside attention).
 
     Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
     """
@@ -280,6 +287,8 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
         pl.col("parent_id").is_null()
     )
     in_gpu_tree = pl.col("op_id").is_in(gpu_tree_tops(trace).implode())
+    if host_work_ops is not None and host_work_ops.len():
+        in_gpu_tree = in_gpu_tree & ~pl.col("op_id").is_in(host_work_ops.implode())
     gpu_ops = top_ops.filter(in_gpu_tree)
     cpu_ops = top_ops.filter(~in_gpu_tree)
     u_sync_end = np.sort(_arr(syncs, "end_us"))
