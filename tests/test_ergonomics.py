@@ -342,3 +342,53 @@ def test_decode_eager_idle_cause_matches_its_bottleneck():
     causes = d.to_dict()["idle_causes"]
     top = max(causes, key=lambda k: causes[k]["ms_per_step"])
     assert d.bottleneck == top == "host work"
+
+
+# --- terminal: fixes in the order a person would apply them ----------------------------------
+
+
+def _finding(fix, sp, recommended=True, requires=None):
+    from tracedx.analysis.findings import Finding
+
+    return Finding(fix, fix, 0.5, 2.0, sp, 1.0, "", recommended=recommended, requires=requires)
+
+
+def test_close_estimates_put_the_easier_fix_first():
+    from tracedx.analysis.findings import order_findings
+
+    fs = [_finding("cuda-graphs", 2.0), _finding("tf32", 1.7), _finding("larger-batch", 1.5),
+          _finding("bf16-autocast", 1.02, recommended=False)]  # fmt: skip
+    # tf32 (a flag) is within 1.25x of cuda-graphs (2.0 / 1.7 = 1.18); larger-batch is not
+    # within 1.25x of cuda-graphs (1.33), so it stays after it
+    assert [f.fix for f in order_findings(fs)] == [
+        "tf32", "cuda-graphs", "larger-batch", "bf16-autocast"
+    ]  # fmt: skip
+    # 1.6 is not within 1.25x of 2.01: the larger estimate first
+    fs = [_finding("cuda-graphs", 2.01), _finding("tf32", 1.6)]
+    assert [f.fix for f in order_findings(fs)] == ["cuda-graphs", "tf32"]
+
+
+def test_a_fix_that_needs_another_comes_after_it():
+    from tracedx.analysis.findings import order_findings
+
+    fs = [_finding("cuda-graphs", 2.4, requires="remove-host-sync"), _finding("larger-batch", 2.0),
+          _finding("remove-host-sync", 1.19)]  # fmt: skip
+    assert [f.fix for f in order_findings(fs)] == [
+        "remove-host-sync",
+        "cuda-graphs",
+        "larger-batch",
+    ]
+
+
+def test_item_loop_sync_stack_says_remove_the_sync_first():
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "item_loop-sync-stack.json.gz"))
+    rec = [f for f in d.findings if f.recommended]
+    assert [f.fix for f in rec[:2]] == ["remove-host-sync", "cuda-graphs"]
+    g = rec[1]
+    assert g.title == (
+        "Capture the sync-free segments of the step in CUDA graphs (101 per step): impractical as "
+        "such; remove the host syncs first, then capture one graph"
+    )
+    assert g.requires == "remove-host-sync"
+    text = d.to_text()
+    assert text.index("1. remove-host-sync") < text.index("2. cuda-graphs")

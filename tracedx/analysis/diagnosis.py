@@ -55,7 +55,7 @@ class Diagnosis(Presentable):
         op_table: op groups with FLOPs, bytes, intensity and roofline placement.
         top_ops: CPU against device time per top-level op.
         regime, bottleneck, evidence: the verdict and the numbers that decided it.
-        findings: fixes sorted by estimated speedup.
+        findings: fixes in the order a person would apply them (``findings.order_findings``).
         notes: things the user must know (no steps, profiler overhead, unknown device, ...).
     """
 
@@ -1050,7 +1050,7 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
         )
     out.append(fx.larger_batch(m, idle_fraction))
     res = [f for f in out if f is not None]
-    return sorted(res, key=lambda f: -f.estimated_speedup)
+    return fx.order_findings(res)
 
 
 def _exposed_comm(trace: Trace, steps: list[int], device: int) -> float:
