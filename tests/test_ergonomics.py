@@ -392,3 +392,54 @@ def test_item_loop_sync_stack_says_remove_the_sync_first():
     assert g.requires == "remove-host-sync"
     text = d.to_text()
     assert text.index("1. remove-host-sync") < text.index("2. cuda-graphs")
+
+
+# --- terminal: width, scope labels, no repeats, distinct op groups ---------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["decode-eager", "h2d_copy-pageable", "item_loop-sync-stack", "resnet_train-notf32"]
+)
+def test_text_report_fits_100_columns_and_wraps_at_words(name):
+    from tracedx.report.text import _render, render_text
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / f"{name}.json.gz"))
+    r = CliRunner().invoke(main, ["diagnose", str(SAMPLES / f"{name}.json.gz")])  # not a TTY
+    assert r.exit_code == 0
+    assert max(len(line) for line in r.stdout.splitlines()) <= 100
+    raw = _render(d, 100)
+    assert max(len(line) for line in raw.splitlines()) > 100  # there was something to wrap
+    assert r.stdout.split() == raw.split()  # no word was cut or lost
+    narrow = render_text(d, 72)
+    assert max(len(line) for line in narrow.splitlines() if " " in line.strip()) <= 72
+
+
+def test_wrapped_lines_hang_under_their_text():
+    from tracedx.report.text import fit
+
+    s = "  - " + "word " * 30 + "\n  step time      " + "x " * 50
+    lines = fit(s, 40).splitlines()
+    assert all(len(x) <= 40 for x in lines)
+    assert lines[1].startswith("    word") and not lines[1].startswith("     ")
+    i = next(i for i, x in enumerate(lines) if x.startswith("  step time"))
+    assert lines[i + 1].startswith(" " * 17 + "x")
+
+
+def test_no_breakdown_or_profiler_sentence_repeats_and_scopes_are_labelled():
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "resnet_train-notf32.json.gz"))
+    text = " ".join(d.to_text().split())
+    assert text.count("convolution 61%") == 1  # the kind breakdown, once
+    assert text.count("kernel launch 1.") == 1  # the idle breakdown, once
+    assert text.count("per host event taken out") == 1  # the profiler-cost sentence, once
+    assert "WHERE THE TIME GOES (median per step, over all 4 steps, unless marked)" in text
+    assert "(share over all 4 steps)" in text
+    assert "TOP OPS BY DEVICE TIME (count and ms: totals over all 4 steps)" in text
+    assert "CPU VS DEVICE TIME (top-level ops, mean per step)" in text
+    assert "(one gap)" in text
+
+
+def test_op_groups_with_one_name_show_their_shapes():
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "decode-eager.json.gz"))
+    rows = [ln.split()[1] for ln in d.to_text().splitlines() if ln.startswith("  aten::addmm ")]
+    assert rows == ["1024,1x1024,1024x1024", "1024,1x4096,4096x1024", "4096,1x1024,1024x4096",
+                    "3072,1x1024,1024x3072"]  # fmt: skip

@@ -129,6 +129,15 @@ def _spinner(message: str):
         status.stop()
 
 
+def _width() -> int:
+    """The text report's width: the terminal's when stdout is one, else 100 columns."""
+    if sys.stdout.isatty():
+        import shutil
+
+        return max(shutil.get_terminal_size().columns, 60)
+    return 100
+
+
 def _load_and_diagnose(
     trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
 ):
@@ -175,7 +184,7 @@ def diagnose(trace_path, fmt, html_path, max_step_ms, **analysis):
 
     with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
-    click.echo(render(diag, fmt), nl=False)
+    click.echo(render(diag, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
         click.echo(f"wrote {html_path}", err=True)
