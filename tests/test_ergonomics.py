@@ -443,3 +443,37 @@ def test_op_groups_with_one_name_show_their_shapes():
     rows = [ln.split()[1] for ln in d.to_text().splitlines() if ln.startswith("  aten::addmm ")]
     assert rows == ["1024,1x1024,1024x1024", "1024,1x4096,4096x1024", "4096,1x1024,1024x4096",
                     "3072,1x1024,1024x3072"]  # fmt: skip
+
+
+# --- terminal: a progress bar on long reads only ---------------------------------------------
+
+
+def test_progress_bar_follows_the_bytes_read_and_waits_before_showing(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from tracedx.cli import _Progress
+
+    path = SAMPLES / "add_loop-eager.json.gz"
+    out = io.StringIO()
+    bar = _Progress(True, after_s=0.0, console=Console(file=out, force_terminal=True))
+    t = tracedx.load(path, progress=bar.reading(str(path)))
+    bar.update("diagnosing")
+    import time
+
+    time.sleep(0.2)  # the timer thread shows the bar
+    task = bar._bar.tasks[0]
+    assert t.kernels.height and bar.shown
+    assert task.total == path.stat().st_size and task.completed == path.stat().st_size
+    assert task.description == "diagnosing"
+    bar.close()
+    quick = _Progress(True, after_s=5.0, console=Console(file=io.StringIO(), force_terminal=True))
+    quick.reading(str(path))
+    quick.close()
+    assert not quick.shown  # a read shorter than the delay prints nothing
+
+
+def test_no_progress_output_when_stderr_is_not_a_terminal():
+    r = CliRunner().invoke(main, ["diagnose", str(SAMPLES / "add_loop-eager.json.gz")])
+    assert r.exit_code == 0 and r.stderr == ""

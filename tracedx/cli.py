@@ -113,20 +113,74 @@ def _analysis_options(f):
     return f
 
 
+PROGRESS_AFTER_S = 2.0
+"""The progress bar shows only once reading and diagnosing have taken this long."""
+
+
+class _Progress:
+    """A rich progress bar on stderr (bytes of the trace read, then the stage), shown only when
+    stderr is a terminal and only after :data:`PROGRESS_AFTER_S`, so quick runs print nothing."""
+
+    def __init__(self, enabled: bool, after_s: float = PROGRESS_AFTER_S, console=None):
+        self.enabled, self.shown = enabled, False
+        self._bar = self._task = self._timer = None
+        if not enabled:
+            return
+        import threading
+
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            TimeElapsedColumn(), console=console or Console(stderr=True), transient=True,
+        )  # fmt: skip
+        self._task = self._bar.add_task("starting", total=None)
+        self._timer = threading.Timer(after_s, self._show)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _show(self) -> None:
+        self.shown = True
+        self._bar.start()
+
+    def reading(self, path):
+        """The ``progress`` callback for :func:`tracedx.load` of ``path`` (None when off)."""
+        if not self.enabled:
+            return None
+        import os
+
+        total = os.path.getsize(path) if os.path.isfile(path) else None
+        self._bar.update(self._task, description=f"reading {path}", total=total, completed=0)
+        return lambda n: self._bar.update(self._task, completed=n)
+
+    def update(self, message: str) -> None:
+        if self.enabled:
+            self._bar.update(self._task, description=message)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._timer.cancel()
+            self._bar.stop()
+
+
 @contextlib.contextmanager
 def _spinner(message: str):
-    """A rich spinner on stderr while a trace is read, only when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-
-    status = Console(stderr=True).status(message)
-    status.start()
+    """A :class:`_Progress` while a command reads and diagnoses (``message`` is its first
+    stage), off when stderr is not a terminal."""
+    bar = _Progress(sys.stderr.isatty())
+    bar.update(message)
     try:
-        yield status
+        yield bar
     finally:
-        status.stop()
+        bar.close()
 
 
 def _width() -> int:
@@ -144,7 +198,7 @@ def _load_and_diagnose(
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
     from tracedx.trace import load
 
-    trace = load(trace_path, repair=repair)
+    trace = load(trace_path, repair=repair, progress=status.reading(trace_path) if status else None)
     if status:
         status.update("diagnosing")
     return run_diagnosis(
@@ -356,10 +410,8 @@ def diff_command(before_path, after_path, fmt, fix, repair, fail_pct):
     from tracedx.trace import load
 
     with _spinner(f"reading {before_path}") as status:
-        before = load(before_path, repair=repair)
-        if status:
-            status.update(f"reading {after_path}")
-        after = load(after_path, repair=repair)
+        before = load(before_path, repair=repair, progress=status.reading(before_path))
+        after = load(after_path, repair=repair, progress=status.reading(after_path))
         if status:
             status.update("comparing")
         td = run_diff(before, after, fix=fix)

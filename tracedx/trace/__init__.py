@@ -168,7 +168,7 @@ def _metadata(doc, path: str, repairs: list[str]) -> dict[str, Any]:
     }
 
 
-def load(path: str | Path, *, repair: bool = False) -> Trace:
+def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     """Read a torch.profiler chrome trace (``.json`` or gzip) into linked polars tables.
 
     Args:
@@ -176,6 +176,8 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             plain or gzipped; gzip is detected by its magic bytes).
         repair: salvage a broken file (truncated JSON, NaN/inf literals, invalid UTF-8, raw
             control characters, unescaped Windows paths); every repair becomes a warning.
+        progress: optional ``f(bytes_read)``, called from the reading thread with the bytes of
+            the file read so far (for a progress bar; the file's size is the total).
 
     Returns:
         Trace.
@@ -186,7 +188,7 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     """
     p = Path(path)
     builder = TableBuilder()
-    doc, repairs = read_into(p, builder, repair_mode=repair)
+    doc, repairs = read_into(p, builder, repair_mode=repair, progress=progress)
     raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
 
