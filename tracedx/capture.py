@@ -36,6 +36,7 @@ import datetime as _dt
 import gzip
 import json
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -104,7 +105,7 @@ class CaptureResult:
     """What a capture produced.
 
     ``path`` is the trace written (``None`` when nothing could be written); ``exit_code`` is the
-    script's own exit status; ``steps`` counts the step markers seen; ``active_steps`` the
+    script's own exit status, or 1 when it succeeded but no trace was written; ``steps`` counts the step markers seen; ``active_steps`` the
     steps recorded in the active window; ``messages`` the notes printed on stderr.
     """
 
@@ -256,6 +257,34 @@ def _experimental_config(torch):
         return None
 
 
+KINETO_NOISE = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+"""Lines Kineto (PyTorch 2.13's profiler) prints on stderr at every profiler start and stop."""
+
+
+def _without_kineto_noise(call: Callable[[], object]) -> object:
+    """Run ``call`` (a profiler start or stop) with file descriptor 2 sent to a temporary
+    file, then pass on to stderr every line except Kineto's ``USDT: ... profiler_start`` and
+    ``profiler_stop`` notices. Where fd 2 cannot be redirected, runs ``call`` as it is."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        return call()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            return call()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = b"".join(ln for ln in tmp.read().splitlines(True) if not KINETO_NOISE.match(ln))
+            if kept:
+                os.write(2, kept)
+
+
 class _Session:
     """Drives torch.profiler through pre/wait, warm-up and active phases on step boundaries.
 
@@ -304,7 +333,7 @@ class _Session:
     # -- phases --------------------------------------------------------------------------
     def start(self) -> None:
         self.fallback = self._new_profiler()
-        self.fallback.start()
+        _without_kineto_noise(self.fallback.start)
         self.fallback_recording = True
 
     def boundary(self) -> None:
@@ -332,7 +361,7 @@ class _Session:
                 if self.main is None:
                     self._prepare_main()
                 self._drop_fallback()
-                self.main.start_trace()
+                _without_kineto_noise(self.main.start_trace)
                 self.main_recording = True
                 self._enter_step_range()
         except Exception as e:  # never break the user's script because of the profiler
@@ -341,7 +370,7 @@ class _Session:
 
     def _stop_fallback(self) -> None:
         if self.fallback is not None and self.fallback_recording:
-            self.fallback.stop()
+            _without_kineto_noise(self.fallback.stop)
             self.fallback_recording = False
 
     def _drop_fallback(self) -> None:
@@ -349,7 +378,7 @@ class _Session:
 
     def _prepare_main(self) -> None:
         self.main = self._new_profiler()
-        self.main.prepare_trace()
+        _without_kineto_noise(self.main.prepare_trace)
 
     def _enter_step_range(self) -> None:
         # The same annotation torch's own schedule writes (``torch.profiler.profile.step``).
@@ -363,7 +392,7 @@ class _Session:
 
     def _stop_main_and_write(self) -> None:
         self._exit_step_range()
-        self.main.stop_trace()
+        _without_kineto_noise(self.main.stop_trace)
         self.main_recording = False
         self._write(self.main, self.active_done)
         self.written = True
@@ -391,7 +420,7 @@ class _Session:
             return "active" if self.active_done >= self.schedule.active else "none"
         if self.main is not None and self.main_recording:
             self._exit_step_range()
-            self.main.stop_trace()
+            _without_kineto_noise(self.main.stop_trace)
             self.main_recording = False
             self._write(self.main, self.active_done)
             self.written = True
@@ -423,6 +452,7 @@ def _torch_metadata(torch) -> dict:
     return {
         "torch_version": str(torch.__version__),
         "cuda_version": getattr(torch.version, "cuda", None),
+        "cuda_available": bool(torch.cuda.is_available()),
         "gpu_name": gpu,
     }
 
@@ -577,6 +607,23 @@ def _run_script(script: Path, args: Sequence[str]) -> BaseException | None:
     return None
 
 
+def _check_out(out_dir: str | os.PathLike) -> Path:
+    """The trace's folder, created if missing; :class:`CaptureError` (before anything runs)
+    when it is a file or cannot be created or written to."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CaptureError(
+            f"--out {out} is a file, not a folder: the trace could not be written there"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CaptureError(f"cannot create the --out folder {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise CaptureError(f"cannot write to the --out folder {out}: permission denied")
+    return out
+
+
 def _check_script(script: str | os.PathLike) -> Path:
     path = Path(script)
     if not path.is_file():
@@ -629,6 +676,7 @@ def capture_script(
     from tracedx import __version__
 
     path = _check_script(script)
+    out = _check_out(out_dir)
     schedule = schedule or Schedule()
     if time_unprofiled < 0:
         raise CaptureError("--time-unprofiled must be 0 or more")
@@ -642,7 +690,6 @@ def capture_script(
             path, args, time_unprofiled, schedule, marker, messages, quiet
         )
 
-    out = Path(out_dir)
     final = _unique_path(out, path.stem)
     if not torch.cuda.is_available():
         _note(
@@ -754,6 +801,8 @@ def capture_script(
         print(f"tracedx: wrote {trace_path} ({detail})", file=sys.stderr, flush=True)
     if trace_path is not None:
         print(trace_path, flush=True)
+    if trace_path is None and code == 0:
+        code = 1  # the script succeeded, but there is no trace: never a silent success
     return CaptureResult(
         path=trace_path,
         exit_code=code,

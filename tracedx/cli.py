@@ -315,7 +315,8 @@ def capture(
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
 
     Put the script's own arguments after `--`. Steps are counted at each optimizer.step()
-    or tracedx.step(). Exits with the script's exit status.
+    or tracedx.step(). Exits with the script's exit status (1 when it succeeded but no trace
+    was written); 2, before the script runs, when --out cannot hold the trace.
     """
     from tracedx.capture import Schedule, capture_script
 

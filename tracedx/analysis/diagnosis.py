@@ -39,6 +39,28 @@ NO_GPU_CAUSES = (
 )
 
 
+def _incomplete_steps(trace: Trace) -> list[int]:
+    """The last ProfilerStep numbers beyond the complete steps ``tracedx capture`` recorded
+    (its metadata's ``active_steps_recorded``): a step the script ended inside."""
+    cap = trace.metadata.get("tracedx")
+    done = cap.get("active_steps_recorded") if isinstance(cap, dict) else None
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        return []
+    nums = sorted(trace.steps["step"].to_list())
+    return nums[done:] if len(nums) > done else []
+
+
+def _captured_without_gpu(trace: Trace) -> bool:
+    """Whether ``tracedx capture`` wrote this trace on a machine with no CUDA GPU (its
+    metadata's ``cuda_available``; older captures: a ``gpu_name`` of null)."""
+    cap = trace.metadata.get("tracedx")
+    if not isinstance(cap, dict):
+        return False
+    if "cuda_available" in cap:
+        return cap["cuda_available"] is False
+    return "gpu_name" in cap and cap["gpu_name"] is None
+
+
 @dataclass(repr=False)
 class Diagnosis(Presentable):
     """The result of :func:`diagnose`. Tables are polars DataFrames; times are us unless named _ms.
@@ -97,7 +119,7 @@ class Diagnosis(Presentable):
         timed without the profiler by ``tracedx capture --time-unprofiled`` when the trace has
         it (the profiler slows the host), else the median traced step of the primary device."""
         u = self.summary.get("unprofiled_step_ms") or {}
-        if u.get("median"):
+        if u.get("median") and not u.get("implausible"):
             return {"ms": float(u["median"]), "basis": "unprofiled"}
         devs = self.summary.get("devices") or {}
         d = devs.get(str(self.primary_device)) or next(iter(devs.values()), {})
@@ -363,6 +385,21 @@ def diagnose(
         why = f": {left_out}" if left_out else ""
         raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
     chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
+    partial = _incomplete_steps(trace)
+    if partial and not trace.steps_synthetic:
+        kept = [s for s in chosen if s not in partial]
+        which = ", ".join(str(s) for s in partial)
+        if kept and steps is None:
+            chosen = kept
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
+                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
+            )
+        elif any(s in partial for s in chosen):
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it): its "
+                "numbers are not a whole step's"
+            )
     if trace.steps_synthetic:
         notes.append(
             "no ProfilerStep markers: the whole trace is analysed as one step "
@@ -413,6 +450,14 @@ def diagnose(
                 f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
                 f"GPU {primary}, the busiest"
             )
+    elif _captured_without_gpu(trace):
+        notes.append(
+            "no GPU activity: the machine that captured this trace had no CUDA GPU (tracedx "
+            "capture saw torch.cuda.is_available() False), so only CPU activity was profiled. "
+            "GPU metrics are n/a"
+        )
+        # no GPU, so no device whose peaks are unknown
+        dev_notes = [x for x in dev_notes if not x.startswith("unknown device")]
     elif trace.metadata.get("repairs"):
         notes.append(
             "no GPU activity in what could be salvaged of this broken trace: the GPU events were "
@@ -471,8 +516,13 @@ def diagnose(
         if model
         else []
     )
-    cap = trace.metadata.get("tracedx") or {}
-    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    traced_us = float(w["step_time_us"].median()) if w.height else None
+    unprof, implausible = unprofiled_timing(trace, traced_us)
+    if implausible:
+        notes.append(
+            f"the unprofiled timing cannot be right ({implausible}: a profiler only slows a "
+            f"step); estimates and --max-step-ms use the traced step time instead"
+        )
     if trace.truncated:
         # the steps may have lost launches or kernels (see _verdict): no estimate is backed
         found = []
@@ -490,13 +540,15 @@ def diagnose(
             f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
         )
-    else:
+    elif not implausible:
         notes.append(
             f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
             "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
         )
-    if isinstance(unprof, dict) and unprof.get("median"):
-        summary["unprofiled_step_ms"] = unprof
+    if unprof is not None:
+        summary["unprofiled_step_ms"] = (
+            {**unprof, "implausible": implausible} if implausible else unprof
+        )
     decode = decode_ceiling_info(ops_tbl, spec, model, len(chosen))
     if decode:
         evidence.append(
@@ -657,11 +709,9 @@ def _step_model(
     model.dataloader_multiprocess = bool(
         dl.height and dl["name"].str.contains("MultiProcessingDataLoaderIter", literal=True).any()
     )
-    cap = trace.metadata.get("tracedx") or {}
-    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    med = unprof.get("median") if isinstance(unprof, dict) else None
-    if isinstance(med, (int, float)) and med > 0 and not trace.steps_synthetic:
-        t_u = float(med) * 1e3
+    unprof, bad = unprofiled_timing(trace, model.step_us)
+    if unprof is not None and bad is None and not trace.steps_synthetic:
+        t_u = float(unprof["median"]) * 1e3
         model.unprofiled_step_us = t_u
         if host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
@@ -671,6 +721,32 @@ def _step_model(
 
 def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
+
+
+UNPROFILED_MAX_RATIO = 2.0
+UNPROFILED_MAX_SPREAD = 10.0
+"""An unprofiled median step over 2x the traced median, or timed steps whose max/min is over
+10x, cannot be the traced step (the profiler only slows a step: on the sample traces the
+unprofiled step is at most 1.18x the traced one, and the timed steps spread at most 1.7x)."""
+
+
+def unprofiled_timing(trace: Trace, traced_step_us: float | None):
+    """The ``tracedx capture --time-unprofiled`` timing (``median``, ``min``, ``max``, ``n`` in
+    ms) and, when it cannot be right, why (None when it is usable). ``(None, None)`` when the
+    trace has none."""
+    cap = trace.metadata.get("tracedx")
+    u = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    med = u.get("median") if isinstance(u, dict) else None
+    if not isinstance(med, (int, float)) or isinstance(med, bool) or not med > 0:
+        return None, None
+    why = []
+    if traced_step_us and med * 1e3 > UNPROFILED_MAX_RATIO * traced_step_us:
+        why.append(f"its median is {med * 1e3 / traced_step_us:.1f}x the traced step")
+    lo, hi = u.get("min"), u.get("max")
+    numbers = isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > 0
+    if numbers and hi / lo > UNPROFILED_MAX_SPREAD:
+        why.append(f"its steps spread {hi / lo:.0f}x ({lo:.3f} to {hi:.3f} ms)")
+    return u, ("; ".join(why) or None)
 
 
 HOST_WORK_SHARE = 0.4

@@ -669,11 +669,12 @@ def _med(w: pl.DataFrame, c: str) -> float | None:
 
 
 def _unprofiled_ms(d: Diagnosis) -> float | None:
-    cap = d.trace.metadata.get("tracedx") or {}
-    u = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    if isinstance(u, dict) and isinstance(u.get("median"), (int, float)) and u["median"] > 0:
-        return float(u["median"])
-    return None
+    """The side's unprofiled median step (ms); None without one or when it cannot be right
+    (``diagnosis.unprofiled_timing``)."""
+    u = d.summary.get("unprofiled_step_ms") or {}
+    if u.get("implausible") or not u.get("median"):
+        return None
+    return float(u["median"])
 
 
 def _metrics(before: Diagnosis, after: Diagnosis, sa: Signals, sb: Signals) -> pl.DataFrame:

@@ -111,7 +111,10 @@ def diagnosis_card(diag) -> str:
     rows.append(("GPU", _busy_idle(st, _idle_cause(d)) + " (median per step)"))
     u = st.get("unprofiled_step_ms") or {}
     if u.get("median"):
-        rows.append(("unprofiled step", f"{_ms(u['median'])} median, timed by tracedx capture"))
+        bad = "; cannot be right, not used" if u.get("implausible") else ""
+        rows.append(
+            ("unprofiled step", f"{_ms(u['median'])} median, timed by tracedx capture{bad}")
+        )
     if d["notes"]:
         rows.append(("notes", f"{len(d['notes'])} (see .to_text())"))
     against = (d["estimates_against"] or {}).get("kind") or "traced"

@@ -96,7 +96,7 @@ def _render(diag, width: int) -> str:
     st = d["steps"]
     out: list[str] = []
     dev = d["trace"]["device"]
-    head = [d["trace"]["device_name"] or "unknown device"]
+    head = [d["trace"]["device_name"] or ("unnamed GPU" if d["trace"]["devices"] else "no GPU")]
     if st["synthetic"]:
         head.append("no ProfilerStep markers: whole trace as one step")
     else:
@@ -141,6 +141,7 @@ def _render(diag, width: int) -> str:
         out.append(
             f"  unprofiled     {u.get('median'):.3f} ms, timed without the profiler by tracedx "
             f"capture ({u.get('n') or '?'} steps)"
+            + ("; cannot be right, not used: see the notes" if u.get("implausible") else "")
         )
     kk = [k for k in d["kernel_kinds"] if (k["share"] or 0) >= 0.01]
     if kk:
