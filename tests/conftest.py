@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+# ../shared beside the checkout; TRACEDX_SHARED points elsewhere (a git worktree's parent has none)
+SHARED = Path(os.environ.get("TRACEDX_SHARED") or ROOT.parent / "shared")
 CASES = SHARED / "cases"
 PUBLIC = SHARED / "public_traces"
 SAMPLES = ROOT / "sample_traces"

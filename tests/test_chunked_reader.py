@@ -21,7 +21,7 @@ from tracedx.trace import parallel
 from tracedx.trace.tables import RawTables, TableBuilder, build_tables
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces/resnet_train-bf16-cl.json.gz"
-TABLES = ("kernels", "memcpys", "memsets", "launches", "ops", "annotations", "syncs")
+TABLES = ("kernels", "memcpys", "memsets", "launches", "ops", "annotations", "syncs", "comm_args")
 
 
 def _reference(path: Path) -> RawTables:
@@ -111,6 +111,43 @@ def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch)
     assert killed
     assert chunks == 1  # the reference path: one sink.add of every event
     _same(_reference(SAMPLE), fast)
+
+
+def _collective_trace(path: Path) -> Path:
+    """Stretches of compute with no collective (their chunks decode without the collective
+    fields) between bursts of NCCL collectives and gloo annotations."""
+    from tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    t = T0
+    for step in range(40):
+        b.step(step, t, 1000)
+        for i in range(60):
+            b.launched_kernel("aten::mm", t + i * 10, 5, t + i * 10 + 3, 4)
+        if step % 4 == 0:
+            for j in range(8):
+                b.collective(
+                    t + 700 + j * 30, 10, t + 720 + j * 30, 20, seq=step * 8 + j,
+                    comms_id=2**63 + step * 8 + j, rank=1,
+                )  # fmt: skip
+            b.gloo("gloo:all_reduce", t + 950, 20, dims=[[128]])
+        t += 1000
+    return b.write(path)
+
+
+def test_collectives_in_some_chunks_equal_the_reference(small_chunks, tmp_path):
+    path = _collective_trace(tmp_path / "colls.json")
+    ref = _reference(path)
+    fast, chunks = _fast(path)
+    assert chunks > 20
+    assert ref.comm_args.height == 10 * 8 * 2 + 10  # op and kernel of each, the gloo labels
+    _same(ref, fast)
+
+
+def test_collectives_through_the_worker_equal_the_reference(forced_worker, tmp_path):
+    path = _collective_trace(tmp_path / "colls.json")
+    fast, _ = _fast(path)
+    _same(_reference(path), fast)
 
 
 def test_cpu_times_count_only_this_process_cpus():

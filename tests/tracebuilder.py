@@ -354,6 +354,81 @@ class TraceBuilder:
             )
         return corr
 
+    def collective(
+        self,
+        op_ts: float,
+        op_dur: float,
+        k_ts: float | None,
+        k_dur: float = 0.0,
+        *,
+        collective: str = "allreduce",
+        dtype: str = "Float",
+        in_nelems: int = 1024,
+        out_nelems: int | None = None,
+        group_size: int = 2,
+        pg_name: str = "0",
+        pg_desc: str = "default_pg",
+        pg_ranks: str = "[0, 1]",
+        rank: int | None = None,
+        seq: int | None = None,
+        comms_id: int | None = None,
+        on_kernel: bool = True,
+        kname: str = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        stream: int = 20,
+        device: int = 0,
+        tid: int | None = None,
+        **extra,
+    ) -> int:
+        """A ProcessGroupNCCL collective: a ``record_param_comms`` cpu op with its args, a
+        launch inside it and (when ``k_ts`` is given) the NCCL kernel, which carries the core
+        args too when ``on_kernel`` (Kineto copies them). ``Rank``, ``Seq`` and ``Comms Id`` go
+        on the op (and ``Seq``/``Comms Id`` on the kernel) only when given. Returns the op's
+        External id."""
+        args: dict[str, Any] = {
+            "Collective name": collective,
+            "dtype": dtype,
+            "In msg nelems": in_nelems,
+            "Out msg nelems": in_nelems if out_nelems is None else out_nelems,
+            "Group size": group_size,
+            "Process Group Name": pg_name,
+            "Process Group Description": pg_desc,
+            "Process Group Ranks": pg_ranks,
+        }
+        if seq is not None:
+            args["Seq"] = seq
+        if comms_id is not None:
+            args["Comms Id"] = comms_id
+        op_args = dict(args)
+        if rank is not None:
+            op_args["Rank"] = rank
+        op_args.update(extra)
+        ext = self.op("record_param_comms", op_ts, op_dur, tid=tid, **op_args)
+        if k_ts is not None:
+            corr = self.launch(op_ts + min(1.0, op_dur / 2), min(2.0, op_dur / 2), ext=ext, tid=tid)
+            self.kernel(
+                k_ts, k_dur, corr, kname, device=device, stream=stream, ext=ext,
+                grid=[2, 1, 1], block=[640, 1, 1], **(args if on_kernel else {}),
+            )  # fmt: skip
+        return ext
+
+    def gloo(
+        self,
+        name: str,
+        ts: float,
+        dur: float,
+        *,
+        tid: int = 7001,
+        dims: list | None = None,
+        dtype: str | None = None,
+    ) -> dict:
+        """A ``gloo:<op>`` annotation on a gloo worker thread, as torch 2.13 writes one per
+        collective on CPU (no record_param_comms, no kernel)."""
+        a: dict[str, Any] = {"External id": self.next_ext(), "Record function id": 0}
+        if dims is not None:
+            a["Input Dims"] = dims
+            a["Input type"] = [dtype or "float"]
+        return self.x("user_annotation", name, ts, dur, self.pid, tid, **a)
+
     # --- output ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {**self.top, "traceEvents": list(self.events)}

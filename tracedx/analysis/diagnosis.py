@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import findings as fx
+from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.kernels import gpu_breakdown, kind_expr
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
@@ -473,6 +474,9 @@ def diagnose(
     if primary is not None:
         gpu = gpu.filter(pl.col("device") == primary)
     kinds = gpu_breakdown(gpu, n)
+    peer_note = _peer_wait_note(trace, kinds, n)
+    if peer_note:
+        notes.append(peer_note)
     memcpy = _memcpy_table(trace, chosen)
     ops_tbl = op_groups(trace, chosen)
     ops_tbl = _place_on_roofline(ops_tbl, spec)
@@ -1129,18 +1133,40 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     return fx.order_findings(res)
 
 
-def _exposed_comm(trace: Trace, steps: list[int], device: int) -> float:
-    from tracedx.analysis.intervals import overlap, union
+def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
+    """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
+    or collectives over a group of more than one rank) that communicates."""
+    comm = kinds.filter(pl.col("kind") == "communication")
+    if comm.height == 0 and trace.comm_args.height == 0:
+        return None  # nothing communicates (and Trace.collectives need not be built)
+    colls = trace.collectives
+    if comm.height == 0 and colls.height == 0:
+        return None
+    world = (trace.distributed_info or {}).get("world_size")
+    multi = (isinstance(world, int) and world > 1) or bool(
+        (colls["group_size"].fill_null(0) > 1).any()
+    )
+    if not multi:
+        return None
+    job = (
+        f"one rank of a {world}-rank job"
+        if isinstance(world, int) and world > 1
+        else "one rank of a multi-rank job"
+    )
+    what = (
+        f"its communication kernels ({float(comm['device_time_us'].sum()) / max(n, 1) / 1e3:.3f} ms per step)"
+        if comm.height
+        else "its collectives"
+    )
+    return (
+        f"this trace is {job}: {what} include waiting for the other ranks to arrive, which only "
+        "their traces can split from the transfer itself (diagnose all the ranks' traces together)"
+    )
 
-    k = trace.kernels.filter(
-        pl.col("step").is_in(steps) & (pl.col("device") == device)
-    ).with_columns(kk=kind_expr("name"))
-    comm = k.filter(pl.col("kk") == "communication")
-    comp = k.filter(pl.col("kk") != "communication")
-    cs, ce = union(comp["start_us"].to_numpy(), comp["end_us"].to_numpy())
-    ms, me = union(comm["start_us"].to_numpy(), comm["end_us"].to_numpy())
-    covered = overlap(cs, ce, ms, me).sum()
-    return float((me - ms).sum() - covered)
+
+def _exposed_comm(trace: Trace, steps: list[int], device: int) -> float:
+    """Communication not covered by compute over ``steps`` (us; :mod:`.comm`)."""
+    return float(comm_compute_by_step(trace, steps, device)["exposed_comm_us"].sum())
 
 
 def _math_findings(m: fx.StepModel, ops_tbl: pl.DataFrame, spec, n: int) -> list[fx.Finding | None]:

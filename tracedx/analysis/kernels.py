@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracedx.trace.collectives import COMM_KERNEL_RE
+
 KINDS = (
     "gemm",
     "convolution",
@@ -22,10 +24,7 @@ KINDS = (
 
 # (kind, regex on the lower-cased kernel name). Order matters.
 _RULES: list[tuple[str, str]] = [
-    (
-        "communication",
-        r"^nccl|nccldevkernel|ncclkernel|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall",
-    ),
+    ("communication", COMM_KERNEL_RE),
     ("attention", r"flash|fmha|attention|attn|sdpa|mha_|_mha|pytorch_flash"),
     (
         "convolution",

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
     api_kind_expr,
     assign_step,
@@ -22,7 +23,7 @@ from tracedx.trace.link import (
     link_launches_to_ops,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, read_into
-from tracedx.trace.tables import DataWarning, TableBuilder
+from tracedx.trace.tables import COMM_SCHEMA, DataWarning, TableBuilder
 
 __all__ = ["DataWarning", "Trace", "load"]
 
@@ -52,6 +53,9 @@ class Trace:
       ``duration_us`` (the host window). Without markers, one synthetic step 0 spanning the
       trace (``steps_synthetic`` is True).
     - ``python_frames``: python_function events (with_stack=True).
+    - ``comm_args``: the collective args of the few events that carry them (kernels and
+      ``record_param_comms`` ops with ``Collective name``, ``nccl:*``/``gloo:*`` annotations);
+      read :attr:`collectives` instead.
     """
 
     path: str
@@ -67,7 +71,41 @@ class Trace:
     steps_synthetic: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
+    comm_args: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema={**COMM_SCHEMA, "end_us": pl.Float64})
+    )
     _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _coll_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def distributed_info(self) -> dict[str, Any] | None:
+        """The top-level ``distributedInfo`` object as written (``backend``, ``rank``,
+        ``world_size``, and since 2024 ``pg_count``, ``pg_config``, ``nccl_version``), or None."""
+        return self.metadata.get("distributed_info")
+
+    @property
+    def collectives(self) -> pl.DataFrame:
+        """One row per communication kernel, and per host-side (gloo) collective.
+
+        Columns: ``device``, ``stream``, ``tid`` (host rows: the worker thread), ``start_us``,
+        ``end_us``, ``duration_us``, ``kernel_name`` (host rows: the ``gloo:*`` label),
+        ``correlation``, ``external_id``, ``step``, ``host_side``, ``meta_source``,
+        ``coll_type`` (normalised from ``Collective name``), ``collective_name`` (raw),
+        ``pg_name``, ``pg_desc``, ``pg_ranks`` (as written, may end in ``...``),
+        ``group_size``, ``rank`` (this process's rank in the group), ``seq``, ``comms_id``
+        (unsigned 64-bit, as decimal text), ``rank_start``, ``rank_stride``, ``dtype``,
+        ``in_nelems``, ``out_nelems``, ``in_split_size``, ``out_split_size``, ``src_rank``,
+        ``dst_rank``. See :mod:`tracedx.trace.collectives` for where each value comes from.
+        Built once per set of tables.
+        """
+        key = (self.kernels, self.comm_args, self.steps)
+        if self._coll_cache is not None and all(
+            a is b for a, b in zip(self._coll_cache[0], key, strict=True)
+        ):
+            return self._coll_cache[1]
+        out = build_collectives(self.kernels, self.comm_args, self.steps)
+        self._coll_cache = (key, out)
+        return out
 
     def __repr__(self) -> str:
         from tracedx.report.card import trace_repr
@@ -160,6 +198,7 @@ def _metadata(doc, path: str, repairs: list[str]) -> dict[str, Any]:
         "rank": dist.get("rank") if dist else None,
         "world_size": dist.get("world_size") if dist else None,
         "trace_name": doc.traceName if isinstance(doc.traceName, str) else None,
+        "host_name": doc.host_name if isinstance(doc.host_name, str) else None,
         "base_time_ns": doc.baseTimeNanoseconds,
         "record_shapes": doc.record_shapes,
         "tracedx": cap,
@@ -333,6 +372,7 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
         steps_synthetic=synthetic,
         metadata=meta,
         warnings=warnings,
+        comm_args=raw.comm_args,
     )
 
 

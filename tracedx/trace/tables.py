@@ -16,8 +16,10 @@ the vectorised paths match them exactly and fall back to them for any unusual va
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -25,7 +27,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, Event
+from tracedx.trace.events import CATEGORY_ALIASES, LEGACY_PID_KINDS, Args, CommArgs, Event
 
 _STREAM_RE = re.compile(r"(-?\d+)")
 
@@ -49,6 +51,7 @@ class RawTables:
     annotations: pl.DataFrame
     syncs: pl.DataFrame
     python_frames: pl.DataFrame
+    comm_args: pl.DataFrame
     process_names: dict[Any, str] = field(default_factory=dict)
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
     unknown_categories: dict[str, int] = field(default_factory=dict)
@@ -154,6 +157,7 @@ _INT_TYPES = frozenset((int, _NONE_TYPE))
 _NUM_TYPES = frozenset((int, float, _NONE_TYPE))
 _EMPTY_RAW = msgspec.Raw()
 _EMPTY_ARGS = Args()
+_EMPTY_COMM_ARGS = CommArgs()
 
 
 def _get(objs: list, name: str) -> list:
@@ -348,12 +352,182 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64},
     "python_function": dict(_HOST_SCHEMA) | {"python_id": pl.Int64, "python_parent_id": pl.Int64},
 }
+# Collective metadata, for the few events that carry it (kernels and cpu ops with a
+# ``Collective name``; ``nccl:*``/``gloo:*`` user annotations): one side table, so traces
+# without collectives pay one C-speed scan per kind and no column.
+COMM_SCHEMA: dict[str, Any] = {
+    "source": pl.Utf8,  # kernel | cpu_op | annotation
+    "pid": pl.Int64,
+    "tid": pl.Int64,
+    "device": pl.Int64,
+    "stream": pl.Int64,
+    "start_us": pl.Float64,
+    "duration_us": pl.Float64,
+    "name": pl.Utf8,
+    "correlation": pl.Int64,
+    "external_id": pl.Int64,
+    "collective_name": pl.Utf8,
+    "dtype": pl.Utf8,
+    "in_nelems": pl.Int64,
+    "out_nelems": pl.Int64,
+    "group_size": pl.Int64,
+    "pg_name": pl.Utf8,
+    "pg_desc": pl.Utf8,
+    "pg_ranks": pl.Utf8,
+    "rank": pl.Int64,
+    "seq": pl.Int64,
+    "comms_id": pl.Utf8,
+    "rank_start": pl.Int64,
+    "rank_stride": pl.Int64,
+    "in_split_size": pl.Utf8,
+    "out_split_size": pl.Utf8,
+    "src_rank": pl.Int64,
+    "dst_rank": pl.Int64,
+}
+_COMM_INT_ARGS = (
+    "in_nelems",
+    "out_nelems",
+    "group_size",
+    "rank",
+    "seq",
+    "rank_start",
+    "rank_stride",
+    "src_rank",
+    "dst_rank",
+)
+_COMM_STR_ARGS = (
+    "collective_name",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+    "in_split_size",
+    "out_split_size",
+)
+# ``<backend>:<op>`` labels of ProcessGroupNCCL / ProcessGroupGloo work (``nccl:all_reduce``,
+# ``gloo:broadcast``, ``nccl:send 0->1``)
+COMM_ANNOTATION_RE = r"^(nccl|rccl|gloo|ucc|xccl|mpi):"
+
 # Interned columns: stored as codes while reading, replaced by their values at the end.
 # column -> field of the interned key (kernels: grid, block; ops: dims, types, concrete inputs)
 _INTERNED = {
     "kernel": {"grid_x": 0, "block_x": 1, "grid_y": 0, "block_y": 1, "grid_z": 0, "block_z": 1},
     "cpu_op": {"input_shapes": 0, "input_dtypes": 1, "concrete_inputs": 2},
 }
+
+
+def _text(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _comms_id(v: Any) -> str | None:
+    """``Comms Id``: an unsigned 64-bit hash, kept as decimal text (it overflows int64)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return str(v % 2**64)  # a signed writer's negative value is the same 64 bits
+    if isinstance(v, float):
+        return str(int(v)) if math.isfinite(v) else None
+    v = str(v).strip()
+    return v or None
+
+
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, list):
+        return None
+    n = 1
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool):
+            return None
+        n *= d
+    return n if n < 2**63 else None
+
+
+def _nelems(dims: Any, every_input: bool = False) -> int | None:
+    """Elements of the first input of ``Input Dims`` (``[[1000]]`` -> 1000), or of all inputs
+    (a coalesced all-reduce: ``gloo:all_reduce`` with ``[[4], [3]]`` moves 7)."""
+    if not (isinstance(dims, list) and dims):
+        return None
+    if not every_input:
+        return _numel(dims[0])
+    sizes = [_numel(d) for d in dims]
+    if any(n is None for n in sizes):
+        return None
+    total = sum(sizes)
+    return total if total < 2**63 else None
+
+
+def _lane(arg: Any, fallback: Any) -> int:
+    """A GPU event's device or stream as :func:`_gpu_cols` reads it (the kernels table's keys):
+    from args, else from pid/tid, else 0."""
+    v = _to_int(arg)
+    if v is None:
+        v = _to_int(fallback)
+    return 0 if v is None else v
+
+
+def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFrame:
+    """The side-table rows of ``evs[idx]`` (the few events that carry collective metadata)."""
+    ev = [evs[i] for i in idx]
+    a = [args[i] if args[i] is not None else _EMPTY_COMM_ARGS for i in idx]
+    gpu = source == "kernel"
+    n = len(ev)
+    cols: dict[str, Any] = {
+        "source": [source] * n,
+        "pid": list(map(_to_int, _get(ev, "pid"))),
+        "tid": list(map(_to_int, _get(ev, "tid"))),
+        "device": list(map(_lane, _get(a, "device"), _get(ev, "pid"))) if gpu else [None] * n,
+        "stream": list(map(_lane, _get(a, "stream"), _get(ev, "tid"))) if gpu else [None] * n,
+        "start_us": list(map(_finite, _get(ev, "ts"))),
+        "duration_us": list(map(_finite, _get(ev, "dur"))),
+        "name": _get(ev, "name"),
+        "correlation": list(map(_to_int, _get(a, "correlation"))),
+        "external_id": [_ext_id(x) for x in a],
+    }
+    if source == "annotation":
+        # ``nccl:all_reduce`` -> all_reduce; ``nccl:send 0->1`` -> send; the first input's
+        # dims and type give the message (ProcessGroup record_function inputs)
+        cols["collective_name"] = [nm.split(":", 1)[1].split(" ")[0] for nm in cols["name"]]
+        dims, types = [], []
+        for x, op in zip(a, cols["collective_name"], strict=True):
+            try:
+                d = msgspec.json.decode(x.input_dims) if x.input_dims else None
+                t = msgspec.json.decode(x.input_type) if x.input_type else None
+            except msgspec.DecodeError:
+                d = t = None
+            dims.append(_nelems(d, every_input=op.replace("_", "").startswith("allreduce")))
+            types.append(t[0] if isinstance(t, list) and t and isinstance(t[0], str) else None)
+        cols["in_nelems"] = dims  # out: tracedx.trace.collectives decides by type
+        cols["dtype"] = types
+        for c in COMM_SCHEMA:
+            cols.setdefault(c, [None] * n)
+    else:
+        for c in _COMM_STR_ARGS:
+            cols[c] = list(map(_text, _get(a, c)))
+        for c in _COMM_INT_ARGS:
+            cols[c] = list(map(_to_int, _get(a, c)))
+        cols["comms_id"] = list(map(_comms_id, _get(a, "comms_id")))
+    df = pl.DataFrame({c: cols[c] for c in COMM_SCHEMA}, schema=COMM_SCHEMA)
+    return df.filter(
+        pl.col("start_us").is_not_null()
+        & pl.col("duration_us").is_not_null()
+        & (pl.col("duration_us") >= 0)
+    )
+
+
+def _with_collective(args: list) -> list[int]:
+    """Indices of the events whose args carry a ``Collective name`` (C-speed scan); none when
+    the chunk was decoded without collective fields (its bytes hold no ``Collective name``)."""
+    first = next((a for a in args if a is not None), None)
+    if not isinstance(first, CommArgs):
+        return []
+    names = _get(args, "collective_name")
+    if names.count(None) == len(names):
+        return []
+    has = np.fromiter(map(operator.is_not, names, repeat(None)), dtype=bool, count=len(names))
+    return np.flatnonzero(has).tolist()
 
 
 def _ext_col(args: list) -> pl.Series:
@@ -463,6 +637,9 @@ class Converter:
             cols["blocks_per_sm"] = _any_float_col(_get(args, "blocks_per_sm"))
             cols["warps_per_sm"] = _any_float_col(_get(args, "warps_per_sm"))
             cols["achieved_occupancy_pct"] = _any_float_col(_get(args, "occupancy"))
+            idx = _with_collective(args)
+            if idx:
+                _add_comm(out, _comm_rows("kernel", evs, args, idx))
         elif kind == "memcpy":
             cache = self._memcpy_cache
             names = _get(evs, "name")
@@ -488,6 +665,9 @@ class Converter:
                 [_get(args, "input_dims"), _get(args, "input_type"), _get(args, "concrete_inputs")]
             )
             cols["input_shapes"] = cols["input_dtypes"] = cols["concrete_inputs"] = shapes
+            idx = _with_collective(args)
+            if idx:
+                _add_comm(out, _comm_rows("cpu_op", evs, args, idx))
         elif kind in ("user_annotation", "gpu_user_annotation"):
             n = len(evs)
             if kind == "gpu_user_annotation":
@@ -506,6 +686,9 @@ class Converter:
                 cols["category"] = pl.Series([kind] * n, dtype=pl.Utf8)
                 cols["device"] = pl.Series([None] * n, dtype=pl.Int64)
                 cols["stream"] = pl.Series([None] * n, dtype=pl.Int64)
+                idx = cols["name"].str.contains(COMM_ANNOTATION_RE).arg_true().to_list()
+                if idx:
+                    _add_comm(out, _comm_rows("annotation", evs, args, idx))
         elif kind == "python_function":
             cols["python_id"] = _any_int_col(_get(args, "python_id"))
             cols["python_parent_id"] = _any_int_col(_get(args, "python_parent_id"))
@@ -518,6 +701,11 @@ class Converter:
             out.invalid[kind] = out.invalid.get(kind, 0) + n_bad
             df = df.filter(pl.Series(ok))
         out.frames[kind] = df
+
+
+def _add_comm(out: ChunkColumns, df: pl.DataFrame) -> None:
+    prev = out.frames.get("comm")
+    out.frames["comm"] = df if prev is None else pl.concat([prev, df], how="vertical")
 
 
 def _metadata(e: Event, out: ChunkColumns) -> None:
@@ -559,7 +747,7 @@ class TableBuilder:
 
     # -- at the end -------------------------------------------------------------------------
     def finish(self) -> RawTables:
-        parts: dict[str, list[pl.DataFrame]] = {k: [] for k in _KINDS}
+        parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*_KINDS, "comm")}
         self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
@@ -595,13 +783,20 @@ class TableBuilder:
             (_outlier_ceiling, lambda b: pl.col("start_us") < b, "far after"),
             (_outlier_cutoff, lambda b: pl.col("start_us") >= b, "far before"),
         ):
-            all_ts = [f["start_us"].to_numpy() for f in frames.values() if f is not None]
+            all_ts = [
+                f["start_us"].to_numpy()
+                for k, f in frames.items()
+                if f is not None and k != "comm"  # its events are in the other tables
+            ]
             bound = find(np.concatenate(all_ts) if all_ts else np.empty(0))
             if bound is None:
                 continue
             dropped: dict[str, int] = {}
             for k, f in frames.items():
                 if f is None:
+                    continue
+                if k == "comm":
+                    frames[k] = f.filter(keep_expr(bound))
                     continue
                 keep = f.filter(keep_expr(bound))
                 if keep.height != f.height:
@@ -649,6 +844,7 @@ class TableBuilder:
             ),
             syncs=self._final("cuda_sync", frames["cuda_sync"]),
             python_frames=self._final("python_function", frames["python_function"]),
+            comm_args=self._final("comm", frames["comm"]),
             process_names=self.process_names,
             thread_names=self.thread_names,
             unknown_categories=self.unknown,
@@ -656,7 +852,7 @@ class TableBuilder:
         )
 
     def _final(self, kind: str, df: pl.DataFrame | None) -> pl.DataFrame:
-        schema = _SCHEMAS[kind]
+        schema = COMM_SCHEMA if kind == "comm" else _SCHEMAS[kind]
         if df is None:
             df = pl.DataFrame(schema=schema)
         else:
@@ -665,7 +861,13 @@ class TableBuilder:
                 df = df.with_columns(
                     self._values(kind, col, field, df[col]) for col, field in interned.items()
                 )
-        return df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
+        if kind == "comm":  # rows of several kinds: one order whatever the chunking
+            df = df.sort(
+                "start_us", "source", "pid", "tid", "device", "stream", "correlation",
+                "external_id", "duration_us", "name", nulls_last=True, maintain_order=True,
+            )  # fmt: skip
+        return df
 
     def _values(self, kind: str, col: str, field: int, codes: pl.Series) -> pl.Series:
         uniq = self._interners[kind].decoded(field)
