@@ -31,8 +31,8 @@ import polars as pl
 SYNC_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "coalesced")
 MIN_OFFSET_US = 50.0
 MAD_SIGMA = 1.4826
-# End skew above which timestamps of ranks said to share a host are not trusted (MULTIRANK
-# reference: implicit-sync end skew <= 0.5 ms on one node, TraceLens reference data).
+# End skew above which timestamps of ranks said to share a host are not trusted (TraceLens'
+# reference data: implicit-sync end skew <= 0.5 ms on one node).
 MAX_END_SKEW_US = 500.0
 
 

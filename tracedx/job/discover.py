@@ -9,7 +9,7 @@ irregularity is a note, never a silent drop: two files of one rank, missing rank
 disagree about the world size, ranks that cover different ``ProfilerStep`` numbers (the job is
 analysed on the common ones), a file whose rank cannot be told.
 
-File-name layouts (MULTIRANK.md section 3.3 names their sources):
+File-name layouts, with their sources:
 
 - torchtitan writes ``.../iteration_{n}/rank{r}_trace.json``; HolisticTraceAnalysis' test data
   and many users ``rank-{r}.json`` or ``rank_{r}...``; ``tracedx capture`` under torchrun

@@ -5,12 +5,12 @@ Both are :class:`tracedx.analysis.findings.Finding` objects, their (f, s) from
 of the median over ranks of the step's window): f = region / T, s = region / (region - saved),
 speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
 
-- ``balance-ranks`` (MULTIRANK section 4.6, 1): removing the straggler's excess saves
+- ``balance-ranks``: removing the straggler's excess saves
   ``G = min(excess, median_{peers} E)``: what the straggler was doing before the late
   collectives (its compute plus GPU idle over the median peer's), capped by the exposed wait it
   causes on the others (the excess only helps where it is on the critical path);
   ``T' = T - G``, s = inf.
-- ``overlap-communication`` (4.6, 2) acts on exposed *transfer* only, never on waiting:
+- ``overlap-communication`` acts on exposed *transfer* only, never on waiting:
   ``H = median_r (X - E)``; the new step cannot beat compute alone nor communication alone:
   ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its summed transfer
   time (``sum_c tau_c``) per step.

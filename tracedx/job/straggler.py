@@ -1,7 +1,7 @@
 """The straggler test and its cause.
 
-A rank is named a straggler only when all three hold (thresholds as proposed in MULTIRANK
-section 4.5, each traceable to a peer tool):
+A rank is named a straggler only when all three hold (each threshold traceable to a peer
+tool, named with it):
 
 - arrival: over ``C >= 20`` matched collectives with a known last arriver, the rank arrived
   last ``k`` times, and ``P(X >= k)`` for ``X ~ Binomial(C, p0)`` is below 0.01, ``p0`` being

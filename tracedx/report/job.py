@@ -118,7 +118,7 @@ def _f(v, fmt: str = ".3f", unit: str = " ms") -> str:
 
 
 def render_text(jd) -> str:
-    """The terminal report: verdict, ranks, collectives, fixes (MULTIRANK 6.2's layout)."""
+    """The terminal report: verdict, ranks, collectives, fixes."""
     d = job_dict(jd)
     st = d["steps"]
     out: list[str] = []

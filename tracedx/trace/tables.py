@@ -828,7 +828,7 @@ class TableBuilder:
         }
         del parts
         warnings: list[DataWarning] = []
-        # Gross timestamp outliers: written as 0 in part of the trace (CASES.md C07), or
+        # Gross timestamp outliers: written as 0 in part of the trace (seen in a real trace), or
         # corrupt values far after the rest.
         # (the far-after check first: a single corrupt 1e300 must not make the whole real
         # trace look like a group "written as 0")
@@ -1005,7 +1005,7 @@ def _outlier_cutoff(ts: np.ndarray) -> float | None:
 
     Sort the start times and take the largest gap. When the lower group sits at less than
     1/1000 of the upper group's first timestamp and the gap is over 1000x the upper group's
-    extent, the lower group is corrupt (CASES.md C07). Returns the cutoff or None.
+    extent, the lower group is corrupt (timestamps written as 0). Returns the cutoff or None.
     """
     if len(ts) < 2:
         return None
