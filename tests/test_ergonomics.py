@@ -15,7 +15,8 @@ from tests.conftest import SAMPLES
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.cli import main
 
-PUBLIC = ["diagnose", "diff", "load", "measure", "profile", "step", "Diagnosis", "TraceDiff"]
+PUBLIC = ["diagnose", "diff", "load", "load_job", "measure", "profile", "step", "Diagnosis"]
+PUBLIC += ["TraceDiff", "Job", "JobDiagnosis"]
 
 
 # --- the public API --------------------------------------------------------------------------
@@ -108,8 +109,60 @@ def test_diff_repr_card_and_formats(add_loop, tmp_path):
     assert "tracedx-verdict" in h and "AFTER is" in h
     assert td.to_text().startswith("tracedx diff")
     assert td.to_markdown().startswith("# tracedx diff")
-    assert "<pre" in td.to_html()
-    assert td.write_html(tmp_path / "d.html").exists()
+    from tracedx.report.diff_html import render_diff_html
+
+    page = _no_nonce(td.to_html())
+    assert page == _no_nonce(render_diff_html(td))  # the full diff page, figures included
+    assert _no_nonce(td.write_html(tmp_path / "d.html").read_text(encoding="utf-8")) == page
+
+
+def test_job_diagnosis_repr_card_and_formats(tmp_path):
+    job = tracedx.load_job(str(SAMPLES / "ddp_mlp-gloo-host-straggler"))
+    assert (
+        repr(job)
+        == f"<Job: 2 ranks (0..1), {len(job.notes)} note"
+        + ("" if len(job.notes) == 1 else "s")
+        + "; tracedx.diagnose(job) for its verdict>"
+    )
+    with pytest.raises(TypeError, match="no options"):
+        tracedx.diagnose(job, steps="1..2")
+    jd = tracedx.diagnose(job)
+    assert isinstance(jd, tracedx.JobDiagnosis)
+    d = jd.to_dict()
+    r = repr(jd)
+    assert len(r) < 800 and len(r.splitlines()) <= 6
+    assert r.startswith(
+        f"<JobDiagnosis: {len(d['ranks'])} ranks, {len(d['steps']['numbers'])} steps"
+    )
+    assert f"{d['regime'].upper()}, bottleneck: {d['bottleneck']}" in r.splitlines()[1]
+    assert f"step {d['steps']['step_time_ms']:.3f} ms" in r
+    h = jd._repr_html_()
+    assert "tracedx-verdict" in h and d["regime"].upper() in h and "<script" not in h
+    for f in [f for f in d["findings"] if f["recommended"]][:3]:
+        assert f"<code>{f['fix']}</code>: <b>{f['estimated_speedup']:.2f}x</b>" in h
+    from tracedx.report.job import render_markdown, render_text
+    from tracedx.report.job_html import render_job_html
+
+    assert jd.to_text() == render_text(jd) and jd.to_markdown() == render_markdown(jd)
+    page = _no_nonce(jd.to_html())
+    assert page == _no_nonce(render_job_html(jd))
+    assert _no_nonce(jd.write_html(tmp_path / "j.html").read_text(encoding="utf-8")) == page
+
+
+def test_job_text_report_fits_100_columns_too():
+    d = SAMPLES / "ddp_mlp-gloo-host-straggler"
+    r = CliRunner().invoke(main, ["diagnose", str(d)])  # not a TTY: 100 columns
+    assert r.exit_code == 0, r.stderr
+    assert max(len(x) for x in r.stdout.splitlines()) <= 100
+    full = tracedx.diagnose(tracedx.load_job(str(d))).to_text()
+    assert max(len(x) for x in full.splitlines()) > 100  # so the wrapping is tested
+    assert r.stdout.split() == full.split()  # every word kept, in order
+
+
+def _no_nonce(page: str) -> str:
+    """An HTML page with its per-render script nonces and plotly's random div ids blanked."""
+    page = re.sub(r"nonce-?=?['\"]?[A-Za-z0-9_-]+", "nonce", page)
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "id", page)
 
 
 def test_figures_carry_an_html_fallback(add_loop):
@@ -290,6 +343,8 @@ def _shipped_files():
     yield from (ROOT / "docs").rglob("*.md")
     yield from (ROOT / "examples").glob("*.ipynb")
     yield from (ROOT / "sample_traces").glob("*.json")
+    yield from (ROOT / "sample_traces").glob("*.txt")
+    yield from (ROOT / "sample_traces").glob("multirank.md")
     yield from (ROOT / p for p in ("README.md", "sample_traces/README.md", "capture/README.md"))
 
 

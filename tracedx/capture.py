@@ -1159,8 +1159,10 @@ class _Profiled:
     def __repr__(self) -> str:
         if self.path is None:
             return f"<tracedx.profile: no trace written yet ({self.steps} steps so far)>"
+        from tracedx.report.safe import term
+
         return (
-            f"<tracedx.profile: trace {self.path} ({self.active_steps} steps recorded of "
+            f"<tracedx.profile: trace {term(self.path)} ({self.active_steps} steps recorded of "
             f"{self.steps})>"
         )
 

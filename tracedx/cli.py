@@ -318,8 +318,12 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
     from tracedx.job.load import load_job
 
     jd = diagnose_job(load_job(files, progress=progress, **where, **_job_options(analysis)))
-    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
-    click.echo(render(), nl=False)
+    if fmt == "text":
+        from tracedx.report.text import fit
+
+        click.echo(fit(jd.to_text(), _width()), nl=False)  # like one trace's report
+    else:
+        click.echo({"json": jd.to_json, "md": jd.to_markdown}[fmt](), nl=False)
     if html_path:
         from tracedx.report.job_html import write_job_html
 
@@ -499,7 +503,7 @@ def annotate(trace_paths, out_path, **analysis):
             done = [perfetto.annotate(files[0], out_path or "annotated.json.gz", diag)]
     for res in done:
         click.echo(
-            f"{res.path}: {res.original_events} original events, {res.added_events} added "
+            f"{term(res.path)}: {res.original_events} original events, {res.added_events} added "
             "(open it in the Perfetto UI)"
         )
 

@@ -44,7 +44,7 @@ LB_DIFFUSE = 0.9
 IDLE_BOUND = 0.5
 
 
-@dataclass
+@dataclass(repr=False)
 class Job:
     """A job: its ranks' summaries (sorted by rank) and the notes of discovery and loading.
 
@@ -61,6 +61,14 @@ class Job:
     @property
     def ranks(self) -> list[int]:
         return [int(s.meta["rank"]) for s in self.summaries]
+
+    def __repr__(self) -> str:
+        r, n = self.ranks, len(self.notes)
+        span = f" ({r[0]}..{r[-1]})" if r else ""
+        return (
+            f"<Job: {len(r)} rank{'s' if len(r) != 1 else ''}{span}, {n} note{'s' if n != 1 else ''}"
+            "; tracedx.diagnose(job) for its verdict>"
+        )
 
 
 @dataclass(repr=False)
