@@ -17,10 +17,12 @@ Results (``Diagnosis``, ``TraceDiff``) display as a verdict card in a notebook a
 __version__ = "0.1.0"
 
 from tracedx.errors import TraceError, TraceFormatError
-from tracedx.trace import Trace, load
 
-# name -> (module, attribute or None for the module itself), imported on first use
+# name -> (module, attribute or None for the module itself), imported on first use: polars,
+# numpy and plotly load with the first name that needs them, so `tracedx --help` stays quick
 _LAZY = {
+    "load": ("tracedx.trace", "load"),
+    "Trace": ("tracedx.trace", "Trace"),
     "diagnose": ("tracedx.analysis.diagnosis", "diagnose"),
     "Diagnosis": ("tracedx.analysis.diagnosis", "Diagnosis"),
     "diff": ("tracedx.analysis.diff", "diff"),
