@@ -74,6 +74,30 @@ _format_option = click.option(
 )
 
 
+_no_cache_option = click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Read the trace file even when the cache holds its tables "
+    "($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx); nor store them.",
+)
+
+
+def _load(path, repair, no_cache, status=None):
+    """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
+    go to stderr."""
+    progress = status.reading(path) if status else None
+    if no_cache:
+        from tracedx.trace import load
+
+        return load(path, repair=repair, progress=progress)
+    from tracedx.trace import cache
+
+    def note(msg: str) -> None:
+        click.echo(f"tracedx: {msg}", err=True)
+
+    return cache.load(path, repair=repair, progress=progress, on_note=note)[0]
+
+
 def _analysis_options(f):
     """The options every command that diagnoses a trace takes (device peaks, steps, repair)."""
     options = [
@@ -107,6 +131,7 @@ def _analysis_options(f):
         click.option(
             "--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes)."
         ),
+        _no_cache_option,
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -193,12 +218,19 @@ def _width() -> int:
 
 
 def _load_and_diagnose(
-    trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
+    trace_path,
+    device_name,
+    peak_tflops,
+    bandwidth_gbs,
+    calibration,
+    steps,
+    repair,
+    no_cache,
+    status=None,
 ):
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
-    from tracedx.trace import load
 
-    trace = load(trace_path, repair=repair, progress=status.reading(trace_path) if status else None)
+    trace = _load(trace_path, repair, no_cache, status)
     if status:
         status.update("diagnosing")
     return run_diagnosis(
@@ -392,6 +424,7 @@ def report(trace_path, out_path, **analysis):
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
+@_no_cache_option
 @click.option(
     "--fail-if-slower",
     "fail_pct",
@@ -401,18 +434,17 @@ def report(trace_path, out_path, **analysis):
     help="Exit 1 when AFTER's median step (unprofiled when both were timed, else traced) is "
     "more than PCT percent slower than BEFORE's.",
 )
-def diff_command(before_path, after_path, fmt, fix, repair, fail_pct):
+def diff_command(before_path, after_path, fmt, fix, repair, no_cache, fail_pct):
     """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result.
 
     Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
     """
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
-    from tracedx.trace import load
 
     with _spinner(f"reading {before_path}") as status:
-        before = load(before_path, repair=repair, progress=status.reading(before_path))
-        after = load(after_path, repair=repair, progress=status.reading(after_path))
+        before = _load(before_path, repair, no_cache, status)
+        after = _load(after_path, repair, no_cache, status)
         if status:
             status.update("comparing")
         td = run_diff(before, after, fix=fix)

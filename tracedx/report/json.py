@@ -122,6 +122,7 @@ def diagnosis_dict(diag) -> dict[str, Any]:
             causes.filter(pl.col("device") == diag.primary_device)
             .group_by("cause")
             .agg(pl.col("idle_us").sum(), pl.col("gaps").sum())
+            .sort(["idle_us", "cause"], descending=[True, False])  # the same bytes every run
         )
         med = diag.model.idle_us if diag.model is not None else {}
         idle = {
