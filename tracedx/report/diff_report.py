@@ -12,7 +12,7 @@ from typing import Any
 
 from tracedx.analysis.diff import MIN_SCORE, ON_TARGET
 from tracedx.report.json import _clean
-from tracedx.report.text import short_name
+from tracedx.report.text import fit, short_name
 
 SCHEMA = "tracedx.diff/1"
 TOP = 8
@@ -230,7 +230,7 @@ def render_text(td) -> str:
         out.append("")
         out.append("NOTES")
         out += [f"  - {n}" for n in d["notes"]]
-    return "\n".join(out) + "\n"
+    return fit("\n".join(out)) + "\n"
 
 
 def _esc(s: str) -> str:
