@@ -147,3 +147,14 @@ def test_an_unwritable_cache_is_a_note_not_a_failure(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["diagnose", p, "--format", "json"])
     assert r.exit_code == 0 and "cannot write the cache" in r.stderr
     json.loads(r.stdout)
+
+
+def test_an_error_after_a_cached_load_is_still_one_line(tmp_path):
+    p = str(shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz"))
+    run = CliRunner().invoke
+    assert run(main, ["diagnose", p, "--format", "json"]).exit_code == 0
+    r = run(main, ["diff", p, str(tmp_path / "missing.json")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "using the cached" not in r.stderr
+    ok = run(main, ["diff", p, p, "--format", "json"])
+    assert ok.exit_code == 0 and ok.stderr.count("using the cached tables") == 2
+    assert ok.stderr.index("cached") > 0 and json.loads(ok.stdout)

@@ -15,13 +15,29 @@ import click
 from tracedx import __version__
 from tracedx.errors import TraceError
 
+_NOTES: list[str] = []
+"""Notes for stderr printed once the command has answered (the cache's), and not at all when
+it fails, so an error stays one line."""
+
+
+def _flush_notes() -> None:
+    for msg in _NOTES:
+        click.echo(f"tracedx: {msg}", err=True)
+    _NOTES.clear()
+
 
 class _Group(click.Group):
     """Turns TraceError into one line on stderr and exit status 2."""
 
     def invoke(self, ctx: click.Context):
+        _NOTES.clear()
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            _flush_notes()
+            return out
+        except click.exceptions.Exit:
+            _flush_notes()
+            raise
         except TraceError as e:
             click.echo(f"tracedx: error: {e}", err=True)
             ctx.exit(e.exit_code)
@@ -33,7 +49,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("tracedx: interrupted", err=True)
             ctx.exit(130)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
             if os.environ.get("TRACEDX_DEBUG"):
@@ -92,10 +108,7 @@ def _load(path, repair, no_cache, status=None):
         return load(path, repair=repair, progress=progress)
     from tracedx.trace import cache
 
-    def note(msg: str) -> None:
-        click.echo(f"tracedx: {msg}", err=True)
-
-    return cache.load(path, repair=repair, progress=progress, on_note=note)[0]
+    return cache.load(path, repair=repair, progress=progress, on_note=_NOTES.append)[0]
 
 
 def _analysis_options(f):
