@@ -38,7 +38,8 @@ def main() -> None:
             est = f.estimated_speedup if f else 1.0
             label = f"{est:.2f}x" + ("" if f is None or f.recommended else " (not worth it)")
         ratio = est / p["measured_speedup"]
-        r = f"{ratio:.2f}" if 1 / 1.5 <= ratio <= 1.5 else f"**{ratio:.2f}**"
+        r = f"{ratio:.3f}" if round(ratio, 2) in (0.8, 1.25) else f"{ratio:.2f}"
+        r = r if 1 / 1.25 <= ratio <= 1.25 else f"**{r}**"
         print(f"| {p['pair']} | {p['fix']} | {label} | {p['measured_speedup']:.2f}x | {r} |")
 
 

@@ -85,6 +85,23 @@ cap mlp_large-bf16           2 2 1 3 10 -- capture/mlp_train.py --width 8192 --b
 cap convnet_dataloader-main  2 2 1 3 10 -- capture/convnet_dataloader.py --steps 14
 cap convnet_dataloader-workers 2 2 1 3 10 -- capture/convnet_dataloader.py --workers 8 --pin-memory --steps 14
 cap convnet_dataloader-workers-pageable 2 2 1 3 10 -- capture/convnet_dataloader.py --workers 8 --steps 14
+# part 3 (session 3, issue 16): a Hugging Face model, .item() either way, larger batches
+cap gpt2_train-eager         3 2 1 3 10 --profile-memory -- capture/gpt2_train.py --steps 16
+cap gpt2_train-compile       3 2 1 3 10 -- capture/gpt2_train.py --compile --steps 16
+cap gpt2_decode-eager        3 2 1 4 20 -- capture/gpt2_decode.py --steps 30
+cap gpt2_decode-compile      3 2 1 4 20 -- capture/gpt2_decode.py --compile --steps 30
+cap item_loop-host-sync      3 2 1 3 10 -- capture/item_loop.py --host-us 100 --iters 100 --steps 15
+cap item_loop-host-nosync    3 2 1 3 10 -- capture/item_loop.py --host-us 100 --iters 100 --no-sync --steps 15
+cap item_loop-big-sync       3 2 1 3 10 -- capture/item_loop.py --size 4194304 --iters 100 --steps 15
+cap item_loop-big-nosync     3 2 1 3 10 -- capture/item_loop.py --size 4194304 --iters 100 --no-sync --steps 15
+cap mlp_train-b64            3 2 1 5 50 --profile-memory -- capture/mlp_train.py --steps 60
+cap mlp_train-b128           3 2 1 5 50 --profile-memory -- capture/mlp_train.py --batch 128 --steps 60
+cap mlp_mid-b1024            3 2 1 5 30 --profile-memory -- capture/mlp_train.py --width 4096 --batch 1024 --bf16 --steps 40
+cap mlp_mid-b2048            3 2 1 5 30 --profile-memory -- capture/mlp_train.py --width 4096 --batch 2048 --bf16 --steps 40
+cap mlp_large-b2048          3 2 1 3 10 --profile-memory -- capture/mlp_train.py --width 8192 --batch 2048 --bf16 --steps 14
+cap mlp_large-b4096          3 2 1 3 10 --profile-memory -- capture/mlp_train.py --width 8192 --batch 4096 --bf16 --steps 14
+cap mlp_mid-b512             3 2 1 5 30 --profile-memory -- capture/mlp_train.py --width 4096 --batch 512 --bf16 --steps 40
+cap gpt2_train-eager-b16     3 2 1 3 10 --profile-memory -- capture/gpt2_train.py --batch 16 --steps 16
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   if [ "$ONLY" = "  " ] || [[ "$ONLY" == *" calibrate "* ]]; then

@@ -152,17 +152,36 @@ KNOWN_MISSES = {
     "graph estimate keeps the reported duration (6.1x estimated, 10.4x measured); "
     "graph_node_cost-sweep-h200.json finds it only for one-element add_, not sum, cumsum or "
     "one-block add_ of 128+ elements, so no trace field separates it",
+    "gpt2_train": "compile also makes the launches that stay cheaper, which the eager trace does "
+    "not separate from their launch cost: unprofiled, the eager step costs 47.5 us per kernel "
+    "(29.24 ms / 615 kernels) and the compiled one 35.3 us (13.77 ms / 390 kernels), the "
+    "autograd engine's per-node work going with the compiled backward; and Inductor pads the "
+    "vocabulary-sized (50257, align1) lm_head GEMMs: 7.96 ms per step of cutlass_75 align1 "
+    "kernels eager against 1.22 ms of nvjet kernels compiled (gpt2_train-*.json.gz); the model "
+    "removes the fused chains' launches and their share of Python (1.32x against 2.12x)",
+    "convnet_dataloader": "with 8 workers the main thread still spends 1.41 ms per step (traced) "
+    "in DataLoader __next__, taking the workers' batches from shared memory "
+    "(convnet_dataloader-workers-pageable.json.gz); BEFORE, with no workers, cannot show that "
+    "cost (28.6x estimated, 20.0x measured; BEFORE's own unprofiled step spans 115.7-198.6 ms)",
+    "convnet_dataloader-pinned": "pinning takes 2.4 ms of host time off the step: the host "
+    "side falls from 5.62 ms (BEFORE, profiler cost removed) to 3.18 ms (AFTER), of which the "
+    "model attributes the DataLoader's 1.41 ms main-thread time to the pin-memory thread; the "
+    "rest is not separated in BEFORE's trace (1.99x estimated, 2.69x measured)",
+    "mlp_large": "the unprofiled timing of AFTER exposes host work that overlaps the GPU in a "
+    "free-running loop: mlp_large-bf16 reads 5.02 ms unprofiled against 4.65 ms traced "
+    "(each timed step starts on an idle GPU); against the traced step the fix achieved 9.5x "
+    "(11.04x estimated, 1.16 over; 8.81x unprofiled, 1.253 over)",
 }
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=[p["pair"] for p in PAIRS])
-def test_applied_fix_estimate_within_1_5x_of_measured(pair, request):
+def test_applied_fix_estimate_within_1_25x_of_measured(pair, request):
     if pair["pair"] in KNOWN_MISSES:
         request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[pair["pair"]]))
     d = diag(pair["before"])
     est = applied_estimate(d, pair)
     ratio = est / pair["measured_speedup"]
-    assert 1 / 1.5 <= ratio <= 1.5, (pair["pair"], est, pair["measured_speedup"])
+    assert 1 / 1.25 <= ratio <= 1.25, (pair["pair"], est, pair["measured_speedup"])
 
 
 def test_costly_sync_is_attributed_to_its_python_line():
@@ -206,3 +225,21 @@ def test_fusion_saves_the_fused_ops_host_time_not_the_steps_mean():
     assert not f.recommended and f.estimated_speedup < 1.05
     per_k = float(f.derivation.split("host saves ")[1].split(" us")[0])
     assert per_k < d.model.per_kernel_host_us / 3
+
+
+def test_a_kernel_past_its_cpu_window_is_its_launching_steps_busy_time():
+    # elementwise-compile is host-bound (CPU windows): its one fused kernel per step (126.0,
+    # 128.3, 127.2, 126.2, 126.5 us) starts late in its step's window and runs past its end.
+    # Busy time is the launching step's: median 126.5 us, and the steps add up to the kernel
+    # table's total over the analysed steps (634.3 us), not 71-116 us per step.
+    d = diag("elementwise-compile.json.gz")
+    t = tracedx.load(SAMPLES / "elementwise-compile.json.gz")
+    w = d.windows
+    kernels = t.kernels.filter(pl.col("step").is_not_null())
+    assert w["gpu_busy_us"].to_list() == pytest.approx(
+        kernels.sort("step")["duration_us"].to_list(), abs=1e-3
+    )
+    assert float(w["gpu_busy_us"].sum()) == pytest.approx(
+        float(kernels["duration_us"].sum()), abs=1e-3
+    )
+    assert round(float(w["gpu_busy_us"].median()) / 1e3, 3) == 0.127

@@ -297,10 +297,17 @@ class _Session:
     starts; it is written only when the script ends before that.
     """
 
-    def __init__(self, schedule: Schedule, with_stack: bool, write: Callable[[object, int], None]):
+    def __init__(
+        self,
+        schedule: Schedule,
+        with_stack: bool,
+        write: Callable[[object, int], None],
+        profile_memory: bool = False,
+    ):
         self.torch = _import_torch()
         self.schedule = schedule
         self.with_stack = with_stack
+        self.profile_memory = profile_memory
         self._write = write
         self.cuda = bool(self.torch.cuda.is_available())
         act = self.torch.profiler.ProfilerActivity
@@ -320,6 +327,7 @@ class _Session:
             activities=self.activities,
             record_shapes=True,
             with_stack=self.with_stack,
+            profile_memory=self.profile_memory,
         )
         cfg = _experimental_config(self.torch)
         if cfg is not None:
@@ -646,12 +654,14 @@ def capture_script(
     time_unprofiled: int = 0,
     marker: str = "auto",
     quiet: bool = False,
+    profile_memory: bool = False,
 ) -> CaptureResult:
     """Run ``script`` like ``python script args`` under torch.profiler and write its trace.
 
     The trace goes to ``out_dir/<script stem>-<YYYYmmdd-HHMMSS>.json.gz`` (CPU and CUDA
     activity, CPU only without a GPU; ``record_shapes=True``; CUDA sync events where torch has
-    them; Python stacks with ``with_stack``). ``schedule`` gives the wait/warm-up/active steps
+    them; Python stacks with ``with_stack``; allocator events (``[memory]``, torch.profiler's
+    ``profile_memory=True``) with ``profile_memory``). ``schedule`` gives the wait/warm-up/active steps
     (default 1/1/5). With ``time_unprofiled=K`` the script first runs once without the profiler
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
@@ -717,7 +727,7 @@ def capture_script(
         _export(prof, final, meta)
         written["path"] = final
 
-    session = _Session(schedule, with_stack, write)
+    session = _Session(schedule, with_stack, write, profile_memory)
     markers = _Markers(session.boundary, marker)
     markers_box.append(markers)
     if not quiet:

@@ -344,6 +344,11 @@ def diagnose(trace_path, fmt, html_path, max_step_ms, **analysis):
     show_default=True,
     help="Step source: optimizer.step(), tracedx.step() (explicit), or auto (explicit wins).",
 )
+@click.option(
+    "--profile-memory",
+    is_flag=True,
+    help="Record allocator events ([memory]): peak memory per step and larger-batch headroom.",
+)
 @click.option("--diagnose", "then_diagnose", is_flag=True, help="Diagnose the trace once written.")
 def capture(
     script,
@@ -355,6 +360,7 @@ def capture(
     with_stack,
     time_unprofiled,
     marker,
+    profile_memory,
     then_diagnose,
 ):
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
@@ -373,6 +379,7 @@ def capture(
         with_stack=with_stack,
         time_unprofiled=time_unprofiled,
         marker=marker,
+        profile_memory=profile_memory,
     )
     if then_diagnose and result.path is not None:
         try:

@@ -598,6 +598,11 @@ def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
     return place_on_roofline(ops_tbl, spec)
 
 
+# A step with this many of the program's own host syncs or more is a loop of syncs (an
+# .item() per iteration): see StepModel.sync_serial.
+SERIAL_SYNCS_PER_STEP = 2
+
+
 def _step_model(
     trace: Trace, steps: list[int], w: pl.DataFrame, causes: pl.DataFrame, n: int
 ) -> fx.StepModel:
@@ -720,6 +725,11 @@ def _step_model(
         if host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
             model.tax_us = min(max(model.step_us - t_u, 0.0), model.host_us) / host_events
+            if own_sync_count >= SERIAL_SYNCS_PER_STEP and model.gpu_us > 0:
+                # host and GPU serialised by the syncs: t_u = (H - tax x events) + G
+                model.sync_serial = True
+                h_eff = min(max(t_u - model.gpu_us, 0.0), model.host_us)
+                model.tax_us = (model.host_us - h_eff) / host_events
     return model
 
 
@@ -1114,9 +1124,17 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     chain_us, saved, removed, chains, host = _fusable_chains(
         trace, steps, primary, m.per_kernel_host_us
     )
+    # host time outside any op: the step's host time less its top-level ops' (launching or not)
+    python_us = max(m.host_us - (m.per_kernel_host_us or 0.0) * m.kernels - m.host_no_gpu_us, 0.0)
     out.append(
         fx.torch_compile(
-            m, chain_us / n, saved / n, removed / n, chains / n, None if host is None else host / n
+            m,
+            chain_us / n,
+            saved / n,
+            removed / n,
+            chains / n,
+            None if host is None else host / n,
+            python_us,
         )
     )
     # math-mode fixes need peaks and FLOP models
@@ -1128,7 +1146,10 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
         out.append(
             fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
         )
-    out.append(fx.larger_batch(m, idle_fraction))
+    from tracedx.analysis.batch import batch_model, step_memory
+
+    bm = batch_model(trace, steps, primary, ops_tbl)
+    out.append(fx.larger_batch(m, idle_fraction, bm.growth, step_memory(trace, steps, primary)))
     res = [f for f in out if f is not None]
     return fx.order_findings(res)
 

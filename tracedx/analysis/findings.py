@@ -98,6 +98,10 @@ class StepModel:
     unprofiled_step_us: float | None = None
     # the DataLoader runs worker processes (_MultiProcessingDataLoaderIter in its annotation)
     dataloader_multiprocess: bool = False
+    # the program syncs the host with the GPU several times per step (an .item() per loop
+    # iteration): unprofiled, the GPU work between two syncs cannot overlap the host's, so the
+    # step is H + G (see :attr:`serial_us`)
+    sync_serial: bool = False
 
     @property
     def host_us(self) -> float:
@@ -114,6 +118,14 @@ class StepModel:
 
     @property
     def serial_us(self) -> float:
+        """E: the serialization beyond max(H, G). Traced: what the step shows beyond it. With
+        ``sync_serial`` (several of the program's own syncs per step, unprofiled timing known):
+        min(H without the profiler's cost, G), so that the step is H + G: the GPU idles while
+        the host launches, the host waits while the GPU runs. Under the profiler the host is
+        slow enough that the GPU finishes before each sync, which hides this in the trace
+        (item_loop-big-sync: traced 11.68 ms = H 10.93 + E 0.75; unprofiled 6.21 ms)."""
+        if self.sync_serial:
+            return min(self.host_effective_us, self.gpu_us)
         return max(self.step_us - max(self.host_us, self.gpu_us), 0.0)
 
     def predict(
@@ -530,20 +542,31 @@ def torch_compile(
     kernels_removed: float,
     chains: float,
     removed_host_us: float | None = None,
+    python_us: float = 0.0,
 ) -> Finding | None:
     """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
 
-    Device: a fused chain moves about as many bytes as its largest single pass, so it takes
-    about the time of its longest kernel (saving sum - max per chain). Host: each fused-away
-    kernel saves its eager dispatch and launch cost: ``removed_host_us`` per step (the host
-    time per kernel of the ops that launched the chains, each at most the step's mean; see
-    diagnosis._fusable_chains), else the step's mean host time per kernel.
+    What compile changes, from the eager trace:
+
+    - Device: a fused chain moves about as many bytes as its largest single pass, so it takes
+      about the time of its longest kernel (saving sum - max per chain). GEMMs, attention and
+      the kernels outside chains stay.
+    - Launches: each fused-away kernel saves its eager dispatch and launch cost:
+      ``removed_host_us`` per step (the host time per kernel of the ops that launched the
+      chains, each at most the step's mean; see diagnosis._fusable_chains), else the step's
+      mean host time per kernel; its recorded host events (and their profiler cost) go too.
+    - Python: the step's host time outside any op (``python_us``: module calls, framework code
+      between ops) goes in the share of the kernels that fuse away (kernels removed / kernels):
+      the compiled graph replaces the Python that issued them, and the kernels that stay are
+      launched by the compiled wrapper at about the cost the eager step paid for them.
     """
     if chains <= 0 or kernels_removed < 1:
         return None
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
     per_k = removed_host_us / kernels_removed
+    py_removed = python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels else 0.0
+    removed_host_us += py_removed
     h2 = m.host_us - removed_host_us
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
@@ -558,7 +581,10 @@ def torch_compile(
     ]
     deriv = (
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "
-        f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per fused-away kernel"
+        f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per "
+        f"fused-away kernel and {_ms(py_removed)} of the step's {_ms(python_us)} of Python between "
+        "ops (its share of the kernels removed); GEMMs, attention and the optimizer stay; "
+        "assumes the kernels left cost the compiled wrapper what they cost eager"
     )
     region = chain_us + removed_host_us
     return make_finding(
@@ -566,42 +592,75 @@ def torch_compile(
     )
 
 
-def larger_batch(m: StepModel, idle_fraction: float) -> Finding | None:
-    """Grow the batch 2x: per-sample time falls when the GPU waits on the host (TensorBoard
-    plugin rule: GPU utilization under 50% -> larger batch).
+def larger_batch(
+    m: StepModel, idle_fraction: float, growth=None, memory=None, factor: float = 2.0
+) -> Finding | None:
+    """Grow the batch k-fold (k = ``factor``, 2 by default): per-sample time = step(kB) / k.
 
-    What grows with the batch grows k times: GPU time, the DataLoader's main-thread time (it
-    loads and transforms every sample) and the host's blocking pageable copies; launch and
-    Python time per step stay. Per-sample time = step' / k.
+    step(kB) = max(H', G') + E' on the step model, where H' is the host time per step, which
+    stays (launches and Python do not grow with the batch) but for the DataLoader's main-thread
+    time and the blocking pageable copies, which grow k-fold; and G' = G x ``growth(k)``, the
+    GPU time grown by kernel kind and roofline position (:mod:`tracedx.analysis.batch`: weight-
+    sized and optimizer kernels fixed, compute-bound GEMMs k-fold, under-filled ones less,
+    elementwise by bytes above a launch floor). ``growth`` is a callable k -> G'/G (None: G
+    grows k-fold). ``memory`` is a :class:`~tracedx.analysis.batch.StepMemory` or None: with
+    it the evidence gives the bytes the batch needs and the largest k that fits (and a batch
+    that does not fit is not proposed); without it the headroom is unknown.
     """
-    if idle_fraction < 0.5 or m.busy_us <= 0:
+    if m.busy_us <= 0:
         return None
-    k = 2.0
-    e_page = min(m.serial_us, m.pageable_block_us)
-    new_step = m.predict(
-        gpu_us=k * m.gpu_us,
-        host_us=m.host_us + (k - 1) * m.dataloader_us,
-        serial_us=m.serial_us + (k - 1) * e_page,
-        host_events=m.host_events + (k - 1) * m.dataloader_events,
-    )
-    new_per_batch = new_step / k
+    k = factor
+    grow = (lambda x: x) if growth is None else growth
+
+    def per_sample(x: float) -> float:
+        e_page = min(m.serial_us, m.pageable_block_us)
+        step = m.predict(
+            gpu_us=grow(x) * m.gpu_us,
+            host_us=m.host_us + (x - 1) * m.dataloader_us,
+            serial_us=m.serial_us + (x - 1) * e_page,
+            host_events=m.host_events + (x - 1) * m.dataloader_events,
+        )
+        return step / x
+
+    new_per_batch = per_sample(k)
+    new_step = new_per_batch * k
     ev = [
-        f"GPU idle {idle_fraction:.0%} of the step; a 2x batch doubles GPU work per launch "
-        f"(step {_ms(m.predict())} -> ~{_ms(new_step)} for twice the samples)",
-        "time per original batch of samples; needs the memory for 2x activations",
+        f"GPU idle {idle_fraction:.0%} of the step; at {k:g}x the batch the GPU time grows "
+        f"{grow(k):.2f}x (step {_ms(m.predict())} -> ~{_ms(new_step)} for {k:g}x the samples)",
     ]
+    if memory is None:
+        ev.append("memory headroom unknown: no [memory] events (tracedx capture --profile-memory)")
+    else:
+        need = memory.bytes_at(k)
+        ev.append(
+            f"memory: peak {memory.peak_allocated_bytes / 2**30:.2f} GiB allocated "
+            f"({memory.peak_reserved_bytes / 2**30:.2f} GiB reserved), of which "
+            f"{memory.batch_bytes / 2**30:.2f} GiB grows with the batch; {k:g}x needs "
+            f"~{need / 2**30:.2f} GiB"
+        )
+        km = memory.max_factor
+        if km is not None:
+            if km >= 2 and km != k:
+                ev.append(
+                    f"the largest batch that fits is ~{km}x: ~{m.predict() / per_sample(km):.2f}x "
+                    "per sample"
+                )
+            if km < k:
+                ev.append(f"{k:g}x does not fit in the device's memory (at most {km}x)")
+                new_per_batch = m.predict()
     if m.dataloader_us > 0:
         ev.append(
             f"the DataLoader's {_ms(m.dataloader_us)} per step on the main thread grows with the batch"
         )
     deriv = (
-        "amortized launch overhead: per-sample time = max(host + DataLoader, 2 x GPU) / 2, "
-        "DataLoader time and blocking copies doubled with the batch"
+        f"per-sample time = max(host + {k:g} x DataLoader, GPU x growth({k:g})) / {k:g}: host "
+        "time per step stays; GPU time grows by kernel kind (optimizer and weight-sized kernels "
+        "fixed, GEMMs by roofline position, the rest by bytes above a launch floor)"
     )
     return make_finding(
         m,
         "larger-batch",
-        "Increase the batch size (2x) to fill the idle GPU",
+        f"Increase the batch size ({k:g}x) to fill the idle GPU",
         m.step_us - m.busy_us,
         new_per_batch,
         deriv,

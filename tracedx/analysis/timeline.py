@@ -8,12 +8,23 @@ Definitions:
 - step time = max(CPU window, GPU window) in steady state (the CPU runs ahead of the GPU): it reproduces the
   unprofiled step time within a few percent for GPU-bound steps. Per device, the steps'
   intervals are all GPU windows when the GPU windows add up to more than the CPU windows (the
-  GPU binds and lags the CPU), else all CPU windows; one choice for all steps, so the intervals
-  tile the timeline and no GPU work is counted in two steps (a step with no GPU work keeps its
-  CPU window, started no earlier than the previous interval ended).
-- GPU busy = union of kernel, memcpy and memset intervals on the device, clipped to the GPU
-  window (``cuda_sync`` events and annotations are never busy time).
-- idle = step time - busy; idle fraction = idle / step time.
+  GPU binds and lags the CPU), else all CPU windows; one choice for all steps (a step with no GPU
+  work keeps its CPU window, started no earlier than the previous interval ended).
+- The steps' intervals tile the device timeline from the first step's start to the last
+  step's end: each runs from its own start to the next step's start (the step marker's host
+  time between two ``ProfilerStep`` ranges is the earlier step's). Idle gaps are taken over
+  these intervals.
+- GPU busy of a step = the union of the kernel, memcpy and memset intervals *launched in that
+  step* (``cuda_sync`` events and annotations are never busy time), an instant shared with an
+  earlier step's events counted in the earlier step only. One owner for every kernel's time: a
+  kernel is never split at a window edge, it is the launching step's (a host-bound step's
+  kernels run late in its CPU window and past its end: ``elementwise-compile``'s one 126 us
+  kernel per step is 126 us of busy time in every step, not 71 to 116). The steps' busy times
+  add up to the union of all GPU events launched in the analysed steps.
+- idle = step time - busy (0 when a step's own GPU work outlasts its interval); idle fraction =
+  idle / step time. Over the analysed steps the idle time by cause adds up to the idle time
+  (when no GPU event from outside the analysed steps runs inside them); per step it can differ
+  by the GPU work that ran in a neighbour's interval.
 
 Idle gaps are the uncovered stretches of the GPU window. Each gets one cause:
 ``kernel wait`` (the next GPU event was already launched before the gap began: a GPU-side
@@ -33,7 +44,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import gaps as _gaps
-from tracedx.analysis.intervals import overlap, union
+from tracedx.analysis.intervals import overlap, owned_union, union
 from tracedx.trace import Trace
 
 CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work", "python")
@@ -119,7 +130,6 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     devices = trace.devices or [None]
     for dev in devices:
         g = gpu.filter(pl.col("device") == dev) if dev is not None else gpu.clear()
-        m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
         first = (
             g.filter(pl.col("step").is_not_null())
             .group_by("step")
@@ -167,34 +177,58 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
             )
             .with_columns(
-                window_start_us=pl.when("gpu_longer")
+                chosen_start_us=pl.when("gpu_longer")
                 .then("gpu_start_us")
                 .otherwise("cpu_start_us"),
-                window_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
+                chosen_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
             )
             # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
             # the previous step's GPU window): a step starts no earlier than the previous ended.
             .with_columns(
                 window_start_us=pl.max_horizontal(
-                    "window_start_us",
-                    pl.col("window_end_us").cum_max().shift(1).fill_null(float("-inf")),
-                ),
-                chosen_start_us=pl.col("window_start_us"),
-            )
-            .with_columns(
-                window_end_us=pl.max_horizontal("window_end_us", "window_start_us"),
+                    "chosen_start_us",
+                    pl.col("chosen_end_us").cum_max().shift(1).fill_null(float("-inf")),
+                ).cum_max(),
             )
         )
-        busy = overlap(
-            m_start, m_end, s["window_start_us"].to_numpy(), s["window_end_us"].to_numpy()
+        # The windows tile the device timeline: each step ends where the next begins (a gap
+        # between two ProfilerStep ranges, the step marker's own host time, is the earlier
+        # step's); the last ends at its own end.
+        analysed = g.filter(pl.col("step").is_not_null())
+        starts = s["window_start_us"].to_numpy().astype(float)
+        if s.height:
+            ends = np.append(starts[1:], float(s["chosen_end_us"][-1]))
+            ends[-1] = max(ends[-1], starts[-1])
+        else:
+            ends = starts
+        s = s.with_columns(
+            window_start_us=pl.Series(starts, dtype=pl.Float64),
+            window_end_us=pl.Series(ends, dtype=pl.Float64),
         )
+        # GPU busy of a step: the union of the GPU events it launched (kernels, memcpys,
+        # memsets), an instant shared with an earlier step's events counted there only. An
+        # event with no launch record (launched before the trace, correlation lost) is the
+        # step whose interval holds its start.
+        rank = {st: i for i, st in enumerate(s["step"].to_list())}
+        own = analysed.filter(pl.col("step").is_in(list(rank)))
+        owner = np.array([rank[x] for x in own["step"].to_list()], dtype=int)
+        st_, en_ = _arr(own, "start_us"), _arr(own, "end_us")
+        orphans = g.filter(pl.col("step").is_null())
+        if orphans.height and s.height:
+            o_start = _arr(orphans, "start_us")
+            k = np.searchsorted(starts, o_start, side="right") - 1
+            keep = (k >= 0) & (o_start < ends[-1])
+            st_ = np.concatenate([st_, o_start[keep]])
+            en_ = np.concatenate([en_, _arr(orphans, "end_us")[keep]])
+            owner = np.concatenate([owner, k[keep]])
+        busy = owned_union(st_, en_, owner, s.height)
         s = s.with_columns(
             gpu_busy_us=pl.Series(busy).cast(pl.Float64),
-            # how much of the step's window the previous step already counted
-            overlap_prev_us=(
-                pl.min_horizontal("window_start_us", "window_end_us") - pl.col("chosen_start_us")
-            ).clip(lower_bound=0.0),
-        ).drop("gpu_longer", "chosen_start_us")
+            # how much of the step's own (CPU or GPU) window the previous step already counted
+            overlap_prev_us=(pl.col("window_start_us") - pl.col("chosen_start_us")).clip(
+                lower_bound=0.0
+            ),
+        ).drop("gpu_longer", "chosen_start_us", "chosen_end_us")
         rows.append(s)
     out = pl.concat(rows, how="vertical_relaxed")
     has_gpu = trace.has_gpu_activity
@@ -210,7 +244,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             memcpy_us=pl.col("memcpy_us").fill_null(0.0),
         )
         .with_columns(
-            idle_us=pl.col("step_time_us") - pl.col("gpu_busy_us"),
+            idle_us=(pl.col("step_time_us") - pl.col("gpu_busy_us")).clip(lower_bound=0.0),
         )
         .with_columns(
             idle_fraction=pl.when(pl.col("step_time_us") > 0).then(

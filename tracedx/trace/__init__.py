@@ -53,6 +53,10 @@ class Trace:
       ``duration_us`` (the host window). Without markers, one synthetic step 0 spanning the
       trace (``steps_synthetic`` is True).
     - ``python_frames``: python_function events (with_stack=True).
+    - ``memory``: ``[memory]`` allocator events (``profile_memory=True``): ``start_us``,
+      ``device`` (-1 or null for host memory), ``device_type`` (1 = CUDA), ``bytes`` (> 0
+      allocated, < 0 freed), ``allocated_bytes`` and ``reserved_bytes`` (the caching
+      allocator's totals on that device after the event), ``step``. Empty without them.
     - ``comm_args``: the collective args of the few events that carry them (kernels and
       ``record_param_comms`` ops with ``Collective name``, ``nccl:*``/``gloo:*`` annotations);
       read :attr:`collectives` instead.
@@ -71,6 +75,7 @@ class Trace:
     steps_synthetic: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[DataWarning] = field(default_factory=list)
+    memory: pl.DataFrame = field(default_factory=lambda: pl.DataFrame())
     comm_args: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(schema={**COMM_SCHEMA, "end_us": pl.Float64})
     )
@@ -369,6 +374,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
         annotations=annotations,
         steps=steps,
         python_frames=raw.python_frames,
+        memory=assign_step(raw.memory, steps, "start_us")
+        if raw.memory is not None
+        else pl.DataFrame(),
         steps_synthetic=synthetic,
         metadata=meta,
         warnings=warnings,

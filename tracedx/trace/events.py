@@ -50,6 +50,12 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # python_function (with_stack=True)
     python_id: Any = msgspec.field(default=None, name="Python id")
     python_parent_id: Any = msgspec.field(default=None, name="Python parent id")
+    # [memory] instant events (profile_memory=True)
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
     # metadata events ("M"): process_name / thread_name / process_labels
     name: Any = None
     labels: Any = None
@@ -136,7 +142,7 @@ TraceDocument = TraceFile | list[Event]
 
 # --- the fast reader's view of an event ----------------------------------------------------
 # ``source`` decodes big traces chunk by chunk with a union tagged by ``ph``: complete events
-# ("X") and metadata ("M") are decoded field by field like ``Event``; events of every other
+# ("X"), metadata ("M") and instants ("i", for ``[memory]``) are decoded field by field like ``Event``; events of every other
 # phase (flows, instants, counters, ...) are skipped without building their fields, which
 # saves a third of the decoding time on a Kineto trace. A trace whose events lack ``ph`` or use
 # a phase outside the Chrome format is read by the plain ``Event`` decoder instead.
@@ -154,8 +160,14 @@ class MEvent(_Fields, tag_field="ph", tag="M"):
     ph: ClassVar[str] = "M"
 
 
+class IEvent(_Fields, tag_field="ph", tag="i"):
+    """An instant event (``ph: "i"``): ``[memory]`` allocator events carry their sizes here."""
+
+    ph: ClassVar[str] = "i"
+
+
 # Every other phase of the Chrome Trace Event Format: a field-less struct each.
-_OTHER_PHASES = "BEiICbnestfPNODVvRc()"
+_OTHER_PHASES = "BEICbnestfPNODVvRc()"
 _SKIPPED = tuple(
     msgspec.defstruct(
         f"Phase{ord(p)}",
@@ -167,7 +179,7 @@ _SKIPPED = tuple(
     )
     for p in _OTHER_PHASES
 )
-FastEvent = Union[(XEvent, MEvent, *_SKIPPED)]  # noqa: UP007 (a tuple of types)
+FastEvent = Union[(XEvent, MEvent, IEvent, *_SKIPPED)]  # noqa: UP007 (a tuple of types)
 
 
 class FastPart(msgspec.Struct):

@@ -52,6 +52,7 @@ class RawTables:
     syncs: pl.DataFrame
     python_frames: pl.DataFrame
     comm_args: pl.DataFrame
+    memory: pl.DataFrame | None = None
     process_names: dict[Any, str] = field(default_factory=dict)
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
     unknown_categories: dict[str, int] = field(default_factory=dict)
@@ -336,6 +337,15 @@ _KERNEL_SCHEMA |= {
     "achieved_occupancy_pct": pl.Float64,
 }
 _SCHEMAS: dict[str, dict[str, Any]] = {
+    "memory": {
+        "start_us": pl.Float64,
+        "duration_us": pl.Float64,
+        "device": pl.Int64,
+        "device_type": pl.Int64,
+        "bytes": pl.Int64,
+        "allocated_bytes": pl.Int64,
+        "reserved_bytes": pl.Int64,
+    },
     "kernel": _KERNEL_SCHEMA,
     "memcpy": dict(_GPU_SCHEMA)
     | {"direction": pl.Utf8, "src_memory": pl.Utf8, "dst_memory": pl.Utf8, "bytes": pl.Int64},
@@ -605,6 +615,13 @@ class Converter:
         kind = _codes(cats, self._cat_cache, _cat_code)
         for i in np.flatnonzero(ph == _PH_M).tolist():
             _metadata(evs[i], out)
+        mem = [
+            e
+            for i in np.flatnonzero(ph == _PH_OTHER).tolist()
+            if getattr(e := evs[i], "name", None) == "[memory]"
+        ]
+        if mem:
+            out.frames["memory"] = _memory_frame(mem)
         cand = ph == _PH_X
         for i in np.flatnonzero(ph == _PH_NONE).tolist():
             cand[i] = evs[i].dur is not None
@@ -710,6 +727,28 @@ class Converter:
         out.frames[kind] = df
 
 
+def _memory_frame(evs: list[Event]) -> pl.DataFrame:
+    """``[memory]`` instant events (torch.profiler ``profile_memory=True``): one row per
+    allocation (``bytes`` > 0) or free (< 0), with the caching allocator's totals after it."""
+    args = [e.args for e in evs]
+
+    def col(key: str) -> list:
+        return [None if a is None else getattr(a, key, None) for a in args]
+
+    ts = _float_col([e.ts for e in evs])
+    return pl.DataFrame(
+        {
+            "start_us": ts,
+            "duration_us": pl.Series([0.0] * len(evs), dtype=pl.Float64),
+            "device": _any_int_col(col("device_id")),
+            "device_type": _any_int_col(col("device_type")),
+            "bytes": _any_int_col(col("alloc_bytes")),
+            "allocated_bytes": _any_int_col(col("total_allocated")),
+            "reserved_bytes": _any_int_col(col("total_reserved")),
+        }
+    ).filter(pl.col("start_us").is_finite())
+
+
 def _add_comm(out: ChunkColumns, df: pl.DataFrame) -> None:
     prev = out.frames.get("comm")
     out.frames["comm"] = df if prev is None else pl.concat([prev, df], how="vertical")
@@ -754,7 +793,7 @@ class TableBuilder:
 
     # -- at the end -------------------------------------------------------------------------
     def finish(self) -> RawTables:
-        parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*_KINDS, "comm")}
+        parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*_KINDS, "comm", "memory")}
         self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
@@ -852,6 +891,7 @@ class TableBuilder:
             syncs=self._final("cuda_sync", frames["cuda_sync"]),
             python_frames=self._final("python_function", frames["python_function"]),
             comm_args=self._final("comm", frames["comm"]),
+            memory=self._final("memory", frames["memory"]),
             process_names=self.process_names,
             thread_names=self.thread_names,
             unknown_categories=self.unknown,
