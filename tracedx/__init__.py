@@ -5,6 +5,8 @@ analysis, which load on first use):
 
 - ``tracedx.load(path) -> Trace``: read a torch.profiler chrome trace into polars tables.
 - ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth.
+- ``tracedx.load_job(paths) -> Job``: a distributed job's traces (files, a directory, a glob),
+  one summary per rank; ``tracedx.diagnose(job) -> JobDiagnosis``: the job's verdict.
 - ``tracedx.diff(before, after) -> TraceDiff``: re-measure a fix against its estimate.
 - ``tracedx.profile(...)`` / ``tracedx.step()``: profile a block of code, mark its steps.
 - ``tracedx.measure``: timing helpers (warm-up, synchronisation, median of repeats).
@@ -23,7 +25,8 @@ from tracedx.errors import TraceError, TraceFormatError
 _LAZY = {
     "load": ("tracedx.trace", "load"),
     "Trace": ("tracedx.trace", "Trace"),
-    "diagnose": ("tracedx.analysis.diagnosis", "diagnose"),
+    "diagnose": ("tracedx", "_diagnose"),  # a Trace or a Job
+    "load_job": ("tracedx.job.load", "load_job"),
     "Diagnosis": ("tracedx.analysis.diagnosis", "Diagnosis"),
     "diff": ("tracedx.analysis.diff", "diff"),
     "TraceDiff": ("tracedx.analysis.diff", "TraceDiff"),
@@ -44,6 +47,7 @@ __all__ = [
     "diagnose",
     "diff",
     "load",
+    "load_job",
     "measure",
     "profile",
     "step",
@@ -63,3 +67,19 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(__all__) | {"__version__"})
+
+
+def _diagnose(target, **options):
+    """``diagnose(trace, **options) -> Diagnosis`` (:func:`tracedx.analysis.diagnosis.diagnose`);
+    ``diagnose(job) -> JobDiagnosis`` for a :class:`tracedx.job.diagnosis.Job` from
+    :func:`load_job` (:func:`tracedx.job.diagnosis.diagnose_job`)."""
+    import sys
+
+    jobs = sys.modules.get("tracedx.job.diagnosis")  # a Job exists only once it is imported
+    if jobs is not None and isinstance(target, jobs.Job):
+        if options:
+            raise TypeError("diagnose(job) takes no options: give them to load_job")
+        return jobs.diagnose_job(target)
+    from tracedx.analysis.diagnosis import diagnose
+
+    return diagnose(target, **options)

@@ -506,14 +506,65 @@ def _count_events(path: Path) -> dict | None:
     return counts
 
 
-def _unique_path(out_dir: Path, stem: str) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = out_dir / f"{stem}-{stamp}.json.gz"
+def _launcher_start() -> _dt.datetime | None:
+    """When this process's parent started (Linux ``/proc``), else None.
+
+    Under torchrun the parent is the launcher agent, shared by every rank of the host, so
+    ranks that start a second apart still name their traces with one time.
+    """
+    try:
+        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of proc(5): starttime, clock ticks after boot
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                boot = int(line.split()[1])
+                return _dt.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return None
+
+
+def _unique_path(out_dir: Path, stem: str, rank: int | None = None) -> Path:
+    """``out_dir/<stem>-<YYYYmmdd-HHMMSS>[-<k>][-rank<R>].json.gz``, a name not yet taken.
+
+    The time is now, or for a rank of a torchrun job its launcher's start (one time for all
+    the ranks of a host).
+    """
+    start = _launcher_start() if rank is not None else None
+    stamp = (start or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    tail = "" if rank is None else f"-rank{rank}"
+    path = out_dir / f"{stem}-{stamp}{tail}.json.gz"
     k = 1
     while path.exists():
-        path = out_dir / f"{stem}-{stamp}-{k}.json.gz"
+        path = out_dir / f"{stem}-{stamp}-{k}{tail}.json.gz"
         k += 1
     return path
+
+
+def _distributed_env() -> dict | None:
+    """This process's place in a ``torchrun`` job, from the variables torchrun sets.
+
+    ``{"rank", "world_size", "local_rank", "hostname"}`` (ints, and the host name) when ``RANK``
+    holds an integer (torchrun, ``torch.distributed.launch`` and most launchers set it; PyTorch
+    docs, "torchrun (Elastic Launch)", environment variables), else None.
+    """
+    import socket
+
+    def _int(name: str) -> int | None:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            return None
+
+    rank = _int("RANK")
+    if rank is None:
+        return None
+    return {
+        "rank": rank,
+        "world_size": _int("WORLD_SIZE"),
+        "local_rank": _int("LOCAL_RANK"),
+        "hostname": socket.gethostname(),
+    }
 
 
 def _export(prof, final: Path, metadata: dict) -> Path:
@@ -639,10 +690,16 @@ def _check_script(script: str | os.PathLike) -> Path:
     return path
 
 
+def _prefix() -> str:
+    """``tracedx:``, or ``tracedx (rank R):`` in a process of a torchrun job."""
+    rank = os.environ.get("RANK", "")
+    return f"tracedx (rank {rank}):" if rank.isdigit() else "tracedx:"
+
+
 def _note(messages: list[str], text: str, quiet: bool = False) -> None:
     messages.append(text)
     if not quiet:
-        print(f"tracedx: {text}", file=sys.stderr, flush=True)
+        print(f"{_prefix()} {text}", file=sys.stderr, flush=True)
 
 
 def capture_script(
@@ -695,12 +752,18 @@ def capture_script(
     messages: list[str] = []
 
     unprofiled = None
+    dist = _distributed_env()
+    if time_unprofiled and dist is not None:
+        raise CaptureError(
+            "--time-unprofiled does not run under torchrun (a second run of the job would "
+            "need its own rendezvous); time the steps in a plain torchrun run of the script"
+        )
     if time_unprofiled:
         unprofiled = _time_unprofiled(
             path, args, time_unprofiled, schedule, marker, messages, quiet
         )
 
-    final = _unique_path(out, path.stem)
+    final = _unique_path(out, path.stem, dist["rank"] if dist else None)
     if not torch.cuda.is_available():
         _note(
             messages,
@@ -721,6 +784,8 @@ def capture_script(
             "script": str(path),
             "argv": [str(path), *args],
         }
+        if dist is not None:
+            meta["distributed"] = dist
         if unprofiled is not None:
             meta["unprofiled_step_ms"] = unprofiled
         meta["active_steps_recorded"] = active_steps
@@ -733,7 +798,7 @@ def capture_script(
     if not quiet:
         kind = "CPU + CUDA" if session.cuda else "CPU"
         print(
-            f"tracedx: profiling {path} ({kind}); steps: wait {schedule.wait}, warm-up "
+            f"{_prefix()} profiling {path} ({kind}); steps: wait {schedule.wait}, warm-up "
             f"{schedule.warmup}, active {schedule.active}; step markers: optimizer.step() or "
             "tracedx.step()",
             file=sys.stderr,
@@ -808,7 +873,7 @@ def capture_script(
                 _note(messages, "the trace holds no events", quiet)
         else:
             detail = f"{size:.2f} MB"
-        print(f"tracedx: wrote {trace_path} ({detail})", file=sys.stderr, flush=True)
+        print(f"{_prefix()} wrote {trace_path} ({detail})", file=sys.stderr, flush=True)
     if trace_path is not None:
         print(trace_path, flush=True)
     if trace_path is None and code == 0:
@@ -1001,7 +1066,8 @@ def profile(
         return
     schedule = Schedule(wait=wait, warmup=warmup, active=steps)
     torch = _import_torch()
-    final = _unique_path(Path(out), name)
+    dist = _distributed_env()
+    final = _unique_path(Path(out), name, dist["rank"] if dist else None)
     box: list[_Markers] = []
 
     def write(prof, active_steps: int) -> None:
@@ -1014,6 +1080,8 @@ def profile(
             "argv": list(sys.argv),
             "active_steps_recorded": active_steps,
         }
+        if dist is not None:
+            meta["distributed"] = dist
         handle.path = _export(prof, final, meta)
 
     session = _Session(schedule, with_stack, write)

@@ -257,7 +257,7 @@ def _load_and_diagnose(
 
 
 @main.command()
-@click.argument("trace_path", metavar="TRACE")
+@click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
 @_format_option
 @click.option(
     "--html",
@@ -274,15 +274,52 @@ def _load_and_diagnose(
     help="Exit 1 when the median step (unprofiled when timed, else traced) is over MS.",
 )
 @_analysis_options
-def diagnose(trace_path, fmt, html_path, max_step_ms, **analysis):
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="tcp://HOST:PORT",
+    help="Summarise a job's ranks on this Dask cluster (pip install 'tracedx[dask]').",
+)
+@click.option(
+    "--summaries",
+    "summaries_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Keep each rank's summary here; a later run reuses them for unchanged traces.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def diagnose(
+    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, quiet, **analysis
+):
     """Where the time goes, what binds it, and what each fix is worth.
 
-    Exit status: 0; 1 when --max-step-ms is exceeded; 2 for unusable input.
+    TRACE is one trace file, or a job's traces: several files, a directory (searched
+    recursively for *.json and *.json.gz) or a quoted glob. One file gets the single-rank
+    diagnosis; several get the job diagnosis (ranks matched, stragglers, waiting split from
+    transfer). A job's ranks are summarised in parallel: local worker processes by default,
+    or a Dask cluster with --scheduler; --summaries DIR keeps the summaries for the next run.
+
+    Exit status: 0; 1 when --max-step-ms is exceeded (one trace); 2 for unusable input.
     """
+    from tracedx.job.discover import expand_inputs
+
+    files = expand_inputs(trace_paths)
+    if len(files) > 1:
+        analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
+        where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
+        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
+        return
     from tracedx.report import render
 
-    with _spinner(f"reading {trace_path}") as status:
-        diag = _load_and_diagnose(trace_path, **analysis, status=status)
+    with _spinner(f"reading {files[0]}") as status:
+        diag = _load_and_diagnose(files[0], **analysis, status=status)
     click.echo(render(diag, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
@@ -299,6 +336,21 @@ def diagnose(trace_path, fmt, html_path, max_step_ms, **analysis):
                 err=True,
             )
             click.get_current_context().exit(1)
+
+
+def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
+    """The job report of several traces (text, json or md)."""
+    from tracedx.job.diagnosis import diagnose_job
+    from tracedx.job.load import load_job
+
+    if html_path:
+        raise TraceError("--html takes one trace; a job's report is text, json or md for now")
+    options = {k: v for k, v in analysis.items() if v not in (None, False)}
+    if "device_name" in options:  # summarize_path's name for it
+        options["device"] = options.pop("device_name")
+    jd = diagnose_job(load_job(files, progress=progress, **where, **options))
+    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
+    click.echo(render(), nl=False)
 
 
 @main.command(

@@ -53,6 +53,11 @@ class DeviceSpec:
         sources: the source of each figure, keyed by peak key or ``"bandwidth_gbs"``.
         key: the table key (``"h100-sxm"``); empty for specs built from overrides only.
         notes: caveats about the figures (derived values, clocks, variants).
+        gpu_link: the GPU-to-GPU link (``"NVLink 4"``, ...) or None where the part has none.
+        gpu_link_gbs: its bandwidth per direction in GB/s (half the datasheet's bidirectional
+            total), the reference for a collective's bus bandwidth inside one host.
+        pcie_gbs: the host link (PCIe) bandwidth per direction in GB/s.
+        Link sources are in ``sources["gpu_link_gbs"]`` and ``sources["pcie_gbs"]``.
     """
 
     name: str
@@ -63,6 +68,23 @@ class DeviceSpec:
     sources: dict[str, str] = field(default_factory=dict)
     key: str = ""
     notes: str = ""
+    gpu_link: str | None = None
+    gpu_link_gbs: float | None = None
+    pcie_gbs: float | None = None
+
+    def link_gbs(self, intra_host: bool = True) -> tuple[float | None, str | None]:
+        """The link a collective of this GPU runs on and its bandwidth per direction (GB/s).
+
+        Inside one host: the GPU link (NVLink, Infinity Fabric) where the part has one, else
+        PCIe; across hosts: the network, which the device table does not know (None, None).
+        """
+        if not intra_host:
+            return None, None
+        if self.gpu_link_gbs:
+            return self.gpu_link_gbs, self.gpu_link
+        if self.pcie_gbs:
+            return self.pcie_gbs, "PCIe"
+        return None, None
 
     def ridge_point(self, dtype: str) -> float | None:
         """Ridge point in FLOP/byte for a peak key: peak / bandwidth (Williams et al. 2009).
@@ -515,7 +537,73 @@ def _build_table() -> dict[str, DeviceSpec]:
             "num_sms counts compute units (CUs); no tf32",
         ),
     ]
-    return {d.key: d for d in t}
+    return {d.key: _with_links(d) for d in t}
+
+
+# Link bandwidths as the datasheets print them: bidirectional totals per GPU. Stored per
+# direction (half), because a collective's bus bandwidth (nccl-tests doc/PERFORMANCE.md) is
+# compared with what one GPU can send (or receive) at once. PCIe per generation, x16:
+# Gen3 32, Gen4 64, Gen5 128 GB/s bidirectional (PCI-SIG; the datasheets below print them).
+_PCIE = {3: 16.0, 4: 32.0, 5: 64.0}
+_LINKS: dict[str, tuple[str | None, float | None, int, str]] = {
+    # key: (GPU link, bidirectional GB/s, PCIe generation, source)
+    "h100-sxm": ("NVLink 4", 900.0, 5, f"{_H100_DS}: NVLink 900 GB/s, PCIe Gen5 128 GB/s"),
+    "h100-pcie": ("NVLink bridge", 600.0, 5, f"{_H100_DS}: NVLink 600 GB/s, PCIe Gen5 128 GB/s"),
+    "h100-nvl": ("NVLink bridge", 600.0, 5, f"{_H100_DS}: NVLink 600 GB/s, PCIe Gen5 128 GB/s"),
+    "h200-sxm": ("NVLink 4", 900.0, 5, f"{_H200_DS}: NVLink 900 GB/s, PCIe Gen5 128 GB/s"),
+    "h200-nvl": (
+        "NVLink bridge",
+        900.0,
+        5,
+        f"{_H200_DS}: 2- or 4-way NVLink bridge 900 GB/s, PCIe Gen5 128 GB/s",
+    ),
+    "a100-sxm-40gb": ("NVLink 3", 600.0, 4, f"{_A100_DS}: NVLink 600 GB/s, PCIe Gen4 64 GB/s"),
+    "a100-sxm-80gb": ("NVLink 3", 600.0, 4, f"{_A100_DS}: NVLink 600 GB/s, PCIe Gen4 64 GB/s"),
+    "a100-pcie-40gb": (
+        "NVLink bridge",
+        600.0,
+        4,
+        f"{_A100_DS}: NVLink bridge for 2 GPUs 600 GB/s, PCIe Gen4 64 GB/s",
+    ),
+    "a100-pcie-80gb": (
+        "NVLink bridge",
+        600.0,
+        4,
+        f"{_A100_DS}: NVLink bridge for 2 GPUs 600 GB/s, PCIe Gen4 64 GB/s",
+    ),
+    "a10": (None, None, 4, f"{_A10_DS}: PCIe Gen4 64 GB/s"),
+    "l4": (None, None, 4, f"{_L4_DS}: PCIe Gen4 x16 64 GB/s"),
+    "l40s": (None, None, 4, f"{_L40S_DS}: PCIe Gen4 x16 64 GB/s"),
+    "t4": (None, None, 3, f"{_T4_DS}: PCIe Gen3 x16 32 GB/s"),
+    "v100-sxm2": ("NVLink 2", 300.0, 3, f"{_V100_DS}: NVLink 300 GB/s, PCIe 32 GB/s"),
+    "v100-pcie": (None, None, 3, f"{_V100_DS}: PCIe 32 GB/s"),
+    "v100s-pcie": (None, None, 3, f"{_V100_DS}: PCIe 32 GB/s"),
+    "b200": ("NVLink 5", 1800.0, 5, f"{_B200_DS}: NVLink 1.8 TB/s per GPU"),
+    "mi300x": (
+        "Infinity Fabric",
+        896.0,
+        5,
+        f"{_MI300X_DS}: 7 Infinity Fabric links, 896 GB/s aggregate; PCIe Gen5 x16 128 GB/s",
+    ),
+}
+
+
+def _with_links(d: DeviceSpec) -> DeviceSpec:
+    link = _LINKS.get(d.key)
+    if link is None:
+        return d
+    name, bidir, gen, src = link
+    sources = dict(d.sources)
+    if bidir:
+        sources["gpu_link_gbs"] = f"{src} (stored per direction: half)"
+    sources["pcie_gbs"] = f"{src} (stored per direction: half)"
+    return replace(
+        d,
+        gpu_link=name,
+        gpu_link_gbs=bidir / 2 if bidir else None,
+        pcie_gbs=_PCIE[gen],
+        sources=sources,
+    )
 
 
 DEVICES: dict[str, DeviceSpec] = _build_table()

@@ -29,6 +29,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.diagnosis import Diagnosis, diagnose
+from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.analysis.kernels import kind_expr
 from tracedx.analysis.timeline import sync_calls
 from tracedx.errors import TraceError
@@ -37,10 +38,6 @@ from tracedx.trace import Trace
 
 SCHEMA = "tracedx.diff/1"
 UNKNOWN = "unknown"
-# An estimate within this factor of the achieved speedup (either way) is "on target".
-ON_TARGET = 1.25
-# Evidence weaker than this is listed but does not name the applied fix.
-MIN_SCORE = 0.5
 HALF_DTYPES = ("c10::BFloat16", "c10::Half", "BFloat16", "Half", "bfloat16", "half")
 
 

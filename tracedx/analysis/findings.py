@@ -40,6 +40,7 @@ FIX_IDS = (
     "fused-attention",
     "larger-batch",
     "overlap-communication",
+    "balance-ranks",
 )
 
 MIN_RECOMMENDED_SPEEDUP = 1.05
@@ -49,6 +50,12 @@ PROFILER_SLOWDOWN = (
 )
 """How much the profiler slows a host-bound step: the traced over the unprofiled median step of
 the overhead-bound sample traces (``tracedx capture --time-unprofiled``, PyTorch 2.11, H200)."""
+# Checking estimates (tracedx diff): an estimate within this factor of the achieved speedup
+# (either way) is "on target"; evidence for an inferred fix scoring under MIN_SCORE is listed
+# but does not name the applied fix. Here, not in analysis.diff, so that the diff report reads
+# them without importing the module that renders through it.
+ON_TARGET = 1.25
+MIN_SCORE = 0.5
 # Host cost of one cudaGraphLaunch, per kernel in the graph, as measured in profiled H200 traces:
 # 1.41 us (add_loop-cudagraph, 500 kernels), 1.42 us (mlp_train-cudagraph, 29 kernels) in
 # sample_traces/.
@@ -289,6 +296,24 @@ def amdahl(f: float, s: float) -> float:
     return 1.0 / ((1.0 - f) + (0.0 if math.isinf(s) else f / s))
 
 
+def amdahl_terms(t_us: float, new_us: float, region_us: float) -> tuple[float, float, float]:
+    """Amdahl's (f, s) for a step of ``t_us`` predicted to take ``new_us`` after a fix acting
+    on ``region_us`` of it, and the whole-step speedup T / T'.
+
+    T' is kept within [1e-3 T, T]; the region is widened to the saving when the saving is
+    larger; f = region / T, s = region / (region - saved) (inf when all of it goes), so that
+    1 / ((1 - f) + f / s) = T / T'.
+    """
+    t = t_us
+    new_us = min(max(new_us, 1e-3 * t), t)
+    saved = t - new_us
+    region = min(max(region_us, saved), t)
+    f = region / t if t > 0 else 0.0
+    rest = region - saved
+    s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
+    return f, s, (t / new_us if new_us > 0 else 1.0)
+
+
 def make_finding(
     model: StepModel,
     fix: str,
@@ -311,13 +336,7 @@ def make_finding(
     # units. Unprofiled reference: the model (profiler cost removed) gives the ratio T'/T on its
     # own scale, applied to the measured unprofiled step.
     t = model.predict() if model.unprofiled_step_us else model.reference_step_us
-    new_us = min(max(new_us, 1e-3 * t), t)
-    saved = t - new_us
-    region = min(max(region_us, saved), t)
-    f = region / t if t > 0 else 0.0
-    rest = region - saved
-    s = math.inf if rest <= 1e-9 * max(region, 1.0) else region / rest
-    sp = t / new_us
+    f, s, sp = amdahl_terms(t, new_us, region_us)
     est_ms = model.reference_step_us / sp / 1e3
     return Finding(
         fix,

@@ -486,6 +486,9 @@ def summarize(trace, diagnosis=None) -> RankSummary:
             ],
         },
         "notes": notes,
+        "warnings": [
+            {"kind": w.kind, "count": w.count, "message": w.message} for w in trace.warnings
+        ],
     }
     return RankSummary(
         meta=_clean(meta),

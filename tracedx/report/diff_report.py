@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from tracedx.analysis.diff import MIN_SCORE, ON_TARGET
+from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.report.json import _clean
 from tracedx.report.text import fit, short_name
 

@@ -120,7 +120,7 @@ def diagnosis_dict(diag) -> dict[str, Any]:
     if diag.primary_device is not None and causes.height:
         per = (
             causes.filter(pl.col("device") == diag.primary_device)
-            .group_by("cause")
+            .group_by("cause", maintain_order=True)  # the same key order on every run
             .agg(pl.col("idle_us").sum(), pl.col("gaps").sum())
             .sort(["idle_us", "cause"], descending=[True, False])  # the same bytes every run
         )

@@ -1,0 +1,182 @@
+"""Inputs to a job (files, folders, globs, URLs) and the rank-set checks, each with its note."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tracedx.errors import TraceError
+from tracedx.job.discover import (
+    expand_inputs,
+    rank_from_filename,
+    resolve_ranks,
+)
+
+
+def _touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+    return path
+
+
+def test_directory_is_searched_recursively_for_traces_only(tmp_path):
+    a = _touch(tmp_path / "iteration_10" / "rank0_trace.json")
+    b = _touch(tmp_path / "iteration_10" / "rank1_trace.json.gz")
+    c = _touch(tmp_path / "host_12.1700000000.pt.trace.json")
+    _touch(tmp_path / "notes.txt")
+    _touch(tmp_path / ".tracedx-abc.json")  # a capture's temporary file
+    _touch(tmp_path / ".hidden" / "rank5.json")
+    assert expand_inputs([tmp_path]) == sorted(map(str, [a, b, c]))
+
+
+def test_files_globs_urls_and_repeats(tmp_path):
+    a = _touch(tmp_path / "rank-0.json")
+    b = _touch(tmp_path / "rank-1.json")
+    _touch(tmp_path / "other.json")
+    # a quoted glob is expanded by tracedx; the same file named twice is kept once
+    got = expand_inputs([str(tmp_path / "rank-*.json"), str(a)])
+    assert got == [str(a), str(b)]
+    assert expand_inputs([str(b), str(a)]) == [str(b), str(a)]
+    assert expand_inputs(["s3://bucket/job/rank0.json"]) == ["s3://bucket/job/rank0.json"]
+    assert expand_inputs([str(tmp_path / "**" / "rank-1.json")]) == [str(b)]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: [], "no trace given"),
+        (lambda p: [p / "nope.json"], "no such file or directory"),
+        (lambda p: [str(p / "x*.json")], "no file matches this pattern"),
+        (lambda p: [p], "no trace files"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors(tmp_path, make, message):
+    with pytest.raises(TraceError, match=message) as e:
+        expand_inputs(make(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "name, rank",
+    [
+        ("iteration_3/rank7_trace.json", 7),
+        ("rank-0.json", 0),
+        ("train-20261201-092751-rank12.json.gz", 12),
+        ("trace_filter__sampled_rank-1.json.gz", 1),
+        ("RANK_3.json", 3),
+        ("rank3/trace.json", 3),
+        ("frank1.json", None),
+        ("host_1234.1700000000000.pt.trace.json", None),
+        ("worker.json", None),
+    ],
+)
+def test_rank_from_filename(name, rank):
+    assert rank_from_filename(os.path.join("/data", name)) == rank
+
+
+def _meta(rank=None, world=None, steps=(1, 2, 3), source="distributedInfo", **kw):
+    return {
+        "rank": rank,
+        "rank_source": source if rank is not None else None,
+        "world_size": world,
+        "steps": list(steps),
+        **kw,
+    }
+
+
+def test_clean_job_has_no_notes_and_ignores_input_order():
+    entries = [("/j/b.json", _meta(1, 2)), ("/j/a.json", _meta(0, 2))]
+    rs = resolve_ranks(entries)
+    assert rs.ranks == (0, 1)
+    assert rs.index == {0: 1, 1: 0}
+    assert rs.paths == {0: "/j/a.json", 1: "/j/b.json"}
+    assert rs.world_size == 2 and rs.steps == (1, 2, 3) and rs.notes == ()
+    assert resolve_ranks(entries[::-1]).paths == rs.paths
+
+
+def test_rank_from_file_name_when_the_trace_does_not_say():
+    rs = resolve_ranks([("/j/rank1_trace.json", _meta()), ("/j/rank0_trace.json", _meta())])
+    assert rs.ranks == (0, 1) and rs.sources == {0: "file name", 1: "file name"}
+    assert rs.notes == ()
+
+
+def test_duplicate_rank_keeps_the_first_by_path_and_names_both():
+    rs = resolve_ranks(
+        [
+            ("/j/run2/r.json", _meta(0, 2)),
+            ("/j/run1/r.json", _meta(0, 2)),
+            ("/j/x.json", _meta(1, 2)),
+        ]
+    )
+    assert rs.ranks == (0, 1) and rs.paths[0] == "/j/run1/r.json" and rs.left_out == (0,)
+    (note,) = rs.notes
+    assert "rank 0 has 2 files: /j/run1/r.json (analysed) and /j/run2/r.json (left out)" in note
+
+
+def test_missing_ranks_are_named():
+    rs = resolve_ranks([(f"/j/{r}.json", _meta(r, 8)) for r in (0, 1, 2, 5, 7)])
+    (note,) = rs.notes
+    assert "3 ranks of the 8 in the job have no trace (rank 3-4, 6)" in note
+    assert "analysed on 5 ranks" in note
+
+
+def test_gap_without_world_size_is_possibly_missing():
+    rs = resolve_ranks([("/j/rank0.json", _meta()), ("/j/rank2.json", _meta())])
+    (note,) = rs.notes
+    assert "rank 1 is absent between the ranks present (0, 2): possibly missing" in note
+
+
+def test_world_size_disagreement():
+    rs = resolve_ranks(
+        [("/j/a.json", _meta(0, 2)), ("/j/b.json", _meta(1, 2)), ("/j/c.json", _meta(2, 4))]
+    )
+    assert rs.world_size == 2
+    assert any(
+        "disagree about the world size (2 in /j/a.json, /j/b.json; 4 in /j/c.json)" in n
+        for n in rs.notes
+    )
+    assert any("rank 2 is outside the world size 2" in n for n in rs.notes)
+
+
+def test_different_steps_are_cut_to_the_common_ones():
+    rs = resolve_ranks(
+        [
+            ("/j/a.json", _meta(0, 3, steps=(3, 4, 5, 6))),
+            ("/j/b.json", _meta(1, 3, steps=(4, 5, 6, 7))),
+            ("/j/c.json", _meta(2, 3, steps=(4, 5, 6, 7))),
+        ]
+    )
+    assert rs.steps == (4, 5, 6)
+    (note,) = rs.notes
+    assert "rank 0: steps 3-6; rank 1-2: steps 4-7" in note
+    assert "analysed on the 3 steps all ranks cover (4-6)" in note
+
+
+def test_no_common_step():
+    rs = resolve_ranks(
+        [("/j/a.json", _meta(0, 2, steps=(1, 2))), ("/j/b.json", _meta(1, 2, steps=(5,)))]
+    )
+    assert rs.steps == ()
+    assert "no step is common to all" in rs.notes[0]
+
+
+def test_unknown_rank_takes_a_missing_rank_and_says_so():
+    rs = resolve_ranks(
+        [("/j/a.json", _meta(0, 3)), ("/j/zz.json", _meta(None, 3)), ("/j/c.json", _meta(2, 3))]
+    )
+    assert rs.ranks == (0, 1, 2) and rs.sources[1] == "file order"
+    (note,) = rs.notes
+    assert "the rank of 1 file cannot be told" in note and "/j/zz.json as rank 1" in note
+
+
+def test_one_file_without_rank_is_rank_zero_silently():
+    rs = resolve_ranks([("/j/trace.json", _meta())])
+    assert rs.ranks == (0,) and rs.notes == ()
+
+
+def test_synthetic_steps_are_noted():
+    rs = resolve_ranks(
+        [("/j/a.json", _meta(0, 2)), ("/j/b.json", _meta(1, 2, steps_synthetic=True))]
+    )
+    assert any("rank 1 has no ProfilerStep ranges" in n for n in rs.notes)

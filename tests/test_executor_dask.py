@@ -1,0 +1,87 @@
+"""The per-rank map on Dask: a LocalCluster (processes) through Client.get_executor()."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import rankmap
+from tracedx.job import executor as ex
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def client():
+    with ex.local_cluster(2) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _ranks(tmp_path, contents):
+    paths = []
+    for i, text in enumerate(contents):
+        p = tmp_path / f"rank{i}.txt"
+        p.write_text(text)
+        paths.append(str(p))
+    return paths
+
+
+def test_dask_map_matches_the_local_pool(client, tmp_path):
+    paths = _ranks(tmp_path, ["a", "bad", "c", "d"])
+    on_dask = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
+    local = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
+    assert on_dask == local
+    assert on_dask[1].note == f"{paths[1]}: not a trace"
+
+
+def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
+    paths = _ranks(tmp_path, ["a", "die-once", "die", "d"])
+    out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
+    assert [r.summary for r in out] == [
+        b"summary of a",
+        b"summary of die-once",
+        None,
+        b"summary of d",
+    ]
+    assert out[2].note.startswith(f"{paths[2]}: the worker running it died every time")
+
+
+def test_polars_threads_are_capped_on_the_local_cluster(client, tmp_path):
+    paths = _ranks(tmp_path, ["a"])
+    (out,) = ex.map_ranks(
+        paths, client=client, fn=rankmap.polars_threads_task, decode=bytes, progress=False
+    )
+    n = max(1, ex.cpu_count() // 2)
+    assert out.summary == f"{n} {n}".encode()
+
+
+def test_a_missing_dask_is_one_clear_error(monkeypatch, tmp_path):
+    import builtins
+
+    from tracedx.errors import TraceError
+
+    real = builtins.__import__
+
+    def no_dask(name, *a, **k):
+        if name == "distributed":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    with pytest.raises(TraceError, match=r"pip install 'tracedx\[dask\]'"):
+        ex.map_ranks(_ranks(tmp_path, ["a"]), client="tcp://127.0.0.1:1", **rankmap.STANDIN)
+
+
+def test_a_real_dask_scheduler_and_workers_give_the_same_results(tmp_path):
+    from tests.daskprocs import dask_cluster
+
+    paths = _ranks(tmp_path, ["a", "bad", "c", "die-once"])
+    with dask_cluster(tmp_path) as address:
+        remote = ex.map_ranks(paths, client=address, **rankmap.STANDIN, progress=False)
+    local = ex.map_ranks(paths, **rankmap.STANDIN, workers=2, progress=False)
+    assert remote == local
+    assert [r.summary for r in local] == [
+        b"summary of a",
+        None,
+        b"summary of c",
+        b"summary of die-once",
+    ]

@@ -1,0 +1,501 @@
+"""The cross-rank half of the job diagnosis, on hand-made per-rank summaries.
+
+Every expected figure is computed by hand in the test from the summaries it builds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import polars as pl
+import pytest
+import summarybuilder as sb
+
+import tracedx
+from tracedx.job.clock import estimate_offsets
+from tracedx.job.diagnosis import Job, JobDiagnosis, diagnose_job
+from tracedx.job.match import match_collectives
+from tracedx.job.metrics import bus_factor
+from tracedx.job.straggler import binomial_sf
+
+
+def two_rank(nsteps: int = 25) -> list:
+    """Rank 1 computes 1400 us, rank 0 1150 us (of which 150 us on another stream under its
+    all-reduce); the all-reduce (100 MB, one host of H200s) ends at 1600 us on both.
+
+    Rank 0's kernel: [1000, 1600], compute under it at [1100, 1300) -> free [100, 300] and
+    [350, 600] (offsets); rank 1's kernel: [1400, 1600].
+    """
+    r0s, r1s, c0, c1 = [], [], [], []
+    for k in range(nsteps):
+        t0 = k * 2000.0
+        r0s.append(sb.step(k, start=t0, time=1600, compute=1150, comm=600, overlap=150))
+        r1s.append(sb.step(k, start=t0, time=1600, compute=1400, comm=200))
+        c0.append(sb.coll(k, t0 + 1000, 600, free=[(100, 300), (350, 600)], seq=k))
+        c1.append(sb.coll(k, t0 + 1400, 200, seq=k))
+    return [sb.summary(0, r0s, c0), sb.summary(1, r1s, c1)]
+
+
+def lateness_job(late: list[list[float]], *, base: float = 1000.0, tau: float = 200.0, **kw):
+    """One all-reduce per step over all ranks; rank r computes ``base + late[k][r]`` then
+    joins; all end together at ``base + max(late[k]) + tau``. No compute under the kernel."""
+    n = len(late[0])
+    ranks = f"[{', '.join(str(i) for i in range(n))}]"
+    steps = [[] for _ in range(n)]
+    colls = [[] for _ in range(n)]
+    for k, row in enumerate(late):
+        t0 = k * 10_000.0
+        end = base + max(row) + tau
+        for r in range(n):
+            d = end - (base + row[r])
+            steps[r].append(sb.step(k, start=t0, time=end, compute=base + row[r], comm=d))
+            colls[r].append(sb.coll(k, t0 + base + row[r], d, seq=k, ranks=ranks, n=n))
+    return [sb.summary(r, steps[r], colls[r], **kw) for r in range(n)]
+
+
+# --- per collective, per rank-step, verdict and fixes: every figure by hand -------------------
+
+
+def test_two_rank_figures():
+    jd = diagnose_job(Job(two_rank()))
+    c = jd.collectives.row(0, named=True)
+    assert c["status"] == "ok" and c["match_key"] == "seq" and c["members"] == 2
+    assert c["transfer_us"] == 200.0  # tau = min(600, 200)
+    assert c["max_wait_us"] == 400.0  # rank 0: 600 - 200
+    assert c["last_rank"] == 1  # one host: latest start (1400 > 1000)
+    assert c["algbw_gbs"] == pytest.approx(1e8 / 200e-6 / 1e9)  # 500 GB/s
+    assert c["busbw_gbs"] == pytest.approx(500.0 * 2 * (2 - 1) / 2)
+    assert c["link"] == "NVLink 4" and c["link_gbs"] == 450.0  # 900 GB/s bidirectional / 2
+    assert c["busbw_fraction"] == pytest.approx(500 / 450)
+    m = jd.members.filter(pl.col("coll_id") == 0).sort("rank")
+    assert m["wait_us"].to_list() == [400.0, 0.0]
+
+    s = jd.steps.filter(pl.col("step") == 3).sort("rank")
+    # rank 0: wait interval [0, 400] of its kernel, free at [100, 300] and [350, 600]:
+    # exposed wait = 200 + 50 = 250; exposed comm = 600 - 150 = 450 -> transfer 200
+    assert s["exposed_wait_us"].to_list() == [250.0, 0.0]
+    assert s["exposed_comm_us"].to_list() == [450.0, 200.0]
+    assert s["exposed_transfer_us"].to_list() == [200.0, 200.0]
+    assert s["overlap_ratio"].to_list() == [150 / 600, 0.0]
+    assert s["last_arrivals"].to_list() == [0, 1]
+
+    t = jd.typical
+    assert t["step_us"] == 1600.0
+    assert t["load_balance"] == pytest.approx(((1150 + 1400) / 2) / 1400)
+    assert t["communication_efficiency"] == pytest.approx(1400 / 1600)
+
+    st = jd.straggler
+    assert st is not None and st.rank == 1 and st.cause == "GPU compute"
+    assert st.p_value == pytest.approx(0.5**25)  # last in 25 of 25, chance 1/2
+    assert st.effect == pytest.approx(250 / 1600)  # rank 0's exposed wait / T
+    assert st.consistency == 1.0
+    assert st.excess_us == 250.0  # (1400 + 0) - (1150 + 0)
+    assert jd.bottleneck == "load imbalance"
+
+    f = {x.fix: x for x in jd.findings}
+    # balance-ranks: G = min(250, 250); S = 1600 / 1350
+    assert f["balance-ranks"].estimated_speedup == pytest.approx(1600 / 1350)
+    assert f["balance-ranks"].fraction == pytest.approx(250 / 1600)
+    assert math.isinf(f["balance-ranks"].local_speedup)
+    # overlap: H = median(200, 200); U = median(1150, 1400) = 1275; M = 200
+    # T' = max(1600 - 200, 1275, 200) = 1400
+    assert f["overlap-communication"].estimated_speedup == pytest.approx(1600 / 1400)
+    assert f["overlap-communication"].fraction == pytest.approx(200 / 1600)
+    assert [x.fix for x in jd.findings] == ["balance-ranks", "overlap-communication"]
+    r = jd.ranks.sort("rank")
+    assert r["bottleneck"].to_list() == ["load imbalance (waits for rank 1)", "GPU compute"]
+
+
+def test_overlap_bounded_by_compute_alone():
+    """H = 300 exposed transfer, but compute alone is 1500 of a 1600 step: T' = 1500."""
+    ss = []
+    for r in (0, 1):
+        st = [sb.step(k, time=1600, compute=1500, comm=400, overlap=100) for k in range(3)]
+        cl = [sb.coll(k, k * 5000.0 + 1200 + r, 400, seq=k) for k in range(3)]
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    f = {x.fix: x for x in jd.findings}["overlap-communication"]
+    # durations equal: tau = 400, waits 0, exposed transfer = 300, M = 400
+    assert jd.typical["exposed_transfer_us"] == 300.0
+    assert f.estimated_speedup == pytest.approx(1600 / 1500)
+    assert "compute alone" in f.derivation
+
+
+def test_bus_factors_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    for t in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert bus_factor(t, 8) == pytest.approx(7 / 8)
+    for t in ("broadcast", "reduce", "send", "recv"):
+        assert bus_factor(t, 8) == 1.0
+    assert bus_factor("all_to_allv", 8) is None
+
+
+def test_binomial_tail_exact():
+    # P(X >= 16), X ~ Bin(20, 1/2) = (C(20,16)+...+C(20,20)) / 2^20
+    assert binomial_sf(16, 20, 0.5) == pytest.approx(
+        sum(math.comb(20, i) for i in range(16, 21)) / 2**20
+    )
+    assert binomial_sf(16, 20, 0.5) == pytest.approx(6196 / 2**20)
+    assert binomial_sf(15, 20, 0.5) == pytest.approx(21700 / 2**20)
+    assert binomial_sf(0, 5, 0.3) == 1.0 and binomial_sf(6, 5, 0.3) == 0.0
+
+
+# --- thresholds: just below and just above ------------------------------------------------------
+
+
+def test_straggler_needs_twenty_collectives():
+    late = lambda n: [[0.0, 300.0]] * n  # noqa: E731 - rank 1 late by 300 us every step
+    assert diagnose_job(Job(lateness_job(late(19)))).straggler is None
+    jd = diagnose_job(Job(lateness_job(late(19))))
+    assert "too few matched collectives" in jd.straggler_test.reason
+    assert diagnose_job(Job(lateness_job(late(20)))).straggler.rank == 1
+
+
+def test_straggler_arrival_threshold():
+    """20 steps; rank 1 late (300 us) in k of them, rank 0 late in the others.
+    p(16 of 20) = 6196 / 2^20 = 0.0059 < 0.01; p(15 of 20) = 0.0207."""
+    for k, named in ((15, False), (16, True)):
+        late = [[0.0, 300.0]] * k + [[300.0, 0.0]] * (20 - k)
+        jd = diagnose_job(Job(lateness_job(late)))
+        a = jd.straggler_test.arrivals.filter(pl.col("rank") == 1).row(0, named=True)
+        assert a["last"] == k and a["collectives"] == 20
+        assert a["p_value"] == pytest.approx(sum(math.comb(20, i) for i in range(k, 21)) / 2**20)
+        assert (jd.straggler is not None) is named
+
+
+def test_straggler_effect_threshold():
+    """Rank 0 waits L per step; T = 1000 + L + 200: 24/1224 = 1.96 % < 2 % <= 25/1225."""
+    for lat, named in ((24.0, False), (25.0, True)):
+        jd = diagnose_job(Job(lateness_job([[0.0, lat]] * 30)))
+        assert jd.straggler_test.effect == pytest.approx(lat / (1200 + lat))
+        assert (jd.straggler is not None) is named
+    jd = diagnose_job(Job(lateness_job([[0.0, 24.0]] * 30)))
+    assert "no material effect" in jd.straggler_test.reason
+    assert jd.bottleneck != "load imbalance"
+
+
+def test_straggler_consistency_threshold():
+    """4 ranks, chance 1/4; rank 3 last in 18 (then 20) of 40 steps, the others share the rest:
+    significant either way, but last in 45 % of steps (< 50 %) vs 50 %."""
+    for k, named in ((18, False), (20, True)):
+        late = []
+        for i in range(40):
+            if i < k:
+                late.append([0.0, 0.0, 0.0, 300.0])
+            else:
+                row = [0.0, 0.0, 0.0, 0.0]
+                row[i % 3] = 300.0
+                late.append(row)
+        jd = diagnose_job(Job(lateness_job(late)))
+        a = jd.straggler_test.arrivals.filter(pl.col("rank") == 3).row(0, named=True)
+        p = sum(math.comb(40, i) * 0.25**i * 0.75 ** (40 - i) for i in range(k, 41))
+        assert a["p_value"] == pytest.approx(p) and p < 0.01
+        assert a["consistency"] == pytest.approx(k / 40)
+        assert (jd.straggler is not None) is named
+
+
+# --- causes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "idle, cause",
+    [
+        ("host_work", "host work"),
+        ("dataloader", "DataLoader"),
+        ("host_sync", "host syncs"),
+        ("python", "python"),
+        ("kernel_launch", "kernel launch"),
+    ],
+)
+def test_host_straggler_cause_and_profiler_caveat(idle, cause):
+    """Rank 1's GPU idles 400 us per step before the collective (for the given single-rank idle
+    cause); equal compute."""
+    ss = []
+    for r in (0, 1):
+        st, cl = [], []
+        for k in range(25):
+            t0 = k * 5000.0
+            if r == 0:
+                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=600))
+                cl.append(sb.coll(k, t0 + 1000, 600, seq=k))
+            else:
+                st.append(sb.step(k, start=t0, time=1600, compute=1000, comm=200, **{idle: 400}))
+                cl.append(sb.coll(k, t0 + 1400, 200, seq=k))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = jd.straggler
+    assert s.rank == 1 and s.cause == cause and s.host_side
+    assert s.excess_us == 400.0  # (1000 + 400) - (1000 + 0)
+    assert jd.regime == "overhead-bound" and jd.bottleneck == "load imbalance"
+    b = {x.fix: x for x in jd.findings}["balance-ranks"]
+    assert b.estimated_speedup == pytest.approx(1600 / 1200)  # G = min(400, 400)
+    assert any("unprofiled" in e for e in b.evidence)
+
+
+def test_data_shape_cause():
+    """Rank 1 runs a longer sequence: its op shapes differ and its compute is longer."""
+    ss = two_rank()
+    ss[0].opsig = pl.DataFrame(
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 512], [512, 512]]"],
+            "count": [25],
+            "gpu_us": [1e4],
+        }
+    )
+    ss[1].opsig = pl.DataFrame(
+        {
+            "name": ["aten::mm"],
+            "input_dims": ["[[8, 640], [640, 512]]"],
+            "count": [25],
+            "gpu_us": [1.2e4],
+        }
+    )
+    jd = diagnose_job(Job(ss))
+    assert jd.straggler.cause == "data shapes"
+    assert any("[[8, 640], [640, 512]]" in e for e in jd.straggler.evidence)
+
+
+def test_link_straggler():
+    """2 x 2 mesh: TP groups [0, 1], [2, 3]; DP groups [0, 2], [1, 3]. Everyone arrives at once;
+    the groups with rank 3 take 200 us per all-reduce, the others 100 us (same bytes)."""
+    ss = []
+    for r in range(4):
+        tp, dp = ("[0, 1]", "[2, 3]")[r // 2], ("[0, 2]", "[1, 3]")[r % 2]
+        st, cl = [], []
+        for k in range(5):
+            t0 = k * 5000.0
+            a = 200.0 if "3" in tp else 100.0
+            b = 200.0 if "3" in dp else 100.0
+            cl.append(sb.coll(k, t0 + 1000, a, pg="tp", desc="mesh_tp", ranks=tp, seq=k))
+            cl.append(sb.coll(k, t0 + 1000 + a, b, pg="dp", desc="mesh_dp", ranks=dp, seq=k))
+            st.append(sb.step(k, start=t0, time=1400, compute=1000, comm=a + b, python=400 - a - b))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = jd.straggler
+    assert s is not None and s.rank == 3 and s.cause == "link"
+    # extra per step: TP [2, 3] 200 - 100 and DP [1, 3] 200 - 100
+    assert s.excess_us == 200.0 and s.effect == pytest.approx(200 / 1400)
+    assert jd.regime == "bandwidth-bound"
+
+
+def test_balanced_ranks_get_one_verdict():
+    """Ranks alternate being late (host launch jitter): no straggler; whatever their
+    single-rank verdicts said, both ranks get the job's verdict."""
+    late = [[0.0, 300.0] if k % 2 else [300.0, 0.0] for k in range(30)]
+    ss = lateness_job(late)
+    ss[0].meta["single_rank"] = {"regime": "bandwidth-bound", "bottleneck": "communication"}
+    ss[1].meta["single_rank"] = {"regime": "overhead-bound", "bottleneck": "kernel launch"}
+    jd = diagnose_job(Job(ss))
+    assert jd.straggler is None
+    assert "no rank arrives last more often than chance" in jd.straggler_test.reason
+    assert jd.ranks["regime"].n_unique() == 1 and jd.ranks["bottleneck"].n_unique() == 1
+    assert any("single-rank verdicts" in n for n in jd.notes)
+
+
+def test_order_independence():
+    late = [[0.0, 50.0 * (k % 3), 300.0, 20.0] for k in range(24)]
+    ss = lateness_job(late)
+    ref = diagnose_job(Job(list(ss))).to_json()
+    rng = random.Random(7)
+    for _ in range(3):
+        sh = list(ss)
+        rng.shuffle(sh)
+        for s in sh:  # rows of each table in another order too
+            s.colls = s.colls.sample(fraction=1.0, shuffle=True, seed=rng.randrange(100))
+        assert diagnose_job(Job(sh)).to_json() == ref
+
+
+# --- matching --------------------------------------------------------------------------------
+
+
+def test_subgroups_sharing_a_name_are_not_merged():
+    """Two TP groups both named "1" ({0, 1} and {2, 3}), same Seq numbers: two collectives per
+    seq, each of two members, not one of four."""
+    ss = []
+    for r in range(4):
+        ranks = "[0, 1]" if r < 2 else "[2, 3]"
+        cl = [
+            sb.coll(0, 100.0 + r, 50.0, pg="1", desc="mesh_tp", ranks=ranks, seq=s, ordinal=s)
+            for s in range(3)
+        ]
+        ss.append(sb.summary(r, [sb.step(0, time=1000, compute=500, comm=150)], cl))
+    m = match_collectives(ss)
+    assert m.collectives.height == 6
+    assert m.collectives["members"].to_list() == [2] * 6
+    assert set(m.collectives["status"]) == {"ok"}
+    assert m.groups["pg_key"].to_list() == ["1:[0, 1]", "1:[2, 3]"]
+    assert any("shared by 2 groups" in n for n in m.notes)
+
+
+def test_match_key_ladder_and_validation():
+    # Comms Id wins over Seq (the seqs here disagree: a Seq match would pair the wrong ones)
+    a = sb.summary(0, [], [sb.coll(0, 0, 10, seq=5, comms_id="18446744073709551615")])
+    b = sb.summary(1, [], [sb.coll(0, 0, 10, seq=9, comms_id="18446744073709551615")])
+    m = match_collectives([a, b])
+    assert m.collectives.height == 1 and m.collectives["match_key"][0] == "comms_id"
+    # no Seq: (step, ordinal)
+    a = sb.summary(0, [], [sb.coll(0, 0, 10, ordinal=0), sb.coll(0, 20, 10, ordinal=1)])
+    b = sb.summary(1, [], [sb.coll(0, 5, 10, ordinal=0), sb.coll(0, 25, 10, ordinal=1)])
+    m = match_collectives([a, b])
+    assert m.collectives["match_key"].to_list() == ["ordinal", "ordinal"]
+    assert m.collectives["members"].to_list() == [2, 2]
+    # a type mismatch is kept, flagged and never measured
+    a = sb.summary(0, [], [sb.coll(0, 0, 10, seq=0)])
+    b = sb.summary(1, [], [sb.coll(0, 0, 30, seq=0, ctype="all_gather")])
+    jd = diagnose_job(Job([a, b]))
+    c = jd.collectives.row(0, named=True)
+    assert c["status"] == "type mismatch" and not c["usable"] and c["transfer_us"] is None
+    assert any("type mismatch" in n for n in jd.notes)
+    # a size mismatch likewise
+    b = sb.summary(1, [], [sb.coll(0, 0, 30, seq=0, nbytes=4)])
+    assert match_collectives([a, b]).collectives["status"][0] == "size mismatch"
+
+
+def test_partial_match_names_missing_rank():
+    ss = []
+    for r in range(3):  # rank 3 of the group [0, 1, 2, 3] has no trace
+        cl = [sb.coll(0, 100.0 * r, 400.0 - 100 * r, ranks="[0, 1, 2, 3]", n=4, seq=0)]
+        ss.append(sb.summary(r, [sb.step(0, time=1000, compute=500, comm=400 - 100 * r)], cl))
+    jd = diagnose_job(Job(ss))
+    c = jd.collectives.row(0, named=True)
+    assert c["status"] == "partial" and c["missing_ranks"] == "3" and c["members"] == 3
+    assert c["transfer_us"] == 200.0  # min over the members present
+    assert any("ranks without a trace in the job: 3" in n for n in jd.notes)
+
+
+def test_one_rank_job_cannot_split_waiting():
+    s = two_rank(3)[0]
+    s.meta["world_size"] = 2
+    jd = diagnose_job(Job([s]))
+    assert jd.steps["exposed_wait_us"].null_count() == 3
+    assert jd.collectives["status"].to_list() == ["unmatched"] * 3
+    assert any("one rank of a 2-rank job" in n for n in jd.notes)
+    assert jd.straggler is None
+
+
+# --- clocks ----------------------------------------------------------------------------------
+
+
+def clock_job(theta: float, *, late_rank: int = 0, n: int = 30, hostnames: bool = True) -> list:
+    """4 ranks, hosts A (0, 1) and B (2, 3); B's clock reads ``theta`` us late. True times: rank
+    ``late_rank`` starts its all-reduce 300 us after the others; all end together, host B's
+    ends jittered by -2, 0, +2 us in turn."""
+    steps = [[] for _ in range(4)]
+    colls = [[] for _ in range(4)]
+    for k in range(n):
+        t0 = k * 10_000.0
+        jit = (-2.0, 0.0, 2.0)[k % 3]
+        for r in range(4):
+            start = t0 + 1000 + (300 if r == late_rank else 0)
+            end = t0 + 1500
+            off = theta + jit if r >= 2 else 0.0
+            d = end - start + (jit if r >= 2 else 0.0)
+            steps[r].append(
+                sb.step(k, start=t0 + (off if r >= 2 else 0), time=1500, compute=1000, comm=d)
+            )
+            colls[r].append(
+                sb.coll(k, start + (theta if r >= 2 else 0.0), d, ranks="[0, 1, 2, 3]", n=4, seq=k)
+            )
+    names = ["hostA", "hostA", "hostB", "hostB"] if hostnames else [None] * 4
+    return [sb.summary(r, steps[r], colls[r], hostname=names[r]) for r in range(4)]
+
+
+def test_clock_offset_recovered_with_uncertainty():
+    ss = clock_job(400.0)
+    m = match_collectives(ss)
+    ce = estimate_offsets(m.members, m.collectives, ss)
+    h = {r["host"]: r for r in ce.hosts.iter_rows(named=True)}
+    # pass 1: d_B = 200 + jit/2 -> median 200, d_A = -200; B - A = 400; pass 2 residual 0
+    assert h["hostB"]["theta_us"] == pytest.approx(400.0)
+    assert h["hostA"]["theta_us"] == 0.0
+    # corrected B - A per collective = jit in {-2, 0, 2}: MAD = 2 -> u = 1.4826 * 2
+    assert h["hostB"]["uncertainty_us"] == pytest.approx(1.4826 * 2)
+    assert h["hostB"]["collectives"] == 30
+    assert h["hostB"]["applied"] and ce.mode == "corrected"
+    assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 400.0, 3: 400.0}
+    assert ce.end_skew_before_us == pytest.approx(400.0)  # median of 400 + jit
+    assert ce.end_skew_after_us == pytest.approx(2.0)  # median of |jit| (2, 0, 2)
+    # corrected, the true last arriver (rank 0, true start 1300) is found; on the raw clocks
+    # host B's ranks (raw start 1400 + jit) would look last
+    jd = diagnose_job(Job(ss))
+    assert jd.straggler is not None and jd.straggler.rank == 0
+    raw = jd.members.filter(pl.col("coll_id") == 0).sort("abs_start_us")
+    assert raw["rank"][-1] in (2, 3)
+
+
+def test_clock_offsets_per_rank_without_hostnames():
+    """No hostnames and a 700 us median end skew (> 500 us): the ranks cannot share a clock, so
+    each rank's offset is estimated: ranks 2 and 3 read 700 us late, rank 1 0."""
+    ss = clock_job(700.0, hostnames=False)
+    m = match_collectives(ss)
+    ce = estimate_offsets(m.members, m.collectives, ss)
+    assert ce.source == "per rank" and ce.mode == "corrected"
+    th = dict(zip(ce.hosts["host"], ce.hosts["theta_us"], strict=True))
+    assert th == pytest.approx({"rank 0": 0.0, "rank 1": 0.0, "rank 2": 700.0, "rank 3": 700.0})
+    # rank 2 against rank 0 per collective: 700 + jit, corrected jit: u = 1.4826 * 2
+    u = dict(zip(ce.hosts["host"], ce.hosts["uncertainty_us"], strict=True))
+    assert u["rank 2"] == pytest.approx(1.4826 * 2)
+    assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 700.0, 3: 700.0}
+    assert diagnose_job(Job(ss)).straggler.rank == 0
+    # at 400 us (median end skew under 500 us) the ranks are taken to share one clock
+    ss = clock_job(400.0, hostnames=False)
+    m = match_collectives(ss)
+    assert estimate_offsets(m.members, m.collectives, ss).mode == "one host"
+
+
+def test_small_clock_offset_not_applied():
+    ss = clock_job(40.0)
+    m = match_collectives(ss)
+    ce = estimate_offsets(m.members, m.collectives, ss)
+    h = {r["host"]: r for r in ce.hosts.iter_rows(named=True)}
+    assert h["hostB"]["theta_us"] == pytest.approx(40.0)
+    assert not h["hostB"]["applied"] and ce.mode == "consistent"
+    assert ce.offsets_us == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+
+
+# --- reports and API -------------------------------------------------------------------------
+
+
+def test_json_schema_and_text():
+    jd = tracedx.diagnose(Job(two_rank()))
+    assert isinstance(jd, JobDiagnosis)
+    d = json.loads(jd.to_json())
+    assert list(d) == [
+        "schema", "ranks", "steps", "regime", "bottleneck", "evidence", "straggler",
+        "collectives", "findings", "notes",
+    ]  # fmt: skip
+    assert d["schema"] == "tracedx.job/1"
+    assert d["straggler"]["rank"] == 1 and d["straggler"]["cause"] == "GPU compute"
+    assert d["steps"]["step_time_ms"] == 1.6
+    assert d["ranks"][0]["exposed_wait_ms"] == 0.25
+    bal = d["findings"][0]
+    assert bal["fix"] == "balance-ranks" and bal["local_speedup"] is None  # inf -> null
+    assert bal["local_speedup_unbounded"] is True
+    t = jd.to_text()
+    assert "JOB VERDICT: COMPUTE-BOUND, bottleneck: load imbalance: straggler rank 1" in t
+    assert "balance-ranks: 1.19x -> 1.350 ms" in t
+    assert "| 1 |" in jd.to_markdown()
+
+
+def test_job_without_collectives():
+    """Two ranks that never communicate: no collective, no straggler, a verdict all the same."""
+    ss = [sb.summary(r, [sb.step(0, time=1000, compute=800, python=200)], []) for r in (0, 1)]
+    jd = diagnose_job(Job(ss))
+    assert jd.collectives.height == 0 and jd.straggler is None and jd.findings == []
+    assert jd.regime == "compute-bound"
+    assert jd.steps["exposed_wait_us"].to_list() == [0.0, 0.0]  # no communication: 0, not null
+    assert json.loads(jd.to_json())["collectives"]["count"] == 0
+
+
+def test_device_table_links_per_direction():
+    from tracedx.devices import DEVICES
+
+    h = DEVICES["h100-sxm"]
+    assert h.link_gbs() == (450.0, "NVLink 4")  # datasheet 900 GB/s bidirectional
+    assert h.pcie_gbs == 64.0  # PCIe Gen5 x16, 128 GB/s bidirectional
+    assert h.link_gbs(intra_host=False) == (None, None)  # the network: not in the table
+    assert DEVICES["l4"].link_gbs() == (32.0, "PCIe")  # no NVLink: PCIe Gen4 x16
+    assert "datasheet" in h.sources["gpu_link_gbs"]

@@ -1,0 +1,60 @@
+"""The job verdict on real multi-rank traces, read as a performance engineer would read it."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CASES, DATA, PUBLIC
+
+from tracedx.job.diagnosis import diagnose_job
+from tracedx.job.load import load_job
+
+
+def test_gloo_cpu_ddp_pair_is_communication_bound():
+    """A tiny MLP under CPU DDP on gloo: each step's gradient all-reduce (5.9 ms) dwarfs its
+    0.5 ms of compute, and neither rank waits for the other: communication binds, no straggler,
+    one verdict for both ranks."""
+    files = sorted(str(p) for p in (DATA / "gloo_ddp_cpu").glob("vm_*.pt.trace.json.gz"))
+    assert len(files) == 2
+    jd = diagnose_job(load_job(files, progress=False))
+    assert jd.job.ranks == [0, 1] and jd.typical["step_us"] > 0
+    assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"
+    assert jd.straggler is None
+    assert jd.ranks["regime"].n_unique() == 1 and jd.ranks["bottleneck"].n_unique() == 1
+    t = jd.typical
+    assert t["exposed_transfer_us"] > 5 * t["compute_us"]
+    assert t["exposed_wait_us"] < 0.05 * t["step_us"]
+    assert set(jd.collectives["status"]) == {"ok"}
+    assert not any("has 2 files" in n or "different ProfilerStep" in n for n in jd.notes)
+
+
+def test_c16_nccl_pair_one_verdict():
+    """C16a/b: two ranks of one NCCL job whose single-rank verdicts differ (compute-bound on
+    rank 0, bandwidth-bound on rank 1): the job gets one, compute-bound, and the all-reduce is
+    matched on both ranks."""
+    a, b = CASES / "C16a_rank0_nccl_overlap.json", CASES / "C16b_rank1_nccl_overlap.json"
+    if not a.exists():
+        pytest.skip("../shared/cases is not present")
+    jd = diagnose_job(load_job([str(a), str(b)], progress=False))
+    assert jd.regime == "compute-bound"
+    assert jd.ranks["regime"].n_unique() == 1
+    c = jd.collectives.row(0, named=True)
+    assert c["status"] == "ok" and c["members"] == 2 and c["coll_type"] == "all_reduce"
+    assert any("single-rank verdicts" in n for n in jd.notes)
+
+
+def test_hta_sampled_ranks_mismatches_are_flagged():
+    """Two ranks of a 128-rank 2023 job with no process-group metadata: matched by order within
+    the step, the collectives that disagree in type, dtype or size are flagged and left out,
+    never paired silently; the 126 missing ranks are a note."""
+    p = PUBLIC / "hta"
+    files = [p / "trace_filter__sampled_rank-0.json.gz", p / "trace_filter__sampled_rank-1.json.gz"]
+    if not files[0].exists():
+        pytest.skip("../shared/public_traces is not present")
+    jd = diagnose_job(load_job([str(f) for f in files], progress=False))
+    st = set(jd.collectives["status"])
+    assert "ok" in st and st & {"type mismatch", "dtype mismatch", "size mismatch"}
+    bad = jd.collectives.filter(~jd.collectives["usable"])
+    assert bad["transfer_us"].null_count() == bad.height
+    assert any("mismatch between their ranks" in n for n in jd.notes)
+    assert any("126 ranks" in n for n in jd.notes)
+    assert jd.regime == "overhead-bound"

@@ -1,0 +1,478 @@
+"""A job's diagnosis from its ranks' summaries: ``diagnose_job(job) -> JobDiagnosis``.
+
+Flow: summaries (sorted by rank) -> collectives matched across ranks (:mod:`.match`) -> clock
+offsets (:mod:`.clock`) -> per-collective and per-rank-step metrics (:mod:`.metrics`) -> the
+straggler test (:mod:`.straggler`) -> job fixes (:mod:`.findings`) -> one verdict.
+
+The verdict keeps the single-rank regimes (compute-, bandwidth- or overhead-bound) and adds the
+bottleneck ``load imbalance``. It is decided on the typical rank (per-rank medians over the
+steps, then the median over ranks), with waiting split from transfer:
+
+1. a named straggler: ``load imbalance``; the regime is the straggler's (overhead-bound for a
+   host-side cause, else what its own compute is bound by);
+2. else, GPU idle plus exposed wait >= 50 % of the step: overhead-bound, bottleneck from the
+   idle causes (the single-rank rule with waiting counted as idle);
+3. else exposed transfer >= half of compute + exposed transfer: bandwidth-bound,
+   ``communication``;
+4. else the ranks' device verdict (their single-rank verdict when it is not about
+   communication, else their kernel kinds);
+and when no straggler is named but the exposed wait is >= 2 % of the step with load balance
+under 0.9, the bottleneck is ``load imbalance`` (diffuse). Every rank gets the job's verdict
+(ranks doing the same work cannot contradict each other), except a straggler, which gets its
+cause, and in a job with a straggler the others' bottleneck is waiting for it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+import polars as pl
+
+from tracedx.analysis.findings import Finding
+from tracedx.analysis.kernels import kind_expr
+from tracedx.job import findings as jf
+from tracedx.job.clock import ClockEstimate, estimate_offsets
+from tracedx.job.match import match_collectives
+from tracedx.job.metrics import collective_metrics, load_balance, rank_step_metrics
+from tracedx.job.straggler import MIN_EFFECT, Straggler, StragglerResult, find_straggler
+
+LB_DIFFUSE = 0.9
+IDLE_BOUND = 0.5
+
+
+@dataclass
+class Job:
+    """A job: its ranks' summaries (sorted by rank) and the notes of discovery and loading.
+
+    ``summaries``: :class:`tracedx.job.summary.RankSummary` objects (``meta`` with ``rank``,
+    tables ``steps``, ``colls``, ``kernels``, ``opsig``); no raw events.
+    """
+
+    summaries: list
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.summaries = sorted(self.summaries, key=lambda s: int(s.meta["rank"]))
+
+    @property
+    def ranks(self) -> list[int]:
+        return [int(s.meta["rank"]) for s in self.summaries]
+
+
+@dataclass
+class JobDiagnosis:
+    """What binds a job and what each fix is worth.
+
+    Tables (polars; times in us):
+        ranks: one row per rank: ``rank``, ``host``, ``device_name``, ``steps``, medians over
+            its steps of ``step_time_us``, ``compute_us``, ``comm_us``, ``exposed_comm_us``,
+            ``exposed_wait_us``, ``exposed_transfer_us``, ``overlap_ratio``, ``idle_us``,
+            ``transfer_us``; totals ``wait_us``, ``collectives``, ``last_arrivals``; its
+            verdict ``regime``, ``bottleneck`` and the one-rank ``single_rank_regime``,
+            ``single_rank_bottleneck``.
+        steps: one row per (rank, step) (:func:`tracedx.job.metrics.rank_step_metrics`).
+        collectives: one row per matched collective
+            (:func:`tracedx.job.metrics.collective_metrics`).
+        members: one row per (collective, rank) with ``wait_us`` and ``last``.
+        groups: the process groups (name, ranks, size, match key).
+
+    Verdict: ``regime``, ``bottleneck``, ``evidence``; ``straggler`` (None or
+    :class:`~tracedx.job.straggler.Straggler`); ``findings`` (best first); ``notes``.
+    ``typical``: the typical rank's step (us): ``step_us`` (T), ``compute_us`` (U),
+    ``exposed_wait_us`` (E), ``exposed_transfer_us``, ``idle_us``, ``transfer_us`` (M),
+    ``load_balance``, ``communication_efficiency``, ``parallel_efficiency``.
+    """
+
+    job: Job
+    ranks: pl.DataFrame
+    steps: pl.DataFrame
+    collectives: pl.DataFrame
+    members: pl.DataFrame
+    groups: pl.DataFrame
+    clock: ClockEstimate
+    regime: str | None
+    bottleneck: str | None
+    evidence: list[str]
+    straggler: Straggler | None
+    straggler_test: StragglerResult | None
+    findings: list[Finding]
+    typical: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``tracedx.job/1`` JSON document as a dict."""
+        from tracedx.report.job import job_dict
+
+        return job_dict(self)
+
+    def to_json(self) -> str:
+        from tracedx.report.job import render_json
+
+        return render_json(self)
+
+    def to_text(self) -> str:
+        from tracedx.report.job import render_text
+
+        return render_text(self)
+
+    def to_markdown(self) -> str:
+        from tracedx.report.job import render_markdown
+
+        return render_markdown(self)
+
+
+def _med(xs) -> float | None:
+    v = [float(x) for x in xs if x is not None]
+    return median(v) if v else None
+
+
+def _device_verdict(s) -> tuple[str, str]:
+    """What a rank's own device work is bound by, communication left out."""
+    sr = (s.meta or {}).get("single_rank") or {}
+    reg, bott = sr.get("regime"), sr.get("bottleneck")
+    if reg in ("compute-bound", "bandwidth-bound") and bott not in (None, "communication"):
+        return reg, bott
+    k = s.kernels
+    if k is not None and k.height:
+        by = dict(
+            k.with_columns(kind=kind_expr("name"))
+            .filter(pl.col("kind") != "communication")
+            .group_by("kind")
+            .agg(pl.col("total_us").sum())
+            .iter_rows()
+        )
+        comp = sum(by.get(x, 0.0) for x in ("gemm", "convolution", "attention"))
+        mem = sum(by.get(x, 0.0) for x in ("elementwise", "reduction", "normalization", "copy"))
+        if comp or mem:
+            return (
+                ("compute-bound", "tensor-core math")
+                if comp >= mem
+                else (
+                    "bandwidth-bound",
+                    "device memory",
+                )
+            )
+    return "compute-bound", "tensor-core math"
+
+
+def _idle_bottleneck(idle: dict[str, float]) -> str:
+    cand = {
+        "host synchronization": idle.get("idle_host_sync_us", 0.0),
+        "kernel launch": sum(
+            idle.get(c, 0.0)
+            for c in ("idle_kernel_launch_us", "idle_python_us", "idle_kernel_wait_us")
+        ),
+        "host work": idle.get("idle_dataloader_us", 0.0) + idle.get("idle_host_work_us", 0.0),
+    }
+    best = max(cand, key=cand.get)
+    return best if cand[best] > 0 else "load imbalance"
+
+
+def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.DataFrame:
+    cols = [
+        "step_time_us",
+        "compute_us",
+        "comm_us",
+        "exposed_comm_us",
+        "exposed_wait_us",
+        "exposed_transfer_us",
+        "overlap_ratio",
+        "idle_us",
+        "transfer_us",
+    ]
+    have = [c for c in cols if c in steps.columns]
+    agg = (
+        steps.group_by("rank")
+        .agg(
+            pl.len().alias("steps"),
+            *[pl.col(c).drop_nulls().median() for c in have],
+            pl.col("wait_us").sum(),
+            pl.col("collectives").sum(),
+            pl.col("last_arrivals").sum(),
+        )
+        .sort("rank")
+        if steps.height
+        else pl.DataFrame(schema={"rank": pl.Int64})
+    )
+    meta = pl.DataFrame(
+        {
+            "rank": [int(s.meta["rank"]) for s in job.summaries],
+            "host": [clock.host_of.get(int(s.meta["rank"])) for s in job.summaries],
+            "device_name": [s.meta.get("device_name") for s in job.summaries],
+            "single_rank_regime": [
+                ((s.meta.get("single_rank") or {}).get("regime")) for s in job.summaries
+            ],
+            "single_rank_bottleneck": [
+                ((s.meta.get("single_rank") or {}).get("bottleneck")) for s in job.summaries
+            ],
+        },
+        schema={
+            "rank": pl.Int64,
+            "host": pl.Utf8,
+            "device_name": pl.Utf8,
+            "single_rank_regime": pl.Utf8,
+            "single_rank_bottleneck": pl.Utf8,
+        },
+    )
+    return meta.join(agg, on="rank", how="left")
+
+
+def diagnose_job(job: Job) -> JobDiagnosis:
+    """Diagnose a job from its ranks' summaries (module docstring).
+
+    The result does not depend on the order of ``job.summaries``. A job of one rank gets the
+    same tables, with waits unknown (null): one trace cannot split waiting from transfer.
+    """
+    if not isinstance(job, Job):
+        job = Job(list(job))
+    ss = job.summaries
+    notes = list(job.notes)
+    matched = match_collectives(ss)
+    clock = estimate_offsets(matched.members, matched.collectives, ss)
+    colls, members = collective_metrics(matched, clock, ss)
+    steps = rank_step_metrics(ss, members)
+    notes += _rank_notes(ss) + matched.notes + clock.notes
+
+    # the typical step: T per step is the median over ranks; T the median over steps
+    T = None
+    if steps.height:
+        per_step = steps.group_by("step").agg(pl.col("step_time_us").median())
+        T = _med(per_step["step_time_us"].to_list())
+    ranks = _ranks_table(job, steps, clock)
+
+    def typ(c: str) -> float | None:
+        return _med(ranks[c].to_list()) if c in ranks.columns else None
+
+    U, E, X = typ("compute_us"), typ("exposed_wait_us"), typ("exposed_transfer_us")
+    idle, M = typ("idle_us"), typ("transfer_us")
+    us = [u for u in (ranks["compute_us"].to_list() if "compute_us" in ranks.columns else [])]
+    lb = load_balance(us)
+    umax = max((u for u in us if u is not None), default=None)
+    typical = {
+        "step_us": T,
+        "compute_us": U,
+        "exposed_wait_us": E,
+        "exposed_transfer_us": X,
+        "idle_us": idle,
+        "transfer_us": M,
+        "load_balance": lb,
+        "communication_efficiency": umax / T if umax is not None and T else None,
+        "parallel_efficiency": lb * umax / T if lb is not None and umax is not None and T else None,
+    }
+
+    st = (
+        find_straggler(colls, members, steps, ss, T)
+        if colls.height and T
+        else StragglerResult(None, pl.DataFrame(), None, "no matched collectives")
+    )
+    strag = st.straggler
+
+    # findings
+    found: list[Finding] = []
+    if T and strag is not None:
+        peer_w = _med(
+            [
+                w
+                for r, w in zip(ranks["rank"], ranks["exposed_wait_us"], strict=True)
+                if r != strag.rank
+            ]
+        )
+        f = jf.balance_ranks(
+            T, strag.rank, strag.cause, strag.excess_us, peer_w or 0.0, strag.host_side
+        )
+        if f:
+            found.append(f)
+    if T and X:
+        f = jf.overlap_communication(T, X, U or 0.0, M or 0.0, E or 0.0)
+        if f:
+            found.append(f)
+    found.sort(key=lambda f: -f.estimated_speedup)
+
+    # the verdict
+    regime, bott, ev = _verdict(job, ranks, typical, strag, st, matched.groups, clock)
+    per_regime, per_bott = [], []
+    for r in ranks["rank"].to_list():
+        if strag is not None and r == strag.rank:
+            per_regime.append(_cause_regime(strag, job))
+            per_bott.append(strag.cause)
+        elif strag is not None:
+            per_regime.append(regime)
+            per_bott.append(f"load imbalance (waits for rank {strag.rank})")
+        else:
+            per_regime.append(regime)
+            per_bott.append(bott)
+    ranks = ranks.with_columns(
+        regime=pl.Series(per_regime, dtype=pl.Utf8), bottleneck=pl.Series(per_bott, dtype=pl.Utf8)
+    )
+    singles = {
+        (a, b)
+        for a, b in zip(ranks["single_rank_regime"], ranks["single_rank_bottleneck"], strict=True)
+        if a
+    }
+    if len(ss) > 1 and len(singles) > 1:
+        shown = "; ".join(
+            f"rank {r}: {a} ({b})"
+            for r, a, b in ranks.select("rank", "single_rank_regime", "single_rank_bottleneck")
+            .head(4)
+            .iter_rows()
+            if a
+        )
+        notes.append(
+            f"single-rank verdicts ({shown}) are each read from one rank's trace, where waiting "
+            "for peers counts as communication; the job verdict is one for all ranks, with "
+            "waiting split from transfer"
+        )
+    if len(ss) == 1:
+        ws = ss[0].meta.get("world_size")
+        if ws and int(ws) > 1:
+            notes.append(
+                f"one rank of a {ws}-rank job: its communication time includes waiting for "
+                "peers; the other ranks' traces are needed to split waiting from transfer"
+            )
+    return JobDiagnosis(
+        job=job,
+        ranks=ranks,
+        steps=steps,
+        collectives=colls,
+        members=members,
+        groups=matched.groups,
+        clock=clock,
+        regime=regime,
+        bottleneck=bott,
+        evidence=ev,
+        straggler=strag,
+        straggler_test=st,
+        findings=found,
+        typical=typical,
+        notes=notes,
+    )
+
+
+def _rank_notes(ss: list) -> list[str]:
+    """The ranks' own (single-rank) load warnings and notes, each text once with the ranks it
+    applies to (the one-rank note that peers' traces are needed is left out of a job)."""
+    by: dict[str, list[int]] = {}
+    for x in ss:
+        texts = [str(w.get("message")) for w in x.meta.get("warnings") or []]
+        for n in texts + [str(n) for n in x.meta.get("notes") or []]:
+            if len(ss) > 1 and "include waiting for the other ranks" in n:
+                continue  # the one-rank note: the job has the other ranks
+            by.setdefault(n, []).append(int(x.meta["rank"]))
+    out = []
+    for text, ranks in by.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_span(ranks)}"
+        out.append(f"{who}: {text}")
+    return out
+
+
+def _span(ranks: list[int]) -> str:
+    """0-3, 5 for [0, 1, 2, 3, 5]."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(parts)
+
+
+def _cause_regime(s: Straggler, job: Job) -> str:
+    if s.host_side:
+        return "overhead-bound"
+    if s.cause == "link":
+        return "bandwidth-bound"
+    sm = next(x for x in job.summaries if int(x.meta["rank"]) == s.rank)
+    return _device_verdict(sm)[0]
+
+
+def _pct(v: float | None, t: float | None) -> str:
+    return "n/a" if v is None or not t else f"{v / t:.0%}"
+
+
+def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str | None, list[str]]:
+    T = typ["step_us"]
+    if not T or not job.summaries:
+        return None, None, ["no analysed steps: no verdict"]
+    ev = []
+    hosts = len(set(clock.host_of.values()))
+    kinds = Counter(
+        (r["pg_desc"] or (f"group {r['pg_name']}" if r["pg_name"] else "unnamed"), r["group_size"])
+        for r in (groups.iter_rows(named=True) if groups.height else [])
+    )
+    pgs = ", ".join(
+        "no process-group metadata"
+        if desc == "unnamed" and not size
+        else f"{desc} {n} x {size or '?'} ranks"
+        if n > 1
+        else f"{desc} of {size or '?'} ranks"
+        for (desc, size), n in sorted(kinds.items(), key=lambda kv: str(kv[0]))
+    )
+    where = (
+        f"on {hosts} host{'s' if hosts != 1 else ''}"
+        if clock.source in ("hostname", "gpus_per_node")
+        else "(hosts unknown: no hostnames)"
+    )
+    ev.append(
+        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} {where}"
+        + (f"; process groups: {pgs}" if pgs else "")
+    )
+    st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
+    spread = (max(st_col) - min(st_col)) / T if len(st_col) else 0.0
+    U, E, X, gi = (
+        typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
+    )
+    ev.append(
+        f"step {T / 1e3:.3f} ms (median over ranks; spread {spread:.1%}): compute {_pct(U, T)}, "
+        f"exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}, GPU idle {_pct(gi, T)} "
+        "(median rank)"
+    )
+    if typ["load_balance"] is not None:
+        ev.append(f"load balance (mean / max compute over ranks) {typ['load_balance']:.2f}")
+    if strag is not None:
+        ev += strag.evidence
+        return _cause_regime(strag, job), "load imbalance", ev
+    if st.reason and len(job.summaries) > 1:
+        ev.append(f"no straggler: {st.reason}")
+    idle = _idle_medians(job)
+    wait_idle = (gi or 0.0) + (E or 0.0)
+    if wait_idle / T >= IDLE_BOUND:
+        regime, bott = "overhead-bound", _idle_bottleneck(idle)
+        ev.append(
+            f"GPU idle or waiting for peers {wait_idle / T:.0%} of the step: the host side binds"
+        )
+    elif X is not None and 0.5 * ((U or 0.0) + X) <= X and X > 0:
+        regime, bott = "bandwidth-bound", "communication"
+        ev.append(
+            f"exposed transfer {X / 1e3:.3f} ms is at least half of the GPU's working time "
+            f"(compute {(U or 0) / 1e3:.3f} ms + exposed transfer)"
+        )
+    else:
+        verdicts = [_device_verdict(s) for s in job.summaries]
+        (regime, bott), _ = Counter(verdicts).most_common(1)[0]
+        ev.append(f"device work of the ranks: {regime} ({bott})")
+    lb = typ["load_balance"]
+    if E is not None and E / T >= MIN_EFFECT and lb is not None and lb < LB_DIFFUSE:
+        bott = "load imbalance"
+        ev.append(
+            f"diffuse imbalance: exposed wait {E / T:.0%} of the step and load balance "
+            f"{lb:.2f} < {LB_DIFFUSE}, but no single rank paces the others"
+        )
+    return regime, bott, ev
+
+
+def _idle_medians(job: Job) -> dict[str, float]:
+    """Per idle cause, the median over ranks of the rank's median over its steps."""
+    out: dict[str, float] = {}
+    cols = {c for s in job.summaries if s.steps is not None for c in s.steps.columns}
+    for c in sorted(x for x in cols if x.startswith("idle_") and x != "idle_us"):
+        v = [
+            s.steps[c].drop_nulls().median()
+            for s in job.summaries
+            if s.steps is not None and c in s.steps.columns and s.steps.height
+        ]
+        m = _med(v)
+        if m is not None:
+            out[c] = m
+    return out

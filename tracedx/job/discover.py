@@ -1,0 +1,363 @@
+"""Which files make a job, and which rank each file is: inputs expanded, ranks checked.
+
+:func:`expand_inputs` turns what a user typed (one file, several, a directory, a quoted glob,
+fsspec URLs) into the list of trace files. :func:`resolve_ranks` takes each file's summary
+metadata (``RankSummary.meta``: ``rank`` and ``rank_source`` from ``distributedInfo`` or a
+default-group ``record_param_comms``, ``world_size``, ``steps``) and decides the job's rank set:
+the rank of a file that says nothing comes from its name (:func:`rank_from_filename`), and every
+irregularity is a note, never a silent drop: two files of one rank, missing ranks, files that
+disagree about the world size, ranks that cover different ``ProfilerStep`` numbers (the job is
+analysed on the common ones), a file whose rank cannot be told.
+
+File-name layouts (MULTIRANK.md section 3.3 names their sources):
+
+- torchtitan writes ``.../iteration_{n}/rank{r}_trace.json``; HolisticTraceAnalysis' test data
+  and many users ``rank-{r}.json`` or ``rank_{r}...``; ``tracedx capture`` under torchrun
+  ``<script>-<time>-rank{r}.json.gz``: ``rank{r}``, ``rank-{r}``, ``rank_{r}`` anywhere in the
+  file name, else in the nearest parent folder's name (``rank3/trace.json``).
+- ``torch.profiler.tensorboard_trace_handler`` writes ``{worker_name}.{time_ns}.pt.trace.json``
+  with ``worker_name = "{hostname}_{pid}"`` by default (PyTorch docs,
+  ``torch.profiler.tensorboard_trace_handler``): the host name, not a rank (the summary reads
+  the host name, ``tracedx.job.summary.TB_NAME_RE``).
+
+Nothing here reads a trace: this is pure bookkeeping over paths and summary metadata.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracedx.errors import TraceError
+
+__all__ = [
+    "RankSet",
+    "expand_inputs",
+    "is_url",
+    "rank_from_filename",
+    "resolve_ranks",
+]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_RANK_RE = re.compile(r"(?<![A-Za-z0-9])rank[-_]?(\d+)(?!\d)", re.IGNORECASE)
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an fsspec URL (``s3://``, ``gs://``, ``file://``, ...)."""
+    head, sep, _ = os.fspath(path).partition("://")
+    return bool(sep) and head.isidentifier()
+
+
+def _is_trace_name(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(TRACE_SUFFIXES)
+
+
+def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
+    """The trace files named by ``inputs``, each once, as strings.
+
+    Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
+    an existing file (kept whatever its name); an existing directory (searched recursively for
+    ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
+    folders, such as a capture's temporary ``.tracedx-*.json``, are skipped); a glob pattern
+    (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
+    works on every shell. Directories and globs give their files in sorted order; the same file
+    named twice is kept once (the first time).
+
+    Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
+    input, an input does not exist, a glob matches nothing or a directory holds no trace file.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(p: str) -> None:
+        key = p if is_url(p) else os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+
+    items = [os.fspath(i) for i in inputs]
+    if not items:
+        raise TraceError("no trace given")
+    for item in items:
+        if is_url(item):
+            add(item)
+        elif os.path.isdir(item):
+            found = sorted(
+                str(Path(root) / name)
+                for root, dirs, files in os.walk(item)
+                for name in files
+                if _is_trace_name(name) and not _hidden_below(Path(root), Path(item))
+            )
+            if not found:
+                raise TraceError(f"{item}: no trace files (*.json, *.json.gz) in this directory")
+            for f in found:
+                add(f)
+        elif os.path.exists(item):
+            add(item)
+        elif _GLOB_CHARS.search(item):
+            found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise TraceError(f"{item}: no file matches this pattern")
+            for f in found:
+                add(f)
+        else:
+            raise TraceError(f"{item}: no such file or directory")
+    return out
+
+
+def _hidden_below(folder: Path, top: Path) -> bool:
+    """Whether a folder strictly below ``top`` on the way to ``folder`` is hidden."""
+    try:
+        parts = folder.relative_to(top).parts
+    except ValueError:
+        return False
+    return any(p.startswith(".") and p not in (".", "..") for p in parts)
+
+
+def rank_from_filename(path: str | os.PathLike) -> int | None:
+    """The rank written in a trace's file name (``rank3_trace.json``, ``rank-0.json``,
+    ``x-rank_12.json.gz``), else in its parent folder's name (``rank3/trace.json``), else None.
+
+    ``rank`` must not follow a letter or digit (``frank1`` is not rank 1); the number is the
+    whole run of digits after it. A ``tensorboard_trace_handler`` name carries no rank.
+    """
+    p = Path(os.fspath(path).rstrip("/"))
+    for part in (p.name, p.parent.name):
+        m = _RANK_RE.search(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+@dataclass(frozen=True)
+class RankSet:
+    """The job's ranks after the checks.
+
+    ``ranks``: the global ranks analysed, ascending; ``index[r]``: the position in the input
+    list of rank ``r``'s file; ``paths[r]``, ``sources[r]``: its file and where its rank came
+    from (``"distributedInfo"``, ``"record_param_comms"``, ``"file name"``, ``"file order"``);
+    ``world_size``: the job's world size (the traces' value; when they disagree, the most
+    common one, the larger on a tie; None when no trace says); ``steps``: the ``ProfilerStep``
+    numbers every analysed rank covers, ascending (the steps to analyse); ``left_out``: input
+    positions not analysed (a duplicate of a rank); ``notes``: one sentence per irregularity.
+    """
+
+    ranks: tuple[int, ...]
+    index: Mapping[int, int]
+    paths: Mapping[int, str]
+    sources: Mapping[int, str]
+    world_size: int | None
+    steps: tuple[int, ...]
+    left_out: tuple[int, ...]
+    notes: tuple[str, ...]
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """``0-3, 5, 7-8`` for {0, 1, 2, 3, 5, 7, 8}."""
+    vs = sorted(set(values))
+    parts: list[str] = []
+    i = 0
+    while i < len(vs):
+        j = i
+        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
+            j += 1
+        parts.append(str(vs[i]) if i == j else f"{vs[i]}-{vs[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _as_int(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
+def resolve_ranks(entries: Sequence[tuple[str, Mapping]]) -> RankSet:
+    """Decide the job's ranks from ``(path, meta)`` pairs, one per readable trace.
+
+    ``meta`` is a ``RankSummary.meta`` (keys ``rank``, ``rank_source``, ``world_size``,
+    ``steps``, ``steps_synthetic``; missing keys read as unknown). A file's rank is
+    ``meta["rank"]``, else :func:`rank_from_filename`. The result does not depend on the order
+    of ``entries``: every choice is made in the order of the file paths.
+
+    - A file whose rank cannot be told: with one file, it is rank 0 and nothing is said; with
+      several, it takes the lowest rank no other file has (a missing rank of the world size
+      first), and a note names the file and the rank assumed.
+    - Two files with one rank: the first by path is analysed; a note names both.
+    - Traces disagreeing about the world size: a note lists each value with its files.
+    - Missing ranks (world size known): a note lists them; a rank at or above the world size
+      is noted too. With no world size, a gap in the ranks present is noted as possibly missing.
+    - Ranks covering different step numbers: the job is analysed on the steps every rank
+      covers, and a note says which; a rank whose steps are tracedx's own split (no
+      ``ProfilerStep`` ranges) is noted, since its step numbers only count steps.
+    """
+    order = sorted(range(len(entries)), key=lambda i: (str(entries[i][0]), i))
+    notes: list[str] = []
+    rank_of: dict[int, int] = {}
+    source_of: dict[int, str] = {}
+    unknown: list[int] = []
+    for i in order:
+        path, meta = entries[i]
+        r = _as_int(meta.get("rank"))
+        if r is not None and r >= 0:
+            rank_of[i], source_of[i] = r, str(meta.get("rank_source") or "trace")
+            continue
+        r = rank_from_filename(path)
+        if r is not None:
+            rank_of[i], source_of[i] = r, "file name"
+        else:
+            unknown.append(i)
+
+    # world size: the traces' value(s)
+    sizes: dict[int, list[str]] = {}
+    for i in order:
+        ws = _as_int(entries[i][1].get("world_size"))
+        if ws is not None and ws > 0:
+            sizes.setdefault(ws, []).append(str(entries[i][0]))
+    world_size = None
+    if sizes:
+        counts = Counter({ws: len(files) for ws, files in sizes.items()})
+        world_size = max(counts, key=lambda ws: (counts[ws], ws))
+        if len(sizes) > 1:
+            listed = "; ".join(
+                f"{ws} in {', '.join(sizes[ws])}" for ws in sorted(sizes, key=lambda w: -counts[w])
+            )
+            notes.append(
+                f"the traces disagree about the world size ({listed}): the job is taken as "
+                f"{world_size} ranks; are these files from one job?"
+            )
+
+    # files whose rank cannot be told
+    if unknown:
+        if len(entries) == 1:
+            rank_of[unknown[0]], source_of[unknown[0]] = 0, "file order"
+        else:
+            taken = set(rank_of.values())
+            free = [r for r in range(world_size or 0) if r not in taken]
+            nxt = 0
+            assumed = []
+            for i in unknown:
+                if free:
+                    r = free.pop(0)
+                else:
+                    while nxt in taken:
+                        nxt += 1
+                    r = nxt
+                taken.add(r)
+                rank_of[i], source_of[i] = r, "file order"
+                assumed.append(f"{entries[i][0]} as rank {r}")
+            notes.append(
+                f"the rank of {_plural(len(unknown), 'file')} cannot be told (no "
+                "distributedInfo, no record_param_comms Rank, no rank in the file name): "
+                f"taken in file-name order, {'; '.join(assumed)}; per-rank results for "
+                f"{'it' if len(unknown) == 1 else 'them'} may be attributed to the wrong rank"
+            )
+
+    # duplicates: the first file by path is analysed
+    by_rank: dict[int, list[int]] = {}
+    for i in order:
+        by_rank.setdefault(rank_of[i], []).append(i)
+    index: dict[int, int] = {}
+    left_out: list[int] = []
+    for r in sorted(by_rank):
+        files = by_rank[r]
+        index[r] = files[0]
+        if len(files) > 1:
+            left_out.extend(files[1:])
+            others = ", ".join(str(entries[i][0]) for i in files[1:])
+            notes.append(
+                f"rank {r} has {len(files)} files: {entries[files[0]][0]} (analysed) and "
+                f"{others} (left out); give one file per rank (two runs or two profiling "
+                "windows in one folder?)"
+            )
+    ranks = tuple(sorted(index))
+
+    # missing ranks
+    if world_size is not None:
+        missing = [r for r in range(world_size) if r not in index]
+        outside = [r for r in ranks if r >= world_size]
+        if missing:
+            notes.append(
+                f"{_plural(len(missing), 'rank')} of the {world_size} in the job "
+                f"{'has' if len(missing) == 1 else 'have'} no trace (rank "
+                f"{_ranges(missing)}): the job is analysed on {_plural(len(ranks), 'rank')}, "
+                "and a straggler among the missing ones cannot be seen"
+            )
+        if outside:
+            notes.append(
+                f"rank {_ranges(outside)} is outside the world size {world_size} the traces give"
+            )
+    elif ranks and len(ranks) > 1 and ranks != tuple(range(ranks[0], ranks[0] + len(ranks))):
+        gaps = [r for r in range(ranks[0], ranks[-1]) if r not in index]
+        notes.append(
+            f"the traces do not give the world size, and rank {_ranges(gaps)} "
+            f"{'is' if len(gaps) == 1 else 'are'} absent between the ranks present "
+            f"({_ranges(ranks)}): possibly missing"
+        )
+
+    # steps
+    step_sets = {r: _steps(entries[index[r]][1]) for r in ranks}
+    known = {r: s for r, s in step_sets.items() if s is not None}
+    common: frozenset[int] = frozenset.intersection(*known.values()) if known else frozenset()
+    if known and any(s != common for s in known.values()):
+        covered = "; ".join(
+            f"rank {_ranges(rs)}: steps {_ranges(s) or 'none'}"
+            for s, rs in _group_by_value(known).items()
+        )
+        if common:
+            notes.append(
+                f"the ranks cover different ProfilerStep numbers ({covered}): the job is "
+                f"analysed on the {_plural(len(common), 'step')} all ranks cover "
+                f"({_ranges(common)})"
+            )
+        else:
+            notes.append(
+                f"the ranks cover different ProfilerStep numbers ({covered}) and no step is "
+                "common to all: steps cannot be compared across ranks (were the files "
+                "captured in one run?)"
+            )
+    synthetic = [r for r in ranks if entries[index[r]][1].get("steps_synthetic")]
+    if synthetic and len(ranks) > 1:
+        notes.append(
+            f"rank {_ranges(synthetic)} has no ProfilerStep ranges: its steps are tracedx's "
+            "own split of the trace, so its step numbers only count steps"
+        )
+    return RankSet(
+        ranks=ranks,
+        index=index,
+        paths={r: str(entries[index[r]][0]) for r in ranks},
+        sources={r: source_of[index[r]] for r in ranks},
+        world_size=world_size,
+        steps=tuple(sorted(common)),
+        left_out=tuple(sorted(left_out)),
+        notes=tuple(notes),
+    )
+
+
+def _steps(meta: Mapping) -> frozenset[int] | None:
+    steps = meta.get("steps")
+    if steps is None:
+        return None
+    out = {_as_int(s) for s in steps}
+    return frozenset(s for s in out if s is not None)
+
+
+def _group_by_value(d: Mapping[int, frozenset[int]]) -> dict[frozenset[int], list[int]]:
+    groups: dict[frozenset[int], list[int]] = {}
+    for r in sorted(d):
+        groups.setdefault(d[r], []).append(r)
+    return groups

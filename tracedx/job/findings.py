@@ -1,0 +1,113 @@
+"""Job fixes with Amdahl estimates: ``balance-ranks`` and ``overlap-communication``.
+
+Both are :class:`tracedx.analysis.findings.Finding` objects, their (f, s) from
+:func:`tracedx.analysis.findings.amdahl_terms` on the job's step time T (the median over steps
+of the median over ranks of the step's window): f = region / T, s = region / (region - saved),
+speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
+
+- ``balance-ranks`` (MULTIRANK section 4.6, 1): removing the straggler's excess saves
+  ``G = min(excess, median_{peers} E)``: what the straggler was doing before the late
+  collectives (its compute plus GPU idle over the median peer's), capped by the exposed wait it
+  causes on the others (the excess only helps where it is on the critical path);
+  ``T' = T - G``, s = inf.
+- ``overlap-communication`` (4.6, 2) acts on exposed *transfer* only, never on waiting:
+  ``H = median_r (X - E)``; the new step cannot beat compute alone nor communication alone:
+  ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its summed transfer
+  time (``sum_c tau_c``) per step.
+"""
+
+from __future__ import annotations
+
+from tracedx.analysis.findings import MIN_RECOMMENDED_SPEEDUP, Finding, amdahl_terms
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3f} ms"
+
+
+def _finding(fix, title, t_us, new_us, region_us, derivation, evidence) -> Finding:
+    f, s, sp = amdahl_terms(t_us, new_us, region_us)
+    return Finding(
+        fix,
+        title,
+        f,
+        s,
+        sp,
+        t_us / sp / 1e3,
+        derivation,
+        evidence,
+        recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
+    )
+
+
+def balance_ranks(
+    t_us: float, rank: int, cause: str, excess_us: float, peer_wait_us: float, host_side: bool
+) -> Finding | None:
+    """Remove straggler ``rank``'s excess (see the module docstring); None when nothing is saved.
+
+    ``excess_us``: per step, its compute + GPU idle over the median peer's; ``peer_wait_us``:
+    the median over the other ranks of their exposed wait per step.
+    """
+    gain = min(excess_us, peer_wait_us)
+    if gain <= 0 or t_us <= 0:
+        return None
+    ev = [
+        f"rank {rank} ({cause}) spends {_ms(excess_us)} more per step than the median peer "
+        f"before the collectives; the others wait {_ms(peer_wait_us)} per step exposed (median)",
+        f"saving min(excess, wait) = {_ms(gain)} per step",
+    ]
+    if host_side:
+        ev.append(
+            f"the excess is host time spread over profiled ops: the profiler's per-event cost "
+            f"can slow ranks unequally, so time rank {rank} and a peer unprofiled "
+            "(tracedx capture --time-unprofiled) to settle how much of it is real"
+        )
+    deriv = f"balance: T' = T - min(excess, median peer exposed wait) = {_ms(t_us)} - {_ms(gain)}"
+    return _finding(
+        "balance-ranks",
+        f"Remove rank {rank}'s excess ({cause}) so that it stops pacing the others",
+        t_us,
+        t_us - gain,
+        gain,
+        deriv,
+        ev,
+    )
+
+
+def overlap_communication(
+    t_us: float, hideable_us: float, compute_us: float, comm_alone_us: float, wait_us: float
+) -> Finding | None:
+    """Hide the exposed transfer under compute (bucketing, FSDP prefetch, async TP).
+
+    ``hideable_us`` H (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
+    summed transfer time), ``wait_us`` (median exposed wait, which this fix cannot remove).
+    """
+    if hideable_us <= 0 or t_us <= 0:
+        return None
+    new = max(t_us - hideable_us, compute_us, comm_alone_us)
+    bound = (
+        "compute alone"
+        if new == compute_us and compute_us > t_us - hideable_us
+        else "communication alone"
+        if new == comm_alone_us and comm_alone_us > t_us - hideable_us
+        else "the exposed transfer"
+    )
+    ev = [
+        f"exposed transfer {_ms(hideable_us)} per step (median rank); exposed waiting "
+        f"{_ms(wait_us)} is not transfer and stays",
+        f"bounded by compute alone {_ms(compute_us)} and communication alone "
+        f"{_ms(comm_alone_us)} per step",
+    ]
+    deriv = (
+        f"overlap: T' = max(T - H, U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
+        f"{_ms(comm_alone_us)}), set by {bound}"
+    )
+    return _finding(
+        "overlap-communication",
+        "Overlap the exposed communication transfer with compute",
+        t_us,
+        new,
+        hideable_us,
+        deriv,
+        ev,
+    )

@@ -1,0 +1,415 @@
+"""The straggler test and its cause.
+
+A rank is named a straggler only when all three hold (thresholds as proposed in MULTIRANK
+section 4.5, each traceable to a peer tool):
+
+- arrival: over ``C >= 20`` matched collectives with a known last arriver, the rank arrived
+  last ``k`` times, and ``P(X >= k)`` for ``X ~ Binomial(C, p0)`` is below 0.01, ``p0`` being
+  the rank's chance of arriving last, the mean over its collectives of ``1 / members``;
+- effect: the median over the other ranks of their exposed wait per step, as a share of the
+  job's step time, is at least 2 % (TraceLens drops findings under 2 % impact);
+- consistency: the rank is the most frequent last arriver of at least half of the steps
+  (HolisticTraceAnalysis counts flags per iteration).
+
+"No straggler" is an answer, with the test that failed.
+
+The cause compares the straggler with the median peer (per-rank medians over the steps, then
+the median over the other ranks): its op input shapes differ (``opsig``: data shapes); its
+compute ``U`` is at least 5 % longer (GPU compute); or its GPU idles longer before the
+collectives for a host-side reason (the idle causes of the single-rank timeline: host work,
+kernel launch, python, DataLoader, host syncs). Its excess, ``(U + idle)`` over the median
+peer's, is what it was doing while the others waited. A rank whose arrival is even but whose
+groups move the same bytes slower than the other groups is a link straggler
+(:func:`_link_straggler`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median
+
+import polars as pl
+
+from tracedx.job.clock import SYNC_TYPES
+from tracedx.trace.collectives import parse_ranks
+
+MIN_COLLECTIVES = 20
+P_VALUE = 0.01
+MIN_EFFECT = 0.02
+MIN_CONSISTENCY = 0.5
+COMPUTE_RATIO = 1.05
+LINK_RATIO = 1.25
+
+# single-rank idle causes (tracedx.analysis.timeline.CAUSES) read as host-side lateness
+HOST_CAUSES = {
+    "idle_host_work_us": "host work",
+    "idle_kernel_launch_us": "kernel launch",
+    "idle_python_us": "python",
+    "idle_dataloader_us": "DataLoader",
+    "idle_host_sync_us": "host syncs",
+}
+
+
+def binomial_sf(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(n, p)``: the exact sum of the terms
+    ``C(n, i) p^i (1-p)^(n-i)``, i = k..n (computed in logs, so large n does not overflow)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    logs = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+        for i in range(k, n + 1)
+    ]
+    m = max(logs)
+    return min(1.0, math.exp(m) * sum(math.exp(x - m) for x in logs))
+
+
+@dataclass
+class Straggler:
+    """The named straggler: its rank, cause, and the numbers that named it.
+
+    ``excess_us``: per step, its compute plus GPU idle over the median peer's (what it was
+    doing while the others waited); ``host_side``: the cause is host time (spread over
+    profiled ops, so the profiler's own cost can be part of it).
+    """
+
+    rank: int
+    cause: str
+    evidence: list[str]
+    collectives: int
+    last: int
+    chance: float
+    p_value: float
+    effect: float
+    consistency: float
+    excess_us: float
+    host_side: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "cause": self.cause,
+            "evidence": self.evidence,
+            "collectives": self.collectives,
+            "arrived_last": self.last,
+            "chance": self.chance,
+            "p_value": self.p_value,
+            "effect": self.effect,
+            "consistency": self.consistency,
+            "excess_ms": self.excess_us / 1e3,
+        }
+
+
+@dataclass
+class StragglerResult:
+    """The test over all ranks.
+
+    ``arrivals``: per rank ``rank``, ``collectives`` (C), ``last`` (k), ``chance`` (p0),
+    ``p_value``, ``steps_last`` (steps where it was the most frequent last arriver),
+    ``steps`` (steps with a known last arriver), ``consistency``; ``effect``: median peer
+    exposed wait / T for the best candidate; ``reason``: why no rank was named.
+    """
+
+    straggler: Straggler | None
+    arrivals: pl.DataFrame
+    effect: float | None
+    reason: str | None
+    evidence: list[str] = field(default_factory=list)
+
+
+def _per_rank_median(steps: pl.DataFrame, col: str) -> dict[int, float]:
+    if col not in steps.columns:
+        return {}
+    g = steps.group_by("rank").agg(pl.col(col).drop_nulls().median())
+    return {int(r): float(v) for r, v in g.iter_rows() if v is not None}
+
+
+def arrival_table(collectives: pl.DataFrame, members: pl.DataFrame) -> pl.DataFrame:
+    """Per-rank arrival statistics over the complete implicit-sync collectives."""
+    ok = collectives.filter(
+        (pl.col("status") == "ok")
+        & pl.col("coll_type").is_in(SYNC_TYPES)
+        & (pl.col("members") >= 2)
+        & pl.col("last_rank").is_not_null()
+    ).select("coll_id", "members")
+    m = members.join(ok, on="coll_id", how="inner")
+    if m.height == 0:
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int64,
+                "collectives": pl.Int64,
+                "last": pl.Int64,
+                "chance": pl.Float64,
+                "p_value": pl.Float64,
+                "steps_last": pl.Int64,
+                "steps": pl.Int64,
+                "consistency": pl.Float64,
+            }
+        )
+    per = (
+        m.group_by("rank")
+        .agg(
+            collectives=pl.len(),
+            last=pl.col("last").sum().cast(pl.Int64),
+            chance=(1.0 / pl.col("members")).mean(),
+        )
+        .sort("rank")
+    )
+    pv = [
+        binomial_sf(k, c, p)
+        for k, c, p in zip(per["last"], per["collectives"], per["chance"], strict=True)
+    ]
+    # consistency: per step, the strict plurality of last arrivals
+    lasts = m.filter(pl.col("last")).group_by("step", "rank").agg(n=pl.len())
+    steps_total = lasts["step"].n_unique()
+    winner: dict[int, int] = {}
+    for (k,), g in lasts.group_by(["step"]):
+        g = g.sort(["n", "rank"], descending=[True, False])
+        ns = g["n"].to_list()
+        if len(ns) == 1 or ns[0] > ns[1]:
+            winner[int(k)] = int(g["rank"][0])
+    sl = [sum(1 for w in winner.values() if w == r) for r in per["rank"].to_list()]
+    return per.with_columns(
+        p_value=pl.Series(pv, dtype=pl.Float64),
+        steps_last=pl.Series(sl, dtype=pl.Int64),
+        steps=pl.lit(steps_total, dtype=pl.Int64),
+    ).with_columns(
+        consistency=pl.when(pl.col("steps") > 0)
+        .then(pl.col("steps_last") / pl.col("steps"))
+        .otherwise(None)
+    )
+
+
+def find_straggler(
+    collectives: pl.DataFrame,
+    members: pl.DataFrame,
+    steps: pl.DataFrame,
+    summaries: list,
+    step_us: float | None,
+) -> StragglerResult:
+    """Run the three tests and, for a named rank, find its cause (module docstring).
+
+    ``steps``: :func:`tracedx.job.metrics.rank_step_metrics`; ``step_us``: the job's step time T.
+    """
+    arr = arrival_table(collectives, members)
+    if arr.height == 0:
+        link = _link_straggler(collectives, steps, step_us)
+        if link is not None:
+            return StragglerResult(link, arr, link.effect, None, link.evidence)
+        return StragglerResult(None, arr, None, "no matched collective with a known last arriver")
+    best = arr.sort(["p_value", "last", "rank"], descending=[False, True, False]).row(0, named=True)
+    r = int(best["rank"])
+    wait = _per_rank_median(steps, "exposed_wait_us")
+    peers = [w for q, w in wait.items() if q != r]
+    effect = median(peers) / step_us if peers and step_us else None
+    ev = [
+        f"rank {r} arrived last at {best['last']} of {best['collectives']} collectives "
+        f"({best['last'] / best['collectives']:.0%}; chance {best['chance']:.0%}, "
+        f"binomial p = {best['p_value']:.2g})"
+    ]
+    if effect is not None:
+        ev.append(f"the other ranks' median exposed wait is {effect:.1%} of the step")
+    if best["consistency"] is not None:
+        ev.append(
+            f"rank {r} was the most frequent last arriver in {best['steps_last']} of "
+            f"{best['steps']} steps"
+        )
+    reason = None
+    if best["collectives"] < MIN_COLLECTIVES:
+        reason = (
+            f"too few matched collectives with a known last arriver ({best['collectives']} < "
+            f"{MIN_COLLECTIVES}) to test arrival against chance"
+        )
+    elif best["p_value"] >= P_VALUE:
+        reason = (
+            f"no rank arrives last more often than chance (best: rank {r}, p = "
+            f"{best['p_value']:.2g} >= {P_VALUE})"
+        )
+    elif effect is None or effect < MIN_EFFECT:
+        reason = (
+            f"rank {r} arrives last more often than chance, but the others' exposed wait is "
+            f"{0 if effect is None else effect:.1%} of the step (< {MIN_EFFECT:.0%}): no material effect"
+        )
+    elif best["consistency"] is None or best["consistency"] < MIN_CONSISTENCY:
+        reason = (
+            f"rank {r} arrives last more often than chance but is the last in only "
+            f"{best['steps_last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
+        )
+    if reason is not None:
+        link = _link_straggler(collectives, steps, step_us)
+        if link is not None:
+            return StragglerResult(link, arr, link.effect, None, link.evidence)
+        return StragglerResult(None, arr, effect, reason, ev)
+    cause, cev, excess, host_side = _cause(r, steps, summaries)
+    s = Straggler(
+        rank=r,
+        cause=cause,
+        evidence=ev + cev,
+        collectives=int(best["collectives"]),
+        last=int(best["last"]),
+        chance=float(best["chance"]),
+        p_value=float(best["p_value"]),
+        effect=float(effect),
+        consistency=float(best["consistency"]),
+        excess_us=excess,
+        host_side=host_side,
+    )
+    return StragglerResult(s, arr, effect, None, ev)
+
+
+def _link_straggler(
+    collectives: pl.DataFrame, steps: pl.DataFrame, step_us: float | None
+) -> Straggler | None:
+    """A rank on a slow link: arrival is even, but collectives of the groups it is in move the
+    same bytes slower than the same collectives of groups without it.
+
+    Groups are compared within one signature (type, bytes, group size, description); a group
+    is slow when its median transfer time is >= ``LINK_RATIO`` times the median of the other
+    groups'. The rank in every slow group and in no fast one is named when its groups' extra
+    transfer time per step is >= 2 % of the step.
+    """
+    if not step_us or collectives.height == 0 or "transfer_us" not in collectives.columns:
+        return None
+    c = collectives.filter((pl.col("status") == "ok") & pl.col("transfer_us").is_not_null())
+    sig = ["coll_type", "msg_bytes", "group_size", "pg_desc"]
+    per = c.group_by([*sig, "pg_key", "pg_ranks"]).agg(
+        tau=pl.col("transfer_us").median(), n=pl.len(), steps=pl.col("step").n_unique()
+    )
+    slow, fast, extra = [], [], 0.0
+    for _, g in per.group_by(sig):
+        if g.height < 2:
+            continue
+        rows = g.to_dicts()
+        for row in rows:
+            others = median(x["tau"] for x in rows if x is not row)
+            ranks = set(parse_ranks(row["pg_ranks"], row["group_size"]) or [])
+            if others > 0 and row["tau"] >= LINK_RATIO * others:
+                slow.append(ranks)
+                extra += (row["tau"] - others) * row["n"] / max(row["steps"], 1)
+            else:
+                fast.append(ranks)
+    if not slow:
+        return None
+    cand = set.intersection(*slow) - set().union(*fast) if fast else set.intersection(*slow)
+    if len(cand) != 1 or extra / step_us < MIN_EFFECT:
+        return None
+    r = cand.pop()
+    ev = [
+        f"arrival is even, but the collectives of the {len(slow)} group(s) with rank {r} take "
+        f"{extra / 1e3:.3f} ms longer per step than the same collectives of the other groups "
+        f"(>= {LINK_RATIO}x their median transfer time): {extra / step_us:.1%} of the step"
+    ]
+    return Straggler(
+        rank=r,
+        cause="link",
+        evidence=ev,
+        collectives=0,
+        last=0,
+        chance=0.0,
+        p_value=1.0,
+        effect=extra / step_us,
+        consistency=1.0,
+        excess_us=extra,
+        host_side=False,
+    )
+
+
+def _shape_diffs(r: int, summaries: list) -> list[str]:
+    """Ops whose input shapes on rank r differ from the ones most peers agree on."""
+    by_rank = {int(s.meta["rank"]): s.opsig for s in summaries if s.opsig is not None}
+    if r not in by_rank or len(by_rank) < 2:
+        return []
+
+    def dims(df: pl.DataFrame) -> dict[str, frozenset]:
+        if df.height == 0:
+            return {}
+        g = df.group_by("name").agg(pl.col("input_dims").unique())
+        return {n: frozenset(d) for n, d in g.iter_rows()}
+
+    mine = dims(by_rank[r])
+    peers = [dims(df) for q, df in by_rank.items() if q != r]
+    out = []
+    for name, d in sorted(mine.items()):
+        seen = [p[name] for p in peers if name in p]
+        if not seen:
+            continue
+        mode = max(set(seen), key=lambda x: (seen.count(x), sorted(x)))
+        if seen.count(mode) * 2 >= len(peers) and d != mode:
+            extra = sorted(d - mode)
+            out.append(f"{name} {', '.join(extra[:2]) if extra else '(fewer shapes)'}")
+    return out
+
+
+def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str], float, bool]:
+    med = {c: _per_rank_median(steps, c) for c in ("compute_us", "idle_us", *HOST_CAUSES)}
+
+    def peer(c: str) -> float:
+        v = [x for q, x in med[c].items() if q != r]
+        return median(v) if v else 0.0
+
+    u_s, u_p = med["compute_us"].get(r, 0.0), peer("compute_us")
+    i_s, i_p = med["idle_us"].get(r, 0.0), peer("idle_us")
+    excess = max((u_s + i_s) - (u_p + i_p), 0.0)
+    ratio = u_s / u_p if u_p > 0 else math.inf if u_s > 0 else 1.0
+    host = {name: med[c].get(r, 0.0) - peer(c) for c, name in HOST_CAUSES.items() if med[c]}
+    top_host = max(host, key=host.get) if host else None
+    top_dh = host.get(top_host, 0.0) if top_host else 0.0
+    shapes = _shape_diffs(r, summaries)
+    ev = [
+        f"rank {r} per step: compute {u_s / 1e3:.3f} ms vs {u_p / 1e3:.3f} ms on the median peer "
+        f"({ratio:.2f}x), GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms; excess "
+        f"{excess / 1e3:.3f} ms"
+    ]
+    work = u_s - u_p
+    if shapes and work > 0:
+        ev.append("its op input shapes differ from its peers': " + "; ".join(shapes[:3]))
+        return "data shapes", ev, excess, False
+    if ratio >= COMPUTE_RATIO and work >= top_dh:
+        ev.append(_kernel_excess(r, summaries))
+        return "GPU compute", [e for e in ev if e], excess, False
+    if top_host and top_dh > 0 and top_dh >= 0.5 * excess:
+        ev.append(
+            f"its GPU idles {top_dh / 1e3:.3f} ms per step longer than the median peer's for "
+            f"{top_host} (single-rank idle cause)"
+        )
+        return top_host, ev, excess, True
+    if ratio >= COMPUTE_RATIO:
+        return "GPU compute", ev, excess, False
+    return "unknown", ev, excess, False
+
+
+def _kernel_excess(r: int, summaries: list) -> str:
+    """The kernel whose time grew most on rank r against the median peer (a kernel a peer
+    does not run counts 0 for it)."""
+    tabs = [
+        s.kernels.select("name", "total_us").with_columns(rank=pl.lit(int(s.meta["rank"])))
+        for s in summaries
+        if s.kernels is not None and s.kernels.height
+    ]
+    if len(tabs) < 2:
+        return ""
+    k = pl.concat(tabs, how="vertical_relaxed")
+    mine = k.filter(pl.col("rank") == r).group_by("name").agg(pl.col("total_us").sum())
+    peers = k.filter(pl.col("rank") != r)
+    n_peers = peers["rank"].n_unique()
+    if mine.height == 0 or n_peers == 0:
+        return ""
+    # median over the peers with zeros for the peers without the kernel
+    per = peers.group_by("name").agg(pl.col("total_us"))
+    med = {name: median([*v, *([0.0] * (n_peers - len(v)))]) for name, v in per.iter_rows()}
+    best, dmax = None, 0.0
+    for name, t in mine.iter_rows():
+        d = t - med.get(name, 0.0)
+        if d > dmax:
+            best, dmax = name, d
+    if best is None:
+        return ""
+    n = max(len(summaries[0].meta.get("steps") or [1]), 1)
+    return f"largest kernel excess: {best} +{dmax / n / 1e3:.3f} ms per step"

@@ -1,0 +1,259 @@
+"""Rendering a :class:`tracedx.job.diagnosis.JobDiagnosis`: the ``tracedx.job/1`` JSON document,
+the terminal text and Markdown. Nothing here computes a figure the diagnosis does not hold;
+times are converted from us to ms. Non-finite numbers are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import polars as pl
+
+from tracedx.report.json import _clean
+
+SCHEMA = "tracedx.job/1"
+
+
+def _ms(v) -> float | None:
+    return None if v is None else round(v / 1e3, 6)
+
+
+def _rows(df: pl.DataFrame) -> list[dict]:
+    """Rows with ``*_us`` columns written as ``*_ms``."""
+    out = []
+    for r in df.to_dicts():
+        out.append(
+            {
+                (k[:-3] + "_ms" if k.endswith("_us") else k): (
+                    _ms(v) if k.endswith("_us") and isinstance(v, (int, float)) else v
+                )
+                for k, v in r.items()
+            }
+        )
+    return out
+
+
+def collective_groups(jd) -> pl.DataFrame:
+    """Per (process group, type): count, bytes, transfer time, median busbw and its share of
+    the link, median waits (the COLLECTIVES section)."""
+    c = jd.collectives
+    if c.height == 0 or "transfer_us" not in c.columns:
+        return pl.DataFrame()
+    return (
+        c.filter(pl.col("usable"))
+        .group_by("pg_key", "coll_type")
+        .agg(
+            pg_desc=pl.col("pg_desc").first(),
+            group_size=pl.col("group_size").max(),
+            count=pl.len(),
+            msg_bytes=pl.col("msg_bytes").sum(),
+            transfer_us=pl.col("transfer_us").sum(),
+            max_wait_us=pl.col("max_wait_us").median(),
+            busbw_gbs=pl.col("busbw_gbs").median(),
+            link=pl.col("link").first(),
+            link_gbs=pl.col("link_gbs").first(),
+            busbw_fraction=pl.col("busbw_fraction").median(),
+        )
+        .sort("transfer_us", descending=True)
+    )
+
+
+def job_dict(jd) -> dict[str, Any]:
+    """The ``tracedx.job/1`` document (keys: schema, ranks, steps, regime, bottleneck, evidence,
+    straggler, collectives, findings, notes)."""
+    t = jd.typical
+    steps_nums = sorted(jd.steps["step"].unique().to_list()) if jd.steps.height else []
+    status = (
+        dict(jd.collectives.group_by("status").agg(pl.len()).sort("status").iter_rows())
+        if jd.collectives.height
+        else {}
+    )
+    cl = jd.clock
+    doc = {
+        "schema": SCHEMA,
+        "ranks": _rows(jd.ranks),
+        "steps": {
+            "numbers": steps_nums,
+            "step_time_ms": _ms(t["step_us"]),
+            "compute_ms": _ms(t["compute_us"]),
+            "exposed_wait_ms": _ms(t["exposed_wait_us"]),
+            "exposed_transfer_ms": _ms(t["exposed_transfer_us"]),
+            "idle_ms": _ms(t["idle_us"]),
+            "transfer_ms": _ms(t["transfer_us"]),
+            "load_balance": t["load_balance"],
+            "communication_efficiency": t["communication_efficiency"],
+            "parallel_efficiency": t["parallel_efficiency"],
+            "per_rank": _rows(jd.steps),
+        },
+        "regime": jd.regime,
+        "bottleneck": jd.bottleneck,
+        "evidence": jd.evidence,
+        "straggler": None if jd.straggler is None else jd.straggler.to_dict(),
+        "collectives": {
+            "count": jd.collectives.height,
+            "status": status,
+            "process_groups": jd.groups.to_dicts() if jd.groups.height else [],
+            "by_group": _rows(collective_groups(jd)),
+            "clock": {
+                "mode": cl.mode,
+                "hosts_from": cl.source,
+                "end_skew_before_ms": _ms(cl.end_skew_before_us),
+                "end_skew_after_ms": _ms(cl.end_skew_after_us),
+                "hosts": _rows(cl.hosts),
+            },
+        },
+        "findings": [f.to_dict() for f in jd.findings],
+        "notes": jd.notes,
+    }
+    return _clean(doc)
+
+
+def render_json(jd) -> str:
+    return json.dumps(job_dict(jd), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def _f(v, fmt: str = ".3f", unit: str = " ms") -> str:
+    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+
+def render_text(jd) -> str:
+    """The terminal report: verdict, ranks, collectives, fixes (MULTIRANK 6.2's layout)."""
+    d = job_dict(jd)
+    st = d["steps"]
+    out: list[str] = []
+    n = len(d["ranks"])
+    nums = st["numbers"]
+    head = f"tracedx · job of {n} rank{'s' if n != 1 else ''}"
+    if nums:
+        head += f" · {len(nums)} step{'s' if len(nums) != 1 else ''} ({nums[0]}..{nums[-1]})"
+    out.append(head)
+    out.append("")
+    if d["regime"]:
+        b = d["bottleneck"]
+        if d["straggler"]:
+            s = d["straggler"]
+            b = f"{b}: straggler rank {s['rank']} ({s['cause']})"
+        out.append(f"JOB VERDICT: {d['regime'].upper()}, bottleneck: {b}")
+    else:
+        out.append("JOB VERDICT: no regime (see below)")
+    for e in d["evidence"]:
+        out.append(f"  - {e}")
+    out.append("")
+    out.append("RANKS (median per step)")
+    out.append(
+        f"  {'rank':>4} {'host':<12} {'step ms':>9} {'compute':>9} {'exp.wait':>9} "
+        f"{'exp.xfer':>9} {'overlap':>8} {'last in':>8}  verdict"
+    )
+    shown = _shown_ranks(d)
+    for r in shown:
+        ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
+        last = f"{r.get('last_arrivals') or 0}/{r.get('collectives') or 0}"
+        out.append(
+            f"  {r['rank']:>4} {str(r.get('host') or '')[:12]:<12} "
+            f"{_f(r.get('step_time_ms'), '.3f', ''):>9} {_f(r.get('compute_ms'), '.3f', ''):>9} "
+            f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>9} "
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>9} {ov:>8} {last:>8}  "
+            f"{r.get('regime') or 'n/a'} ({r.get('bottleneck') or 'n/a'})"
+        )
+    if len(shown) < n:
+        out.append(
+            f"  ... {n - len(shown)} more ranks (the ranks with the most and least exposed wait "
+            "are shown; --format json lists all)"
+        )
+    c = d["collectives"]
+    if c["count"]:
+        out.append("")
+        stat = ", ".join(f"{k} {v}" for k, v in c["status"].items())
+        out.append(f"COLLECTIVES ({c['count']} matched: {stat}; clock: {c['clock']['mode']})")
+        for g in c["by_group"][:8]:
+            bw = "n/a" if g["busbw_gbs"] is None else f"{g['busbw_gbs']:.1f} GB/s"
+            ref = ""
+            if g.get("link_gbs"):
+                ref = f" ({g['busbw_fraction']:.0%} of {g['link']} {g['link_gbs']:.0f} GB/s)"
+            who = g["pg_desc"] or "group"
+            ranks = g["pg_key"].split(":", 1)[1] if ":" in g["pg_key"] else ""
+            n_txt = f", n={g['group_size']}" if g["group_size"] else ""
+            label = f"{who} {ranks}" if ranks else who
+            out.append(
+                f"  {label} {g['coll_type']} x{g['count']}{n_txt}: "
+                f"{int(g['msg_bytes'] or 0):,} bytes, transfer {_f(g['transfer_ms'])}, "
+                f"busbw {bw}{ref}, median max wait {_f(g['max_wait_ms'])}"
+            )
+        for h in c["clock"]["hosts"]:
+            if h.get("theta_ms") is not None:
+                out.append(
+                    f"  clock {h['host']}: offset {h['theta_ms'] * 1e3:.1f} us "
+                    f"(+/- {h['uncertainty_ms'] * 1e3:.1f}){' applied' if h['applied'] else ''}"
+                )
+    out.append("")
+    out.append("FIXES (Amdahl against the job's step)")
+    if not d["findings"]:
+        out.append("  none")
+    for i, f in enumerate(d["findings"], 1):
+        s = "inf" if f["local_speedup"] is None else f"{f['local_speedup']:.2f}"
+        rec = "" if f["recommended"] else "  [not recommended: < 5%]"
+        out.append(
+            f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms "
+            f"(f = {f['fraction']:.0%}, s = {s}){rec}"
+        )
+        out.append(f"     {f['title']}")
+        for e in f["evidence"]:
+            out.append(f"     - {e}")
+        out.append(f"     = {f['derivation']}")
+    if d["notes"]:
+        out.append("")
+        out.append("NOTES")
+        for x in d["notes"]:
+            out.append(f"  - {x}")
+    return "\n".join(out) + "\n"
+
+
+MAX_RANK_ROWS = 16
+
+
+def _shown_ranks(d: dict) -> list[dict]:
+    """All ranks up to MAX_RANK_ROWS; above, the straggler and the ranks with the most and the
+    least exposed wait, in rank order."""
+    ranks = d["ranks"]
+    if len(ranks) <= MAX_RANK_ROWS:
+        return ranks
+    by = sorted(ranks, key=lambda r: (-(r.get("exposed_wait_ms") or 0.0), r["rank"]))
+    keep = {r["rank"] for r in by[:5] + by[-5:]}
+    if d["straggler"]:
+        keep.add(d["straggler"]["rank"])
+    return [r for r in ranks if r["rank"] in keep]
+
+
+def render_markdown(jd) -> str:
+    """The job report as Markdown: verdict, a per-rank table, fixes, notes."""
+    d = job_dict(jd)
+    out = [f"# tracedx job report ({len(d['ranks'])} ranks)", ""]
+    b = d["bottleneck"]
+    if d["straggler"]:
+        b = f"{b}: straggler rank {d['straggler']['rank']} ({d['straggler']['cause']})"
+    out.append(f"**Verdict:** {d['regime'] or 'none'}, bottleneck: {b}")
+    out.append("")
+    out += [f"- {e}" for e in d["evidence"]]
+    out += [
+        "",
+        "| rank | host | step ms | compute ms | exposed wait ms | exposed transfer ms | verdict |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in d["ranks"]:
+        out.append(
+            f"| {r['rank']} | {r.get('host') or ''} | {_f(r.get('step_time_ms'), '.3f', '')} | "
+            f"{_f(r.get('compute_ms'), '.3f', '')} | {_f(r.get('exposed_wait_ms'), '.3f', '')} | "
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {r.get('regime')} ({r.get('bottleneck')}) |"
+        )
+    out += ["", "## Fixes", ""]
+    for f in d["findings"] or []:
+        out.append(
+            f"- **{f['fix']}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%}): "
+            f"{f['title']}; {f['derivation']}"
+        )
+    if not d["findings"]:
+        out.append("none")
+    if d["notes"]:
+        out += ["", "## Notes", ""] + [f"- {x}" for x in d["notes"]]
+    return "\n".join(out) + "\n"
