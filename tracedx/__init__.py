@@ -83,3 +83,6 @@ def _diagnose(target, **options):
     from tracedx.analysis.diagnosis import diagnose
 
     return diagnose(target, **options)
+
+
+_diagnose.__name__ = _diagnose.__qualname__ = "diagnose"  # help(tracedx) lists it as diagnose(
