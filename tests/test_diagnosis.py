@@ -139,7 +139,7 @@ def test_cli_formats():
     path = str(case("C04b_modern_category_names.json"))
     res = r.invoke(main, ["diagnose", path, "--format", "json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["regime"]
+    assert json.loads(res.stdout)["regime"]
     res = r.invoke(main, ["diagnose", path])
     assert res.exit_code == 0 and res.output.startswith("tracedx") and "VERDICT" in res.output
     res = r.invoke(main, ["diagnose", path, "--format", "md"])

@@ -414,7 +414,7 @@ def test_cli_formats(pairs):
     assert "SIDE BY SIDE" in r.output and "est/achieved" in r.output
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "json"])
     assert r.exit_code == 0
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert d["schema"] == "tracedx.diff/1" and d["fix"] == "cuda-graphs"
     assert d["prediction"]["achieved_speedup_unprofiled"] == pytest.approx(0.6 / 0.1)
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "md", "--fix", "torch-compile"])

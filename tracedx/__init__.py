@@ -19,10 +19,12 @@ and have ``to_text()``, ``to_html()``, ``write_html(path)`` and ``to_dict()``; `
 __version__ = "0.1.0"
 
 from tracedx.errors import TraceError, TraceFormatError
-from tracedx.trace import Trace, load
 
-# name -> (module, attribute or None for the module itself), imported on first use
+# name -> (module, attribute or None for the module itself), imported on first use: polars,
+# numpy and plotly load with the first name that needs them, so `tracedx --help` stays quick
 _LAZY = {
+    "load": ("tracedx.trace", "load"),
+    "Trace": ("tracedx.trace", "Trace"),
     "load_job": ("tracedx.job.load", "load_job"),
     "Job": ("tracedx.job.diagnosis", "Job"),
     "JobDiagnosis": ("tracedx.job.diagnosis", "JobDiagnosis"),

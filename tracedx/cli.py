@@ -25,12 +25,29 @@ def _say(message: str) -> None:
     click.echo(term(message, _ERROR_CHARS), err=True)
 
 
+_NOTES: list[str] = []
+"""Notes for stderr printed once the command has answered (the cache's), and not at all when
+it fails, so an error stays one line."""
+
+
+def _flush_notes() -> None:
+    for msg in _NOTES:
+        click.echo(f"tracedx: {msg}", err=True)
+    _NOTES.clear()
+
+
 class _Group(click.Group):
     """Turns TraceError into one line on stderr and exit status 2."""
 
     def invoke(self, ctx: click.Context):
+        _NOTES.clear()
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            _flush_notes()
+            return out
+        except click.exceptions.Exit:
+            _flush_notes()
+            raise
         except TraceError as e:
             _say(f"tracedx: error: {e}")
             ctx.exit(e.exit_code)
@@ -42,7 +59,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _say("tracedx: interrupted")
             ctx.exit(130)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
             if os.environ.get("TRACEDX_DEBUG"):
@@ -82,6 +99,27 @@ _format_option = click.option(
 )
 
 
+_no_cache_option = click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Read the trace file even when the cache holds its tables "
+    "($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx); nor store them.",
+)
+
+
+def _load(path, repair, no_cache, status=None):
+    """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
+    go to stderr."""
+    progress = status.reading(path) if status else None
+    if no_cache:
+        from tracedx.trace import load
+
+        return load(path, repair=repair, progress=progress)
+    from tracedx.trace import cache
+
+    return cache.load(path, repair=repair, progress=progress, on_note=_NOTES.append)[0]
+
+
 def _analysis_options(f):
     """The options every command that diagnoses a trace takes (device peaks, steps, repair)."""
     options = [
@@ -115,6 +153,7 @@ def _analysis_options(f):
         click.option(
             "--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes)."
         ),
+        _no_cache_option,
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -211,12 +250,19 @@ def _width() -> int:
 
 
 def _load_and_diagnose(
-    trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
+    trace_path,
+    device_name,
+    peak_tflops,
+    bandwidth_gbs,
+    calibration,
+    steps,
+    repair,
+    no_cache,
+    status=None,
 ):
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
-    from tracedx.trace import load
 
-    trace = load(trace_path, repair=repair, progress=status.reading(trace_path) if status else None)
+    trace = _load(trace_path, repair, no_cache, status)
     if status:
         status.update("diagnosing")
     return run_diagnosis(
@@ -287,6 +333,7 @@ def diagnose(
     if len(files) > 1:
         if max_step_ms is not None:
             raise TraceError("--max-step-ms checks one trace, not a job's traces")
+        analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
         where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
         _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
         return
@@ -525,6 +572,7 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
+@_no_cache_option
 @click.option(
     "--fail-if-slower",
     "fail_pct",
@@ -541,18 +589,17 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     default=None,
     help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
 )
-def diff_command(before_path, after_path, fmt, fix, repair, html_path, fail_pct):
+def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache, fail_pct):
     """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result.
 
     Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
     """
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
-    from tracedx.trace import load
 
     with _spinner(f"reading {before_path}") as status:
-        before = load(before_path, repair=repair, progress=status.reading(before_path))
-        after = load(after_path, repair=repair, progress=status.reading(after_path))
+        before = _load(before_path, repair, no_cache, status)
+        after = _load(after_path, repair, no_cache, status)
         if status:
             status.update("comparing")
         td = run_diff(before, after, fix=fix)

@@ -650,6 +650,13 @@ class Converter:
 
     def _kind(self, kind: str, evs: list[Event], out: ChunkColumns, it: dict) -> None:
         args = list(map(_GET_ARGS, evs))
+        if None in args:
+            # an event without args reads as one with empty args of the chunk's type (every
+            # field None or empty raw, as _get and _Interner read a None): every column below
+            # is then one C-speed attrgetter pass instead of a Python loop
+            first = next((a for a in args if a is not None), None)
+            empty = _EMPTY_COMM_ARGS if isinstance(first, CommArgs) else _EMPTY_ARGS
+            args = [empty if a is None else a for a in args]
         if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
             cols = _gpu_cols(evs, args)
         else:
