@@ -338,7 +338,17 @@ def bench_tracedx(path: Path, runs: int) -> dict:
     e2e, parse = [], []
     for _ in range(runs):
         r = _run_wait4(
-            [sys.executable, "-m", "tracedx.cli", "diagnose", "--format", "json", str(path)], 600
+            [
+                sys.executable,
+                "-m",
+                "tracedx.cli",
+                "diagnose",
+                "--format",
+                "json",
+                "--no-cache",
+                str(path),
+            ],
+            600,
         )
         if r["rc"] != 0:
             return {"ok": False, "error": r["stderr"].decode(errors="replace")[-500:]}
@@ -359,6 +369,59 @@ def bench_tracedx(path: Path, runs: int) -> dict:
         "parse_runs": [round(r["load_s"], 3) for r in parse],
         "parse_peak_bytes": statistics.median(r["peak_bytes"] for r in parse),
     }
+
+
+_INPROCESS_SNIPPET = (
+    "import sys, time, tracedx\n"
+    "tracedx.diagnose  # imports done before timing, as in a notebook\n"
+    "p, runs = sys.argv[1], int(sys.argv[2])\n"
+    "tracedx.diagnose(tracedx.load(p))  # warm: polars' first-use costs\n"
+    "for _ in range(runs):\n"
+    "    t = time.perf_counter()\n"
+    "    tracedx.diagnose(tracedx.load(p))\n"
+    "    print('INPROC_S', time.perf_counter() - t)\n"
+)
+
+
+def bench_extras(path: Path, runs: int) -> dict:
+    """Start-up (``import tracedx``, ``tracedx --help``), the in-process case
+    (``tracedx.diagnose(tracedx.load(p))`` with imports excluded) and the cached second run
+    (``diagnose`` again with the cache filled by a first run; its own temporary cache folder)."""
+    import tempfile
+
+    def walls(cmd, env=None):
+        out = []
+        for _ in range(runs):
+            r = _run_wait4(cmd, 600) if env is None else _run_env(cmd, env)
+            if r["rc"] != 0:
+                raise RuntimeError(r["stderr"].decode(errors="replace")[-300:])
+            out.append(r["wall_s"])
+        return out
+
+    res: dict = {}
+    res["import_runs"] = walls([sys.executable, "-c", "import tracedx"])
+    res["help_runs"] = walls([sys.executable, "-m", "tracedx.cli", "--help"])
+    r = _run_wait4([sys.executable, "-c", _INPROCESS_SNIPPET, str(path), str(runs)], 600)
+    res["inprocess_runs"] = [float(x) for x in re.findall(rb"INPROC_S ([0-9.eE+-]+)", r["stdout"])]
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "TRACEDX_CACHE_DIR": d}
+        cmd = [sys.executable, "-m", "tracedx.cli", "diagnose", "--format", "json", str(path)]
+        _run_env(cmd, env)  # fills the cache
+        res["cached_runs"] = walls(cmd, env)
+    for k in ("import", "help", "inprocess", "cached"):
+        v = res[f"{k}_runs"]
+        res[f"{k}_s"] = statistics.median(v) if v else None
+    return res
+
+
+def _run_env(cmd: list[str], env: dict) -> dict:
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        return _run_wait4(cmd, 600)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +497,8 @@ def bench_hta(py: Path, path: Path, runs: int, timeout: float) -> dict:
         "e2e_s": statistics.median(r["wall_s"] for r in results),
         "e2e_runs": [round(r["wall_s"], 3) for r in results],
         "load_s": statistics.median(r["load_s"] for r in results),
+        # in-process: load and the three breakdowns, HTA's imports excluded
+        "inprocess_s": statistics.median(r["total_s"] - r["import_s"] for r in results),
         "peak_bytes": statistics.median(r["peak_bytes"] for r in results),
     }
 
@@ -545,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"tracedx on {f['path'].name} ...", flush=True)
         f["tracedx"] = bench_tracedx(f["path"], args.runs)
+        f["extras"] = bench_extras(f["path"], args.runs)
         large = f["json_bytes"] >= 1000 * MB
         if hta_py is not None and args.hta_max_mb and f["json_bytes"] > args.hta_max_mb * MB:
             f["hta_note"] = f"not run (--hta-max-mb {args.hta_max_mb:g})"
@@ -571,7 +637,15 @@ def main(argv: list[str] | None = None) -> int:
         f"HTA {args.hta_large_runs} on files of 1 GB and more",
     ]
     for f in files:
-        h = f.get("hta")
+        x, h = f.get("extras") or {}, f.get("hta")
+        if x:
+            hta_inproc = h.get("inprocess_s") if h and h.get("ok") else None
+            ratio = f", {hta_inproc / x['inprocess_s']:.1f}x HTA's" if hta_inproc else ""
+            notes.append(
+                f"{f['label']}: import tracedx {x['import_s']:.3f} s, --help {x['help_s']:.3f} s, "
+                f"in-process diagnose(load) {x['inprocess_s']:.3f} s{ratio} (imports excluded), "
+                f"cached second diagnose {x['cached_s']:.3f} s (medians of {args.runs})"
+            )
         if f.get("hta_note"):
             notes.append(f"HTA on {f['label']}: {f['hta_note']}")
         if h is not None and not h.get("ok"):

@@ -6,7 +6,7 @@
 
 24 layers, d_model 1024, 16 heads, MLP 4096, vocabulary 50257 (GPT-2 medium's shapes, random
 weights: nothing is downloaded). A 16-token prompt is run first (setup), then one token per
-step, greedy, marked with ``tracedx.step()``. GUIDE.md section 4: 20.0 ms eager, 1.63 ms with
+step, greedy, marked with ``tracedx.step()``. An earlier run on an H200 (another day, not recorded here): 20.0 ms eager, 1.63 ms with
 a CUDA graph and a static KV cache. On PyTorch 2.11 / H200 the eager loop's attention goes to
 cuDNN, which plans again for every new KV length (a host cost per token); ``--static-cache``
 keeps the shapes fixed, so only the launches are left for the graph to remove.

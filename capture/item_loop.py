@@ -10,7 +10,7 @@ A step is ``--iters`` iterations of three small ops; ``tracedx.step()`` marks ea
 ``--host-us`` adds that much host work (a Python loop on the clock) to every iteration: then the
 host binds and the sync is worth little. A larger ``--size`` makes each iteration's GPU work
 about as long as its host work: then the sync serialises the two and removing it is worth a lot.
-GUIDE.md section 2: removing the sync gained nothing (11.1 -> 12.2 ms), because kernel
+An earlier run on an H200 (another day, not recorded here): removing the sync gained nothing (11.1 -> 12.2 ms), because kernel
 launches already bound the host: a fix worth nothing, which estimates must catch.
 """
 

@@ -8,7 +8,7 @@
 Steps are marked by ``optimizer.step()`` in eager mode. With ``--cuda-graph`` the optimizer
 runs inside the graph, so each replay is marked with ``tracedx.step()``; the warm-up steps
 before the capture call ``optimizer.step()`` too, so capture it with
-``tracedx capture --marker explicit``. GUIDE.md section 4: 1.86 ms eager, 0.18 ms graphed.
+``tracedx capture --marker explicit``. An earlier run on an H200 (another day, not recorded here): 1.86 ms eager, 0.18 ms graphed.
 """
 
 from __future__ import annotations

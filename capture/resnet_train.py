@@ -4,7 +4,7 @@
     python capture/resnet_train.py --bf16 --channels-last    # the "fix" that is worth nothing
     python capture/resnet_train.py --no-tf32                 # strict fp32 (cuDNN TF32 off)
 
-Steps are marked by ``optimizer.step()`` (SGD with momentum). GUIDE.md section 2: the GPU was
+Steps are marked by ``optimizer.step()`` (SGD with momentum). An earlier run on an H200 (another day, not recorded here): the GPU was
 busy only 27% of the step, so bf16 + channels_last made it slower (15.9 -> 16.3 ms): the step
 is overhead-bound, and an estimate must say the fix is worth nothing. PyTorch's defaults let
 cuDNN run fp32 convolutions in TF32; ``--no-tf32`` turns that off, which makes the fp32 step

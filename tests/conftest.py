@@ -23,3 +23,10 @@ def case(name: str) -> Path:
             f"../shared/cases/{name} is not present (it exists only beside the developers' checkout)"
         )
     return p
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """Each test gets an empty cache of loaded traces (never the user's ~/.cache/tracedx), so
+    no test sees another's entries."""
+    monkeypatch.setenv("TRACEDX_CACHE_DIR", str(tmp_path_factory.mktemp("tracedx-cache")))

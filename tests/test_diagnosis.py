@@ -64,9 +64,12 @@ def test_findings_by_hand(c04b):
     assert f["torch-compile"].estimated_speedup == pytest.approx(
         200 / (188 - 11 - 37 + 12), rel=1e-6
     )
-    # sorted by estimated speedup, and each estimate is Amdahl's formula over its (f, s)
-    sp = [x.estimated_speedup for x in c04b.findings]
-    assert sp == sorted(sp, reverse=True)
+    # in the order to apply them: pinned-memory (1.06x, one DataLoader argument) is within
+    # 1.25x of the best (torch-compile 1.32x, cuda-graphs 1.31x), so it comes first; the fixes
+    # not worth 5% last. Each estimate is Amdahl's formula over its (f, s)
+    order = [(x.fix, x.recommended) for x in c04b.findings]
+    assert order == [("pinned-memory", True), ("torch-compile", True), ("cuda-graphs", True),
+                     ("larger-batch", True), ("tf32", False), ("bf16-autocast", False)]  # fmt: skip
     for x in c04b.findings:
         assert amdahl(x.fraction, x.local_speedup) == pytest.approx(x.estimated_speedup, rel=1e-9)
         assert x.estimated_step_ms == pytest.approx(0.2 / x.estimated_speedup, rel=1e-9)
@@ -136,7 +139,7 @@ def test_cli_formats():
     path = str(case("C04b_modern_category_names.json"))
     res = r.invoke(main, ["diagnose", path, "--format", "json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["regime"]
+    assert json.loads(res.stdout)["regime"]
     res = r.invoke(main, ["diagnose", path])
     assert res.exit_code == 0 and res.output.startswith("tracedx") and "VERDICT" in res.output
     res = r.invoke(main, ["diagnose", path, "--format", "md"])

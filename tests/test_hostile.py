@@ -248,10 +248,12 @@ def _not_files(tmp_path: Path) -> list[tuple[str, str]]:
     locked = tmp_path / "locked.json"
     locked.write_text("{}")
     locked.chmod(0)
+    empty = tmp_path / "empty"
+    empty.mkdir()
     out = [
         (str(fifo), "FIFO"),
         ("/dev/zero", "character device"),
-        (str(tmp_path), "directory"),
+        (str(empty), "directory"),  # one with traces in it is a job's input
         (str(tmp_path / ("n" * 300 + ".json")), "too long"),
         (str(tmp_path / "missing.json"), "no such file"),
     ]

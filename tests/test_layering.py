@@ -21,6 +21,7 @@ PRESENTATION = {
     "to_markdown",
     "to_html",
     "_repr_html_",
+    "__repr__",
     "figures",
     "figure",
     "write_html",

@@ -291,6 +291,7 @@ def _trace_processor_shell() -> str:
 
 
 def test_annotated_trace_loads_in_perfettos_trace_processor(small):
+    pytest.importorskip("perfetto", reason="the perfetto package is not installed")
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     _, out = small

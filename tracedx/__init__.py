@@ -1,51 +1,80 @@
 """tracedx: trace analysis and diagnosis for PyTorch GPU programs.
 
-Public API (torch is never imported by analysis):
+Public API (torch is never imported by analysis; ``import tracedx`` imports neither torch nor the
+analysis, which load on first use):
 
 - ``tracedx.load(path) -> Trace``: read a torch.profiler chrome trace into polars tables.
 - ``tracedx.diagnose(trace) -> Diagnosis``: where the time goes, what binds it, what a fix is worth.
 - ``tracedx.load_job(paths) -> Job``: a distributed job's traces (files, a directory, a glob),
   one summary per rank; ``tracedx.diagnose(job) -> JobDiagnosis``: the job's verdict.
-- ``tracedx.step()`` / ``tracedx.profile(...)``: step markers and profiling for `tracedx capture`.
-"""
+- ``tracedx.diff(before, after) -> TraceDiff``: re-measure a fix against its estimate.
+- ``tracedx.profile(...)`` / ``tracedx.step()``: profile a block of code, mark its steps.
+- ``tracedx.measure``: timing helpers (warm-up, synchronisation, median of repeats).
 
-from __future__ import annotations
+Results (``Diagnosis``, ``TraceDiff``, ``JobDiagnosis``) display as a verdict card in a notebook
+and have ``to_text()``, ``to_html()``, ``write_html(path)`` and ``to_dict()``; ``Diagnosis`` and
+``TraceDiff`` also ``to_markdown()`` and ``figures()``.
+"""
 
 __version__ = "0.1.0"
 
 from tracedx.errors import TraceError, TraceFormatError
-from tracedx.trace import Trace, load
 
-__all__ = ["Trace", "TraceError", "TraceFormatError", "__version__", "load"]
+# name -> (module, attribute or None for the module itself), imported on first use: polars,
+# numpy and plotly load with the first name that needs them, so `tracedx --help` stays quick
+_LAZY = {
+    "load": ("tracedx.trace", "load"),
+    "Trace": ("tracedx.trace", "Trace"),
+    "load_job": ("tracedx.job.load", "load_job"),
+    "Job": ("tracedx.job.diagnosis", "Job"),
+    "JobDiagnosis": ("tracedx.job.diagnosis", "JobDiagnosis"),
+    "Diagnosis": ("tracedx.analysis.diagnosis", "Diagnosis"),
+    "diff": ("tracedx.analysis.diff", "diff"),
+    "TraceDiff": ("tracedx.analysis.diff", "TraceDiff"),
+    "profile": ("tracedx.capture", "profile"),
+    "step": ("tracedx.capture", "step"),
+    "CaptureError": ("tracedx.capture", "CaptureError"),
+    "measure": ("tracedx.measure", None),
+}
+
+__all__ = [
+    "CaptureError",
+    "Diagnosis",
+    "Job",
+    "JobDiagnosis",
+    "Trace",
+    "TraceDiff",
+    "TraceError",
+    "TraceFormatError",
+    "__version__",
+    "diagnose",
+    "diff",
+    "load",
+    "load_job",
+    "measure",
+    "profile",
+    "step",
+]
 
 
 def __getattr__(name: str):
     # Lazy imports keep `import tracedx` light and torch-free.
-    if name == "diagnose":
-        return _diagnose
-    if name == "load_job":
-        from tracedx.job.load import load_job
-
-        return load_job
-    if name == "diff":
-        from tracedx.analysis.diff import diff
-
-        return diff
-    if name in ("step", "profile"):
-        from tracedx import capture
-
-        return getattr(capture, name)
-    if name == "measure":
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module("tracedx.measure")
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'tracedx' has no attribute {name!r}")
 
 
-def _diagnose(target, **options):
-    """``diagnose(trace, **options) -> Diagnosis`` (:func:`tracedx.analysis.diagnosis.diagnose`);
+def diagnose(target, **options):
+    """``diagnose(trace, **options) -> Diagnosis`` for a :class:`Trace`
+    (:func:`tracedx.analysis.diagnosis.diagnose`, options ``device``,
+    ``peak_tflops``, ``bandwidth_gbs``, ``calibration``, ``steps``);
     ``diagnose(job) -> JobDiagnosis`` for a :class:`tracedx.job.diagnosis.Job` from
-    :func:`load_job` (:func:`tracedx.job.diagnosis.diagnose_job`)."""
+    :func:`load_job` (:func:`tracedx.job.diagnosis.diagnose_job`; it takes no options: give them
+    to ``load_job``). Raises TypeError for options given with a job."""
     import sys
 
     jobs = sys.modules.get("tracedx.job.diagnosis")  # a Job exists only once it is imported
@@ -53,6 +82,10 @@ def _diagnose(target, **options):
         if options:
             raise TypeError("diagnose(job) takes no options: give them to load_job")
         return jobs.diagnose_job(target)
-    from tracedx.analysis.diagnosis import diagnose
+    from tracedx.analysis.diagnosis import diagnose as diagnose_trace
 
-    return diagnose(target, **options)
+    return diagnose_trace(target, **options)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {"__version__"})

@@ -1,9 +1,9 @@
 """``tracedx calibrate``: measure this GPU's real ceilings and save them for ``diagnose``.
 
-Paper bandwidth is not real bandwidth (seeds: the T4 day-1 post measured 245 of 320 GB/s;
-GUIDE.md section 3: the H200 copies at 4.2 of 4.8 TB/s and runs bf16 matmuls at 762 of ~990
-TFLOP/s). What is measured, each after a warm-up, with CUDA synchronization or CUDA events,
-as the median of repeats (seeds, chapter 10 and section 13.1):
+Paper bandwidth is not real bandwidth (on an H200 this command measured copies at 4.21 of
+4.8 TB/s and bf16 matmuls at 775 of 989.5 TFLOP/s: ``sample_traces/calibration-h200.json``).
+What is measured, each after a warm-up, with CUDA synchronization or CUDA events, as the median
+of repeats (see :mod:`tracedx.measure`):
 
 - ``copy_bandwidth_gbs``: ``dst.copy_(src)`` of a device buffer of max(1 GiB, 16 x L2),
   counting bytes read plus bytes written (2 x size per copy), timed with CUDA events.

@@ -4,7 +4,7 @@
 :func:`step` (a step marker, a no-op when nothing is capturing) and :func:`profile` (a context
 manager that profiles a block with the same schedule and writing).
 
-How a capture goes (PyTorch docs, ``torch.profiler``; GUIDE.md sections 1-2; CASES C20, C21):
+How a capture goes (PyTorch docs, ``torch.profiler``):
 
 - Steps come from the script's own loop: an optimizer ``step()`` post hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``) marks the end of each
@@ -36,6 +36,7 @@ import datetime as _dt
 import gzip
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -103,7 +104,7 @@ class CaptureResult:
     """What a capture produced.
 
     ``path`` is the trace written (``None`` when nothing could be written); ``exit_code`` is the
-    script's own exit status; ``steps`` counts the step markers seen; ``active_steps`` the
+    script's own exit status, or 1 when it succeeded but no trace was written; ``steps`` counts the step markers seen; ``active_steps`` the
     steps recorded in the active window; ``messages`` the notes printed on stderr.
     """
 
@@ -247,12 +248,41 @@ def _import_torch():
 def _experimental_config(torch):
     """``_ExperimentalConfig(enable_cuda_sync_events=True)`` where this torch has it, else None.
 
-    With it each host sync appears as a ``cuda_sync`` event (GUIDE.md section 1).
+    With it each host sync appears as a ``cuda_sync`` event on the GPU's track.
     """
     try:
         return torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
     except Exception:
         return None
+
+
+KINETO_NOISE = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+"""Lines Kineto (PyTorch 2.13's profiler) prints on stderr at every profiler start and stop."""
+
+
+def _without_kineto_noise(call: Callable[[], object]) -> object:
+    """Run ``call`` (a profiler start or stop) with file descriptor 2 sent to a temporary
+    file, then pass on to stderr every line except Kineto's ``USDT: ... profiler_start`` and
+    ``profiler_stop`` notices. Where fd 2 cannot be redirected, runs ``call`` as it is."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        return call()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            return call()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = b"".join(ln for ln in tmp.read().splitlines(True) if not KINETO_NOISE.match(ln))
+            with contextlib.suppress(OSError):
+                while kept:  # os.write may write part of it
+                    kept = kept[os.write(2, kept) :]
 
 
 class _Session:
@@ -320,7 +350,7 @@ class _Session:
     # -- phases --------------------------------------------------------------------------
     def start(self) -> None:
         self.fallback = self._new_profiler()
-        self.fallback.start()
+        _without_kineto_noise(self.fallback.start)
         self.fallback_recording = True
 
     def boundary(self) -> None:
@@ -350,7 +380,7 @@ class _Session:
                 if self.main is None:
                     self._prepare_main()
                 self._drop_fallback()
-                self.main.start_trace()
+                _without_kineto_noise(self.main.start_trace)
                 self.main_recording = True
                 self._enter_step_range()
         except Exception as e:  # never break the user's script because of the profiler
@@ -359,7 +389,7 @@ class _Session:
 
     def _stop_fallback(self) -> None:
         if self.fallback is not None and self.fallback_recording:
-            self.fallback.stop()
+            _without_kineto_noise(self.fallback.stop)
             self.fallback_recording = False
 
     def _drop_fallback(self) -> None:
@@ -367,10 +397,10 @@ class _Session:
 
     def _prepare_main(self) -> None:
         self.main = self._new_profiler()
-        self.main.prepare_trace()
+        _without_kineto_noise(self.main.prepare_trace)
 
     def _enter_step_range(self) -> None:
-        # The same annotation torch's own schedule writes (GUIDE.md section 1).
+        # The same annotation torch's own schedule writes (``torch.profiler.profile.step``).
         self._step_range = self.torch.profiler.record_function(f"ProfilerStep#{self.m}")
         self._step_range.__enter__()
 
@@ -381,7 +411,7 @@ class _Session:
 
     def _stop_main_and_write(self) -> None:
         self._exit_step_range()
-        self.main.stop_trace()
+        _without_kineto_noise(self.main.stop_trace)
         self.main_recording = False
         self._write(self.main, self.active_done)
         self.written = True
@@ -413,7 +443,7 @@ class _Session:
             return "active" if self.active_done >= self.schedule.active else "none"
         if self.main is not None and self.main_recording:
             self._exit_step_range()
-            self.main.stop_trace()
+            _without_kineto_noise(self.main.stop_trace)
             self.main_recording = False
             self._write(self.main, self.active_done)
             self.written = True
@@ -445,6 +475,7 @@ def _torch_metadata(torch) -> dict:
     return {
         "torch_version": str(torch.__version__),
         "cuda_version": getattr(torch.version, "cuda", None),
+        "cuda_available": bool(torch.cuda.is_available()),
         "gpu_name": gpu,
     }
 
@@ -676,6 +707,24 @@ def _run_script(script: Path, args: Sequence[str]) -> BaseException | None:
     return None
 
 
+def _check_out(out_dir: str | os.PathLike) -> Path:
+    """The trace's folder, created if missing; :class:`CaptureError` (before anything runs)
+    when it is a file or cannot be created or written to. The path is absolute: a script that
+    changes directory must not take the trace with it."""
+    out = Path(out_dir).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise CaptureError(
+            f"--out {out} is a file, not a folder: the trace could not be written there"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CaptureError(f"cannot create the --out folder {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise CaptureError(f"cannot write to the --out folder {out}: permission denied")
+    return out
+
+
 def _check_script(script: str | os.PathLike) -> Path:
     path = Path(script)
     if not path.is_file():
@@ -729,8 +778,8 @@ def capture_script(
     (default 1/1/5). With ``time_unprofiled=K`` the script first runs once without the profiler
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
-    more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker; seeds,
-    chapter 10); the median/min/max go into the trace's ``"tracedx"`` metadata as
+    more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker,
+    see :mod:`tracedx.measure`); the median/min/max go into the trace's ``"tracedx"`` metadata as
     ``unprofiled_step_ms``. Each timed step starts with an idle GPU: host work that a
     free-running loop would overlap with the previous step's kernels is exposed, so a step
     whose host and GPU times are close reads slower here than in the trace.
@@ -750,6 +799,7 @@ def capture_script(
     from tracedx import __version__
 
     path = _check_script(script)
+    out = _check_out(out_dir)
     schedule = schedule or Schedule()
     if time_unprofiled < 0:
         raise CaptureError("--time-unprofiled must be 0 or more")
@@ -769,8 +819,6 @@ def capture_script(
             path, args, time_unprofiled, schedule, marker, messages, quiet
         )
 
-    # resolved now: a script that changes directory must not take the trace with it
-    out = Path(out_dir).expanduser().absolute()
     final = _unique_path(out, path.stem, dist["rank"] if dist else None)
     if not torch.cuda.is_available():
         _note(
@@ -891,6 +939,8 @@ def capture_script(
         _print_err(f"{_prefix()} wrote {trace_path} ({detail})")
     if trace_path is not None:
         _print_to("stdout", str(trace_path))
+    if trace_path is None and code == 0:
+        code = 1  # the script succeeded, but there is no trace: never a silent success
     return CaptureResult(
         path=trace_path,
         exit_code=code,
@@ -1105,6 +1155,16 @@ class _Profiled:
         self.path: Path | None = None
         self.steps = 0
         self.active_steps = 0
+
+    def __repr__(self) -> str:
+        if self.path is None:
+            return f"<tracedx.profile: no trace written yet ({self.steps} steps so far)>"
+        from tracedx.report.safe import term
+
+        return (
+            f"<tracedx.profile: trace {term(self.path)} ({self.active_steps} steps recorded of "
+            f"{self.steps})>"
+        )
 
 
 @contextlib.contextmanager

@@ -25,12 +25,29 @@ def _say(message: str) -> None:
     click.echo(term(message, _ERROR_CHARS), err=True)
 
 
+_NOTES: list[str] = []
+"""Notes for stderr printed once the command has answered (the cache's), and not at all when
+it fails, so an error stays one line."""
+
+
+def _flush_notes() -> None:
+    for msg in _NOTES:
+        click.echo(f"tracedx: {msg}", err=True)
+    _NOTES.clear()
+
+
 class _Group(click.Group):
     """Turns TraceError into one line on stderr and exit status 2."""
 
     def invoke(self, ctx: click.Context):
+        _NOTES.clear()
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            _flush_notes()
+            return out
+        except click.exceptions.Exit:
+            _flush_notes()
+            raise
         except TraceError as e:
             _say(f"tracedx: error: {e}")
             ctx.exit(e.exit_code)
@@ -42,7 +59,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _say("tracedx: interrupted")
             ctx.exit(130)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
             if os.environ.get("TRACEDX_DEBUG"):
@@ -82,6 +99,27 @@ _format_option = click.option(
 )
 
 
+_no_cache_option = click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Read the trace file even when the cache holds its tables "
+    "($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx); nor store them.",
+)
+
+
+def _load(path, repair, no_cache, status=None):
+    """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
+    go to stderr."""
+    progress = status.reading(path) if status else None
+    if no_cache:
+        from tracedx.trace import load
+
+        return load(path, repair=repair, progress=progress)
+    from tracedx.trace import cache
+
+    return cache.load(path, repair=repair, progress=progress, on_note=_NOTES.append)[0]
+
+
 def _analysis_options(f):
     """The options every command that diagnoses a trace takes (device peaks, steps, repair)."""
     options = [
@@ -115,36 +153,116 @@ def _analysis_options(f):
         click.option(
             "--repair", is_flag=True, help="Salvage a broken trace (truncated, NaN, bad bytes)."
         ),
+        _no_cache_option,
     ]
     for opt in reversed(options):
         f = opt(f)
     return f
 
 
-@contextlib.contextmanager
-def _spinner(message: str):
-    """A rich spinner on stderr while a trace is read, only when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
+PROGRESS_AFTER_S = 2.0
+"""The progress bar shows only once reading and diagnosing have taken this long."""
+
+
+class _Progress:
+    """A rich progress bar on stderr (bytes of the trace read, then the stage), shown only when
+    stderr is a terminal and only after :data:`PROGRESS_AFTER_S`, so quick runs print nothing."""
+
+    def __init__(self, enabled: bool, after_s: float = PROGRESS_AFTER_S, console=None):
+        self.enabled, self.shown = enabled, False
+        self._bar = self._task = self._timer = None
+        if not enabled:
+            return
+        import threading
+
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            TimeElapsedColumn(), console=console or Console(stderr=True), transient=True,
+        )  # fmt: skip
+        self._task = self._bar.add_task("starting", total=None)
+        self._timer = threading.Timer(after_s, self._show)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _show(self) -> None:
+        self.shown = True
+        self._bar.start()
+
+    def reading(self, path):
+        """The ``progress`` callback for :func:`tracedx.load` of ``path`` (None when off)."""
+        if not self.enabled:
+            return None
+        import os
+
+        total = os.path.getsize(path) if os.path.isfile(path) else None
+        self._bar.update(
+            self._task, description=_label(f"reading {path}"), total=total, completed=0
+        )
+        return lambda n: self._bar.update(self._task, completed=n)
+
+    def update(self, message: str) -> None:
+        if self.enabled:
+            self._bar.update(self._task, description=_label(message))
+
+    def close(self) -> None:
+        if self.enabled:
+            self._timer.cancel()
+            self._bar.stop()
+
+
+def _label(message: str) -> str:
+    """A progress bar's text: escaped (paths may hold control characters) and literal (rich
+    markup such as ``[red]`` in a path stays as written)."""
     from rich.markup import escape
 
-    status = Console(stderr=True).status(escape(term(message, 200)))
-    status.start()
+    return escape(term(message, 200))
+
+
+@contextlib.contextmanager
+def _spinner(message: str, quiet: bool = False):
+    """A :class:`_Progress` while a command reads and diagnoses (``message`` is its first
+    stage), off when stderr is not a terminal or ``quiet``."""
+    bar = _Progress(sys.stderr.isatty() and not quiet)
+    bar.update(message)
     try:
-        yield status
+        yield bar
     finally:
-        status.stop()
+        bar.close()
+
+
+def _width() -> int:
+    """The text report's width: the terminal's when stdout is one, else 100 columns."""
+    if sys.stdout.isatty():
+        import shutil
+
+        return max(shutil.get_terminal_size().columns, 60)
+    return 100
 
 
 def _load_and_diagnose(
-    trace_path, device_name, peak_tflops, bandwidth_gbs, calibration, steps, repair, status=None
+    trace_path,
+    device_name,
+    peak_tflops,
+    bandwidth_gbs,
+    calibration,
+    steps,
+    repair,
+    no_cache,
+    status=None,
 ):
     from tracedx.analysis.diagnosis import diagnose as run_diagnosis
-    from tracedx.trace import load
 
-    trace = load(trace_path, repair=repair)
+    trace = _load(trace_path, repair, no_cache, status)
     if status:
         status.update("diagnosing")
     return run_diagnosis(
@@ -166,6 +284,13 @@ def _load_and_diagnose(
     type=click.Path(dir_okay=False),
     default=None,
     help="Also write a self-contained HTML report here.",
+)
+@click.option(
+    "--max-step-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="MS",
+    help="Exit 1 when the median step (unprofiled when timed, else traced) is over MS.",
 )
 @_analysis_options
 @click.option(
@@ -189,7 +314,9 @@ def _load_and_diagnose(
     help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def diagnose(trace_paths, fmt, html_path, scheduler, summaries_dir, workers, quiet, **analysis):
+def diagnose(
+    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, quiet, **analysis
+):
     """Where the time goes, what binds it, and what each fix is worth.
 
     TRACE is one trace file, or a job's traces: several files, a directory (searched
@@ -197,22 +324,39 @@ def diagnose(trace_paths, fmt, html_path, scheduler, summaries_dir, workers, qui
     diagnosis; several get the job diagnosis (ranks matched, stragglers, waiting split from
     transfer). A job's ranks are summarised in parallel: local worker processes by default,
     or a Dask cluster with --scheduler; --summaries DIR keeps the summaries for the next run.
+
+    Exit status: 0; 1 when --max-step-ms is exceeded (one trace); 2 for unusable input.
     """
     from tracedx.job.discover import expand_inputs
 
     files = expand_inputs(trace_paths)
     if len(files) > 1:
+        if max_step_ms is not None:
+            raise TraceError("--max-step-ms checks one trace, not a job's traces")
+        analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
         where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
         _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
         return
     from tracedx.report import render
 
-    with _spinner(f"reading {files[0]}") as status:
+    with _spinner(f"reading {files[0]}", quiet) as status:
         diag = _load_and_diagnose(files[0], **analysis, status=status)
-    click.echo(render(diag, fmt), nl=False)
+    click.echo(render(diag, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
         _say(f"wrote {html_path}")
+    if max_step_ms is not None:
+        st = diag.step_time
+        if st["ms"] is None:
+            raise TraceError("cannot check --max-step-ms: the trace has no step time")
+        if st["ms"] > max_step_ms:
+            over = st["ms"] - max_step_ms
+            click.echo(
+                f"tracedx: FAIL: the {st['basis']} median step is {st['ms']:.3f} ms, "
+                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}",
+                err=True,
+            )
+            click.get_current_context().exit(1)
 
 
 def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
@@ -221,13 +365,17 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
     from tracedx.job.load import load_job
 
     jd = diagnose_job(load_job(files, progress=progress, **where, **_job_options(analysis)))
-    render = {"text": jd.to_text, "json": jd.to_json, "md": jd.to_markdown}[fmt]
-    click.echo(render(), nl=False)
+    if fmt == "text":
+        from tracedx.report.text import fit
+
+        click.echo(fit(jd.to_text(), _width()), nl=False)  # like one trace's report
+    else:
+        click.echo({"json": jd.to_json, "md": jd.to_markdown}[fmt](), nl=False)
     if html_path:
         from tracedx.report.job_html import write_job_html
 
         _write_html(jd, html_path, write_job_html)
-        click.echo(f"wrote {html_path}", err=True)
+        _say(f"wrote {html_path}")
 
 
 def _job_options(analysis: dict) -> dict:
@@ -303,7 +451,8 @@ def capture(
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
 
     Put the script's own arguments after `--`. Steps are counted at each optimizer.step()
-    or tracedx.step(). Exits with the script's exit status.
+    or tracedx.step(). Exits with the script's exit status (1 when it succeeded but no trace
+    was written); 2, before the script runs, when --out cannot hold the trace.
     """
     from tracedx.capture import Schedule, capture_script
 
@@ -361,10 +510,7 @@ def report(trace_path, out_path, **analysis):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
     with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
-        if status:
-            from rich.markup import escape
-
-            status.update(escape(term(f"writing {out_path}", 200)))
+        status.update(f"writing {out_path}")
         _write_html(diag, out_path)
     click.echo(term(out_path))
 
@@ -404,7 +550,7 @@ def annotate(trace_paths, out_path, **analysis):
             done = [perfetto.annotate(files[0], out_path or "annotated.json.gz", diag)]
     for res in done:
         click.echo(
-            f"{res.path}: {res.original_events} original events, {res.added_events} added "
+            f"{term(res.path)}: {res.original_events} original events, {res.added_events} added "
             "(open it in the Perfetto UI)"
         )
 
@@ -426,6 +572,16 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     "AFTER applied them all); inferred when omitted.",
 )
 @click.option("--repair", is_flag=True, help="Salvage broken traces (truncated, NaN, bad bytes).")
+@_no_cache_option
+@click.option(
+    "--fail-if-slower",
+    "fail_pct",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="PCT",
+    help="Exit 1 when AFTER's median step (unprofiled when both were timed, else traced) is "
+    "more than PCT percent slower than BEFORE's.",
+)
 @click.option(
     "--html",
     "html_path",
@@ -433,19 +589,35 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     default=None,
     help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
 )
-def diff_command(before_path, after_path, fmt, fix, repair, html_path):
-    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result."""
+def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache, fail_pct):
+    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result.
+
+    Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
+    """
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
-    from tracedx.trace import load
 
-    td = run_diff(load(before_path, repair=repair), load(after_path, repair=repair), fix=fix)
+    with _spinner(f"reading {before_path}") as status:
+        before = _load(before_path, repair, no_cache, status)
+        after = _load(after_path, repair, no_cache, status)
+        if status:
+            status.update("comparing")
+        td = run_diff(before, after, fix=fix)
     click.echo(render_diff(td, fmt), nl=False)
     if html_path:
         from tracedx.report.diff_html import write_diff_html
 
         _write_html(td, html_path, write_diff_html)
-        click.echo(f"wrote {html_path}", err=True)
+        _say(f"wrote {html_path}")
+    if fail_pct is not None:
+        c = td.step_change
+        if c["basis"] is None:
+            raise TraceError("cannot check --fail-if-slower: a side has no step time")
+        if c["slower_pct"] > fail_pct:
+            click.echo(
+                f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%", err=True
+            )
+            click.get_current_context().exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,8 +2,8 @@
 
 Every figure is **dense** (no 2:4 structured sparsity). Vendor datasheets print the sparse
 figure for tensor-core math with an asterisk; the dense figure is half of it, and that half
-is what is stored here (``inductor``'s table lists H100 bf16 at the sparse figure: GUIDE.md
-section 6). Units: ``peak_tflops`` in TFLOP/s (1e12 FLOP/s), ``bandwidth_gbs`` in GB/s
+is what is stored here (PyTorch inductor's device table lists H100 bf16 at the sparse
+figure). Units: ``peak_tflops`` in TFLOP/s (1e12 FLOP/s), ``bandwidth_gbs`` in GB/s
 (1e9 bytes/s, bytes read plus bytes written, as a device-to-device copy counts them).
 
 Peak keys (present only where the part has that math):
@@ -16,8 +16,9 @@ Peak keys (present only where the part has that math):
 - ``bf16``, ``fp16``: tensor cores with FP32 accumulate (what PyTorch uses).
 - ``fp8``: FP8 tensor cores with FP32 accumulate.
 
-Datasheets are leads, not measurements (GUIDE.md section 3: the H200 copies at 4.20 TB/s
-against 4.8 on paper, and runs bf16 matmuls at 762 TFLOP/s against ~990): a calibration file
+Datasheets are leads, not measurements (``tracedx calibrate`` on an H200, recorded in
+``sample_traces/calibration-h200.json``: copies at 4.21 TB/s against 4.8 on paper, bf16 matmuls
+at 775 TFLOP/s against 989.5): a calibration file
 written by ``tracedx calibrate`` replaces them with measured figures.
 """
 
@@ -127,7 +128,11 @@ _ADA_WP = (
     "NVIDIA Ada GPU Architecture whitepaper, Appendix A, GeForce RTX 4090 column "
     "(https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf)"
 )
-_GUIDE = "shared/GUIDE.md section 3 (figures the seeds use)"
+_RTX4060L = (
+    "derived from NVIDIA's GeForce RTX 4060 Laptop GPU specifications (3072 CUDA cores, boost "
+    "clock up to 2370 MHz, 128-bit GDDR6 at 16 Gbps; "
+    "https://www.nvidia.com/en-us/geforce/laptops/40-series/)"
+)
 _V100_DS = (
     "NVIDIA Tesla V100 GPU datasheet (https://images.nvidia.com/content/technologies/volta/pdf/"
     "volta-v100-datasheet-update-us-1165301-r5.pdf)"
@@ -188,11 +193,11 @@ def _build_table() -> dict[str, DeviceSpec]:
                 "fp64_tc": (67.0, _H100_DS),
                 "fp32": (67.0, _H100_DS),
                 "tf32": (494.5, f"{_H100_DS}, 989 {s}"),
-                "bf16": (989.5, f"{_H100_DS}, 1979 {s}; GUIDE.md: ~990 dense"),
+                "bf16": (989.5, f"{_H100_DS}, 1979 {s}"),
                 "fp16": (989.5, f"{_H100_DS}, 1979 {s}"),
                 "fp8": (1979.0, f"{_H100_DS}, 3958 {s}"),
             },
-            (3350.0, f"{_H100_DS}; GUIDE.md: 3.35 TB/s"),
+            (3350.0, _H100_DS),
             132,
             _H100_DS,
         ),
@@ -234,16 +239,17 @@ def _build_table() -> dict[str, DeviceSpec]:
             {
                 "fp64": (34.0, _H200_DS),
                 "fp64_tc": (67.0, _H200_DS),
-                "fp32": (67.0, f"{_H200_DS}; GUIDE.md: ~67"),
-                "tf32": (494.5, f"{_H200_DS}, 989 {s}; GUIDE.md: ~495"),
-                "bf16": (989.5, f"{_H200_DS}, 1979 {s}; GUIDE.md: ~990"),
-                "fp16": (989.5, f"{_H200_DS}, 1979 {s}; GUIDE.md: ~990"),
+                "fp32": (67.0, _H200_DS),
+                "tf32": (494.5, f"{_H200_DS}, 989 {s}"),
+                "bf16": (989.5, f"{_H200_DS}, 1979 {s}"),
+                "fp16": (989.5, f"{_H200_DS}, 1979 {s}"),
                 "fp8": (1979.0, f"{_H200_DS}, 3958 {s}"),
             },
-            (4800.0, f"{_H200_DS}; GUIDE.md: 4.8 TB/s"),
+            (4800.0, _H200_DS),
             132,
             _H200_DS,
-            "GUIDE.md section 3 measured 4.20 TB/s copy, 762 bf16, 394 tf32, 50 fp32 on an H200",
+            "tracedx calibrate measured 4.21 TB/s copy, 775 bf16, 354 tf32, 50.4 fp32 TFLOP/s on an H200 "
+            "(tracedx's sample_traces/calibration-h200.json): calibrate yours",
         ),
         _spec(
             "h200-nvl",
@@ -361,13 +367,13 @@ def _build_table() -> dict[str, DeviceSpec]:
             "NVIDIA GeForce RTX 4090",
             {
                 "fp64": (1.29, _CUDA_TPUT + " (1/64, CC 8.9)"),
-                "fp32": (82.6, f"{_ADA_WP}; {_GUIDE}"),
-                "tf32": (82.6, f"{_ADA_WP}, 165.2 {s}; {_GUIDE}"),
-                "bf16": (165.2, f"{_ADA_WP}, FP32 accumulate, 330.4 {s}; {_GUIDE}"),
+                "fp32": (82.6, _ADA_WP),
+                "tf32": (82.6, f"{_ADA_WP}, 165.2 {s}"),
+                "bf16": (165.2, f"{_ADA_WP}, FP32 accumulate, 330.4 {s}"),
                 "fp16": (165.2, f"{_ADA_WP}, FP32 accumulate, 330.4 {s}"),
                 "fp8": (330.3, f"{_ADA_WP}, FP32 accumulate, 660.6 {s}"),
             },
-            (1008.0, f"{_ADA_WP}; {_GUIDE}"),
+            (1008.0, _ADA_WP),
             128,
             _ADA_WP,
         ),
@@ -376,15 +382,18 @@ def _build_table() -> dict[str, DeviceSpec]:
             "NVIDIA GeForce RTX 4060 Laptop GPU",
             {
                 "fp64": (0.23, _CUDA_TPUT + " (1/64, CC 8.9)"),
-                "fp32": (14.6, _GUIDE),
+                "fp32": (14.6, f"{_RTX4060L}: 3072 x 2 FLOP x 2.37 GHz"),
                 "tf32": (14.6, "derived: = fp32, the Ada GeForce ratio of the RTX 4090 column"),
-                "bf16": (29.1, _GUIDE),
+                "bf16": (
+                    29.1,
+                    f"{_RTX4060L}: 2 x fp32, the Ada GeForce ratio of the RTX 4090 column",
+                ),
                 "fp16": (29.1, "derived: = bf16, as in the Ada whitepaper"),
                 "fp8": (58.2, "derived: 2 x bf16, the Ada GeForce ratio"),
             },
-            (256.0, _GUIDE),
+            (256.0, f"{_RTX4060L}: 128 bit x 16 Gbps / 8"),
             24,
-            _GUIDE,
+            f"{_RTX4060L}: 24 SMs of 128 CUDA cores",
             "laptop clocks depend on the power limit the OEM set: calibrate",
         ),
         # ---- Ampere GeForce -----------------------------------------------------------
@@ -411,10 +420,10 @@ def _build_table() -> dict[str, DeviceSpec]:
                 "fp32": (8.1, _T4_DS),
                 "fp16": (65.0, f"{_T4_DS} (mixed precision)"),
             },
-            (320.0, f"{_T4_DS}; GUIDE.md: 320 on paper, ~245 measured"),
+            (320.0, _T4_DS),
             40,
             _T4_DS,
-            "no bf16 or tf32 tensor cores; GUIDE.md measured ~245 GB/s: calibrate",
+            "no bf16 or tf32 tensor cores; copies reach less than the datasheet's 320 GB/s: calibrate",
         ),
         _spec(
             "v100-sxm2",
@@ -487,7 +496,7 @@ def _build_table() -> dict[str, DeviceSpec]:
                 "fp16": (125.0, "derived: = bf16; not published"),
                 "fp8": (250.0, "derived: FP4 dense / 2; not published"),
             },
-            (273.0, f"{_SPARK_DS}; GUIDE.md: 273 GB/s shared LPDDR5x"),
+            (273.0, f"{_SPARK_DS}: 273 GB/s LPDDR5x, shared by CPU and GPU"),
             48,
             _SPARK_DS,
             "NVIDIA publishes only the FP4 sparse headline and 273 GB/s: the compute peaks are "

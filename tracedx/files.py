@@ -50,10 +50,11 @@ def regular_file(path: str | Path, what: str, error: type[TraceError]) -> os.sta
         raise error(f"{p}: no such file" + ("" if what == "trace" else f" (the {what})")) from None
     except OSError as e:
         raise error(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+    noun = what if what.endswith("file") else f"{what} file"  # "calibration file", "trace file"
     if not stat.S_ISREG(st.st_mode):
         k = _kind(st.st_mode)
         sep = ", not" if k.startswith("a ") else ":"
-        raise error(f"{p}: is {k}{sep} a {what} file" if sep != ":" else f"{p}: {k}")
+        raise error(f"{p}: is {k}{sep} a {noun}" if sep != ":" else f"{p}: {k}")
     # open without blocking (the file could have been swapped for a FIFO since the stat)
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -61,7 +62,7 @@ def regular_file(path: str | Path, what: str, error: type[TraceError]) -> os.sta
         raise error(f"{p}: cannot read the {what}: {e.strerror or e}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise error(f"{p}: is not a regular file, not a {what} file")
+            raise error(f"{p}: is not a regular file, not a {noun}")
         os.read(fd, 0)
     except OSError as e:
         raise error(f"{p}: cannot read the {what}: {e.strerror or e}") from None

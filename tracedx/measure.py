@@ -1,6 +1,6 @@
 """Correct timing of PyTorch code: synchronized wall clock and CUDA-event device time.
 
-The method is the seeds' (book chapter 10, "How GPUs run your code, and how to measure it"):
+The method (PyTorch docs, "CUDA semantics: asynchronous execution", and ``torch.cuda.Event``):
 GPU work is asynchronous, so a timer around a PyTorch call measures the enqueue, not the work.
 
 - :func:`wall`: synchronize, start the clock, run, synchronize, stop. What a user experiences,
@@ -105,7 +105,7 @@ def warm_gpu_clocks(seconds: float = 0.3) -> bool:
     """Keep the current CUDA device busy with bf16 matmuls for ``seconds`` (wall clock).
 
     An idle GPU runs at low clocks (an idle H200 read 345 MHz against 1980 MHz under load) and
-    needs a moment of work to reach them; timing before that reports a slow GPU (seeds: warm
+    needs a moment of work to reach them; timing before that reports a slow GPU (so: warm
     up before timing). Runs only when torch has already initialised CUDA (so it never creates
     a context a CPU program did not ask for). Returns True when it ran.
     """
@@ -133,7 +133,7 @@ def wall(
 
     Runs ``fn`` ``warmup`` times untimed, then ``samples`` times, each between two
     ``torch.cuda.synchronize()`` calls so queued work is neither excluded nor borrowed
-    (seeds, chapter 10 ``measure_wall``). ``cuda=None`` synchronizes when torch has an
+    (PyTorch docs, "CUDA semantics: asynchronous execution"). ``cuda=None`` synchronizes when torch has an
     initialised CUDA context after the warm-up; ``False`` times the host only.
 
     Raises ``ValueError`` when ``samples < 1`` or ``warmup < 0``.
@@ -164,7 +164,7 @@ def device_time(
 
     Each sample records a start and an end ``torch.cuda.Event(enable_timing=True)`` on the
     current stream around ``repeats`` calls and divides the elapsed time by ``repeats``
-    (seeds, chapter 10 ``measure_cuda``; PyTorch docs, ``torch.cuda.Event.elapsed_time``).
+    (PyTorch docs, ``torch.cuda.Event.elapsed_time``).
     Host gaps are excluded, so a launch-bound ``fn`` looks faster than it is to a user: use
     :func:`wall` for that.
 
@@ -181,8 +181,8 @@ def device_time(
 
 def event_times_ms(fn, *, samples: int, warmup: int, repeats: int) -> list[float]:
     """Per-call device milliseconds of ``fn`` from CUDA events around ``repeats`` calls, taken
-    ``samples`` times after ``warmup`` calls and a synchronize (seed 001, section 13.1: time
-    asynchronous GPU work with device events, after warm-up)."""
+    ``samples`` times after ``warmup`` calls and a synchronize (asynchronous GPU
+    work is timed with device events, after warm-up)."""
     import torch
 
     for _ in range(warmup):
@@ -207,7 +207,7 @@ class StepTimer:
     Call :meth:`mark` at each step boundary. The first ``skip`` intervals are warm-up and are
     dropped; the next ``count`` intervals (milliseconds) are kept. Each mark synchronizes the
     GPU first (when torch has initialised CUDA), so an interval is the time the step really took
-    (seeds: synchronize before starting and after stopping the clock).
+    (synchronize before starting and after stopping the clock).
     """
 
     def __init__(self, count: int, skip: int = 2, cuda: bool | None = None):

@@ -28,6 +28,7 @@ from tracedx.analysis.timeline import (
     sync_calls,
 )
 from tracedx.errors import TraceError
+from tracedx.results import Presentable
 from tracedx.trace import Trace
 
 SCHEMA = "tracedx.diagnosis/1"
@@ -39,8 +40,30 @@ NO_GPU_CAUSES = (
 )
 
 
-@dataclass
-class Diagnosis:
+def _incomplete_steps(trace: Trace) -> list[int]:
+    """The last ProfilerStep numbers beyond the complete steps ``tracedx capture`` recorded
+    (its metadata's ``active_steps_recorded``): a step the script ended inside."""
+    cap = trace.metadata.get("tracedx")
+    done = cap.get("active_steps_recorded") if isinstance(cap, dict) else None
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        return []
+    nums = sorted(trace.steps["step"].to_list())
+    return nums[done:] if len(nums) > done else []
+
+
+def _captured_without_gpu(trace: Trace) -> bool:
+    """Whether ``tracedx capture`` wrote this trace on a machine with no CUDA GPU (its
+    metadata's ``cuda_available``; older captures: a ``gpu_name`` of null)."""
+    cap = trace.metadata.get("tracedx")
+    if not isinstance(cap, dict):
+        return False
+    if "cuda_available" in cap:
+        return cap["cuda_available"] is False
+    return "gpu_name" in cap and cap["gpu_name"] is None
+
+
+@dataclass(repr=False)
+class Diagnosis(Presentable):
     """The result of :func:`diagnose`. Tables are polars DataFrames; times are us unless named _ms.
 
     Attributes:
@@ -55,7 +78,7 @@ class Diagnosis:
         op_table: op groups with FLOPs, bytes, intensity and roofline placement.
         top_ops: CPU against device time per top-level op.
         regime, bottleneck, evidence: the verdict and the numbers that decided it.
-        findings: fixes sorted by estimated speedup.
+        findings: fixes in the order a person would apply them (``findings.order_findings``).
         notes: things the user must know (no steps, profiler overhead, unknown device, ...).
     """
 
@@ -82,6 +105,28 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     decode: dict[str, Any] | None = None
 
+    _present = {
+        "repr": "tracedx.report.card:diagnosis_repr",
+        "card": "tracedx.report.card:diagnosis_card",
+        "text": "tracedx.report.text:render_text",
+        "md": "tracedx.report.markdown:render_markdown",
+        "html": "tracedx.report.html:render_html",
+    }
+
+    @property
+    def step_time(self) -> dict[str, Any]:
+        """The step time that counts, for gates such as ``tracedx diagnose --max-step-ms``:
+        ``{"ms": float | None, "basis": "unprofiled" | "traced" | None}``: the median step
+        timed without the profiler by ``tracedx capture --time-unprofiled`` when the trace has
+        it (the profiler slows the host), else the median traced step of the primary device."""
+        u = self.summary.get("unprofiled_step_ms") or {}
+        if u.get("median") and not u.get("implausible"):
+            return {"ms": float(u["median"]), "basis": "unprofiled"}
+        devs = self.summary.get("devices") or {}
+        d = devs.get(str(self.primary_device)) or next(iter(devs.values()), {})
+        med = (d.get("step_time_us") or {}).get("median")
+        return {"ms": None, "basis": None} if med is None else {"ms": med / 1e3, "basis": "traced"}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract ``tracedx.diagnosis/1`` (see README). Non-finite numbers become null."""
         from tracedx.report.json import diagnosis_dict
@@ -89,10 +134,12 @@ class Diagnosis:
         return diagnosis_dict(self)
 
     def figures(self) -> dict[str, Any]:
-        """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks."""
+        """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks; each also
+        displays as HTML where a viewer does not run plotly's own output (a static notebook)."""
         from tracedx.report import figures
+        from tracedx.report.card import notebook_figure
 
-        return figures.all_figures(self)
+        return {k: notebook_figure(f) for k, f in figures.all_figures(self).items()}
 
 
 def parse_steps(spec: str | None, available: list[int]) -> list[int]:
@@ -380,6 +427,21 @@ def diagnose(
         why = f": {left_out}" if left_out else ""
         raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
     chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
+    partial = _incomplete_steps(trace)
+    if partial and not trace.steps_synthetic:
+        kept = [s for s in chosen if s not in partial]
+        which = ", ".join(str(s) for s in partial)
+        if kept and steps is None:
+            chosen = kept
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
+                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
+            )
+        elif any(s in partial for s in chosen):
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it): its "
+                "numbers are not a whole step's"
+            )
     if trace.steps_synthetic:
         notes.append(
             "no ProfilerStep markers: the whole trace is analysed as one step "
@@ -389,7 +451,9 @@ def diagnose(
         notes.append("a single ProfilerStep: no median over steps")
     w_all = step_windows(trace)
     w = w_all.filter(pl.col("step").is_in(chosen))
-    gaps = idle_gaps(trace, w)
+    top = top_level_ops(trace, chosen)
+    host_op = _host_work_op(top, w, n_steps=len(chosen))
+    gaps = idle_gaps(trace, w, _top_op_ids(trace, host_op["name"]) if host_op else None)
     causes = idle_by_cause(gaps)
     n = len(chosen)
 
@@ -428,6 +492,14 @@ def diagnose(
                 f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
                 f"GPU {primary}, the busiest"
             )
+    elif _captured_without_gpu(trace):
+        notes.append(
+            "no GPU activity: the machine that captured this trace had no CUDA GPU (tracedx "
+            "capture saw torch.cuda.is_available() False), so only CPU activity was profiled. "
+            "GPU metrics are n/a"
+        )
+        # no GPU, so no device whose peaks are unknown
+        dev_notes = [x for x in dev_notes if not x.startswith("unknown device")]
     elif trace.metadata.get("repairs"):
         notes.append(
             "no GPU activity in what could be salvaged of this broken trace: the GPU events were "
@@ -470,7 +542,6 @@ def diagnose(
                 f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
                 "GPU's: check --device, or measure them with `tracedx calibrate`"
             )
-    top = top_level_ops(trace, chosen)
     sites = _sync_sites(trace, chosen)
     wp = w.filter(pl.col("device") == primary) if primary is not None else w
     largest = (
@@ -491,15 +562,20 @@ def diagnose(
         else None
     )
     regime, bottleneck, evidence = _verdict(
-        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=top
+        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=host_op
     )
     found = (
         _findings(trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n)
         if model
         else []
     )
-    cap = trace.metadata.get("tracedx") or {}
-    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    traced_us = float(w["step_time_us"].median()) if w.height else None
+    unprof, implausible = unprofiled_timing(trace, traced_us)
+    if implausible:
+        notes.append(
+            f"the unprofiled timing cannot be right ({implausible}: a profiler only slows a "
+            f"step); estimates and --max-step-ms use the traced step time instead"
+        )
     if trace.truncated:
         # the steps may have lost launches or kernels (see _verdict): no estimate is backed
         found = []
@@ -520,13 +596,15 @@ def diagnose(
             f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
         )
-    else:
+    elif not implausible:
         notes.append(
-            "the profiler slows the host (7-35% on CPU-bound steps, GUIDE.md 2.7): estimates are against "
+            f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
             "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
         )
-    if isinstance(unprof, dict) and unprof.get("median"):
-        summary["unprofiled_step_ms"] = unprof
+    if unprof is not None:
+        summary["unprofiled_step_ms"] = (
+            {**unprof, "implausible": implausible} if implausible else unprof
+        )
     decode = decode_ceiling_info(ops_tbl, spec, model, len(chosen))
     if decode:
         evidence.append(
@@ -692,11 +770,9 @@ def _step_model(
     model.dataloader_multiprocess = bool(
         dl.height and dl["name"].str.contains("MultiProcessingDataLoaderIter", literal=True).any()
     )
-    cap = trace.metadata.get("tracedx") or {}
-    unprof = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    med = unprof.get("median") if isinstance(unprof, dict) else None
-    if isinstance(med, (int, float)) and med > 0 and not trace.steps_synthetic:
-        t_u = float(med) * 1e3
+    unprof, bad = unprofiled_timing(trace, model.step_us)
+    if unprof is not None and bad is None and not trace.steps_synthetic:
+        t_u = float(unprof["median"]) * 1e3
         model.unprofiled_step_us = t_u
         if host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
@@ -713,7 +789,62 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
 
 
-def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top_ops=None):
+UNPROFILED_MAX_RATIO = 2.0
+UNPROFILED_MAX_SPREAD = 10.0
+"""An unprofiled median step over 2x the traced median, or timed steps whose max/min is over
+10x, cannot be the traced step (the profiler only slows a step: on the sample traces the
+unprofiled step is at most 1.18x the traced one, and the timed steps spread at most 1.7x)."""
+
+
+def unprofiled_timing(trace: Trace, traced_step_us: float | None):
+    """The ``tracedx capture --time-unprofiled`` timing (``median``, ``min``, ``max``, ``n`` in
+    ms) and, when it cannot be right, why (None when it is usable). ``(None, None)`` when the
+    trace has none."""
+    cap = trace.metadata.get("tracedx")
+    u = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
+    med = u.get("median") if isinstance(u, dict) else None
+    if not isinstance(med, (int, float)) or isinstance(med, bool) or not med > 0:
+        return None, None
+    why = []
+    if traced_step_us and med * 1e3 > UNPROFILED_MAX_RATIO * traced_step_us:
+        why.append(f"its median is {med * 1e3 / traced_step_us:.1f}x the traced step")
+    lo, hi = u.get("min"), u.get("max")
+    numbers = isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > 0
+    if numbers and hi / lo > UNPROFILED_MAX_SPREAD:
+        why.append(f"its steps spread {hi / lo:.0f}x ({lo:.3f} to {hi:.3f} ms)")
+    return u, ("; ".join(why) or None)
+
+
+HOST_WORK_SHARE = 0.4
+HOST_WORK_US_PER_KERNEL = 100.0
+"""One top-level op holding over 40% of the step's host time at 100 us or more per kernel is
+host work inside that op (e.g. cuDNN re-planning attention), not launch cost: a launch costs
+5-20 us of host time (7.9 us back to back on an H200, ``tracedx calibrate``)."""
+
+
+def _host_work_op(top: pl.DataFrame, w: pl.DataFrame, n_steps: int) -> dict[str, Any] | None:
+    """The top-level op (by name) whose host time is host work by the rule above: ``name``,
+    ``per_step_us`` (host time per step), ``kernels`` (per step), ``per_kernel_us``,
+    ``share`` (of the median step); None when no op qualifies."""
+    step = w["step_time_us"].median() if w.height else None
+    if not top.height or not step:
+        return None
+    t = top.sort("host_time_us", descending=True).row(0, named=True)
+    n = max(n_steps, 1)
+    per_step = t["host_time_us"] / n
+    kernels = t["kernels"] / n
+    per_k = per_step / max(kernels, 1)
+    if per_step > HOST_WORK_SHARE * step and per_k >= HOST_WORK_US_PER_KERNEL:
+        return {"name": t["name"], "per_step_us": per_step, "kernels": kernels,
+                "per_kernel_us": per_k, "share": per_step / step}  # fmt: skip
+    return None
+
+
+def _top_op_ids(trace: Trace, name: str) -> pl.Series:
+    return trace.ops.filter(pl.col("parent_id").is_null() & (pl.col("name") == name))["op_id"]
+
+
+def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=None):
     ev: list[str] = []
     if trace.metadata.get("repairs"):
         ev.append(
@@ -806,21 +937,17 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, top
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
         # One top-level op holding most of the host time is host work inside that op (e.g.
-        # cuDNN re-planning), not per-kernel launch cost: name it.
-        n_steps = max(w["step"].n_unique(), 1)
-        if top_ops is not None and top_ops.height and model.step_us > 0:
-            t = top_ops.sort("host_time_us", descending=True).row(0, named=True)
-            per_step = t["host_time_us"] / n_steps
-            per_k = per_step / max(t["kernels"] / n_steps, 1)
-            # a launch costs 5-20 us of host time; 100 us or more per kernel is work in the op
-            if per_step > 0.4 * model.step_us and per_k >= 100:
-                ev.append(
-                    f"{t['name']} holds {_ms(per_step)} of host time per step "
-                    f"({per_step / model.step_us:.0%} of the step) for {t['kernels'] / n_steps:.0f} "
-                    f"kernels ({per_k:.0f} us per kernel): host work inside one op, not launch cost"
-                )
-                if bott == "kernel launch":
-                    bott = "host work"
+        # cuDNN re-planning), not per-kernel launch cost: name it (its idle gaps count as
+        # host work too: see idle_gaps' host_work_ops).
+        if host_op is not None:
+            ev.append(
+                f"{host_op['name']} holds {_ms(host_op['per_step_us'])} of host time per step "
+                f"({host_op['share']:.0%} of the step) for {host_op['kernels']:.0f} kernels "
+                f"({host_op['per_kernel_us']:.0f} us per kernel): host work inside one op, not "
+                "launch cost"
+            )
+            if bott == "kernel launch":
+                bott = "host work"
         if bott == "kernel launch" and model.per_kernel_host_us:
             ev.append(
                 f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "
@@ -956,8 +1083,8 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
 
     Decode-like: GEMM ops whose activation has at most 8 rows hold >= 50% of GEMM device time.
     Bytes read per token = weights (the largest input of each GEMM) + KV cache (the key and
-    value inputs of attention ops), per step; ceiling = bandwidth / bytes per token (seed 004;
-    GUIDE.md section 5). Returns None when the trace is not decode-like or has no shapes/peaks.
+    value inputs of attention ops), per step; ceiling = bandwidth / bytes per token
+    (:func:`tracedx.analysis.roofline.decode_ceiling`). Returns None when the trace is not decode-like or has no shapes/peaks.
     """
     if spec is None or model is None or "family" not in ops_tbl.columns or ops_tbl.height == 0:
         return None
@@ -1109,7 +1236,7 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
     bm = batch_model(trace, steps, primary, ops_tbl)
     out.append(fx.larger_batch(m, idle_fraction, bm.growth, step_memory(trace, steps, primary)))
     res = [f for f in out if f is not None]
-    return sorted(res, key=lambda f: -f.estimated_speedup)
+    return fx.order_findings(res)
 
 
 def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:

@@ -1,7 +1,7 @@
 """``diff(a, b, fix=None) -> TraceDiff``: the re-measure step of the method.
 
-The seeds' method ends with re-measuring, because a fix moves the bottleneck (seed 001,
-section 13.1: measure, classify, fix, re-measure). ``diff`` diagnoses BEFORE and AFTER and puts
+The method (measure, classify, fix, re-measure) ends with re-measuring, because a fix moves
+the bottleneck. ``diff`` diagnoses BEFORE and AFTER and puts
 them side by side: step time, GPU busy, idle fraction, kernels, copies, syncs, regime and
 bottleneck; the op names and kernel kinds whose device time changed most; the kernels that
 appeared or vanished (grouped by a normalised name); AFTER's new top findings.
@@ -33,6 +33,7 @@ from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.analysis.kernels import kind_expr
 from tracedx.analysis.timeline import sync_calls
 from tracedx.errors import TraceError
+from tracedx.results import Presentable
 from tracedx.trace import Trace
 
 SCHEMA = "tracedx.diff/1"
@@ -543,8 +544,13 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
-@dataclass
-class TraceDiff:
+REGRESSION_PCT = 5.0
+"""AFTER's step longer than BEFORE's by more than this (percent) is a regression: the same
+bound as a fix worth recommending (:data:`tracedx.analysis.findings.MIN_RECOMMENDED_SPEEDUP`)."""
+
+
+@dataclass(repr=False)
+class TraceDiff(Presentable):
     """The result of :func:`diff`. DataFrames are per step (means over the analysed steps).
 
     Attributes:
@@ -567,6 +573,7 @@ class TraceDiff:
         prediction: estimate against achievement for ``fix``.
         new_findings: AFTER's recommended findings, best first.
         notes: caveats (different GPUs, no steps, ...).
+        unrelated: a warning when the traces share almost no tensor shapes (or kernel names).
     """
 
     before: Diagnosis
@@ -582,6 +589,57 @@ class TraceDiff:
     prediction: Prediction
     new_findings: list[fx.Finding]
     notes: list[str] = field(default_factory=list)
+    unrelated: str | None = None
+    """A warning (also first in ``notes``) when the two traces look like different programs."""
+
+    _present = {
+        "repr": "tracedx.report.card:diff_repr",
+        "card": "tracedx.report.card:diff_card",
+        "text": "tracedx.report.diff_report:render_text",
+        "md": "tracedx.report.diff_report:render_markdown",
+        "html": "tracedx.report.diff_html:render_diff_html",
+    }
+
+    @property
+    def step_change(self) -> dict[str, Any]:
+        """How AFTER's step compares with BEFORE's, on the number that counts: the unprofiled
+        median step when tracedx capture timed both sides, else the traced median step (per
+        sample when the batch grew: ``Prediction.batch_scale``).
+
+        Returns ``basis`` ("unprofiled", "traced" or None when a side has no step time),
+        ``speedup`` (before / after), ``slower_pct`` (100 * (after / before - 1); negative when
+        AFTER is faster), ``regression`` (slower by more than :data:`REGRESSION_PCT` percent)
+        and ``summary``, one line saying by how much.
+        """
+        p = self.prediction
+        if p.achieved_unprofiled:
+            basis, x, b, a = (
+                "unprofiled",
+                p.achieved_unprofiled,
+                p.before_unprofiled_ms,
+                p.after_unprofiled_ms,
+            )
+        elif p.achieved_traced:
+            basis, x, b, a = "traced", p.achieved_traced, p.before_step_ms, p.after_step_ms
+        else:
+            return {"basis": None, "speedup": None, "slower_pct": None, "regression": False,
+                    "summary": "no step time to compare"}  # fmt: skip
+        slower = 100.0 * (1.0 / x - 1.0)
+        per = " per sample" if p.batch_scale else ""
+        how = f"{basis} median step {b:.3f} -> {a:.3f} ms{per}"
+        if slower >= 100:
+            summary = f"AFTER is {1 / x:.2f}x slower (+{slower:.0f}% step time; {how})"
+        elif slower > 0:
+            summary = f"AFTER is {slower:.1f}% slower ({1 / x:.2f}x the time; {how})"
+        else:
+            summary = f"AFTER is {x:.2f}x faster ({-slower:.1f}% less time; {how})"
+        return {
+            "basis": basis,
+            "speedup": _r(x),
+            "slower_pct": _r(slower, 3),
+            "regression": slower > REGRESSION_PCT,
+            "summary": summary,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The ``tracedx.diff/1`` JSON document (see README "Re-measure: tracedx diff")."""
@@ -608,11 +666,12 @@ def _med(w: pl.DataFrame, c: str) -> float | None:
 
 
 def _unprofiled_ms(d: Diagnosis) -> float | None:
-    cap = d.trace.metadata.get("tracedx") or {}
-    u = cap.get("unprofiled_step_ms") if isinstance(cap, dict) else None
-    if isinstance(u, dict) and isinstance(u.get("median"), (int, float)) and u["median"] > 0:
-        return float(u["median"])
-    return None
+    """The side's unprofiled median step (ms); None without one or when it cannot be right
+    (``diagnosis.unprofiled_timing``)."""
+    u = d.summary.get("unprofiled_step_ms") or {}
+    if u.get("implausible") or not u.get("median"):
+        return None
+    return float(u["median"])
 
 
 def _metrics(before: Diagnosis, after: Diagnosis, sa: Signals, sb: Signals) -> pl.DataFrame:
@@ -980,6 +1039,52 @@ def _together(before: Diagnosis, found: list[fx.Finding]) -> fx.Finding:
     )
 
 
+RELATED_SHARE = 0.2
+"""Two traces sharing fewer than this share of their distinct tensor shapes (or, where a side
+records none, as with a replayed CUDA graph, of their normalised kernel names) are likely
+different programs. Every before/after pair in sample_traces/ shares 75-100%; unrelated
+pairs of them share 0-29%."""
+
+
+def _shape_set(d: Diagnosis, trailing: bool) -> set[tuple]:
+    out: set[tuple] = set()
+    for row in d.trace.ops["input_shapes"].drop_nulls().to_list():
+        for sh in row or []:
+            key = tuple(sh[1:]) if trailing and sh else tuple(sh or ())
+            if key:
+                out.add(key)
+    return out
+
+
+def _share(a: set, b: set) -> float:
+    return len(a & b) / min(len(a), len(b))
+
+
+def _unrelated_note(before: Diagnosis, after: Diagnosis) -> str | None:
+    """A warning when BEFORE and AFTER look like different programs: they share few tensor
+    shapes (full shapes, or shapes without their first dimension, which a batch change moves),
+    or, when a side has no shapes, few normalised kernel names. None when they look related or
+    there is nothing to compare."""
+    sa, sb = _shape_set(before, False), _shape_set(after, False)
+    if sa and sb:
+        ta, tb = _shape_set(before, True), _shape_set(after, True)
+        share = max(_share(sa, sb), _share(ta, tb) if ta and tb else 0.0)
+        what = f"tensor shapes ({len(sa)} and {len(sb)} distinct)"
+    else:
+        ka = {normalize_kernel_name(n) for n in before.trace.kernels["name"].unique().to_list()}
+        kb = {normalize_kernel_name(n) for n in after.trace.kernels["name"].unique().to_list()}
+        if not (ka and kb):
+            return None
+        share = _share(ka, kb)
+        what = f"kernel names ({len(ka)} and {len(kb)} distinct)"
+    if share >= RELATED_SHARE:
+        return None
+    return (
+        f"BEFORE and AFTER share {share:.0%} of their {what}: they look like different "
+        "programs, so the speedup and the fix check below may mean nothing"
+    )
+
+
 def _prediction(
     fix: str,
     source: str,
@@ -1160,7 +1265,8 @@ def diff(
         for side, d in (("BEFORE", before), ("AFTER", after))
         if d.trace.truncated
     ]
-    notes[:0] = cut  # first: it qualifies everything else
+    unrelated = _unrelated_note(before, after)
+    notes[:0] = cut + ([unrelated] if unrelated else [])  # first: they qualify everything else
     for side, d in (("BEFORE", before), ("AFTER", after)):
         if d.trace.steps_synthetic:
             notes.append(f"{side} has no ProfilerStep markers: the whole trace is one step")
@@ -1170,7 +1276,7 @@ def diff(
             "taken out); the unprofiled speedup is the one to compare"
             if before.model is not None and before.model.unprofiled_step_us
             else "estimates are against the traced step time; the profiler slows the host "
-            "(GUIDE.md 2.7), so the unprofiled speedup is the one that counts"
+            f"({fx.PROFILER_SLOWDOWN}), so the unprofiled speedup is the one that counts"
         )
     verdicts = {
         "regime": (before.regime, after.regime),
@@ -1190,4 +1296,5 @@ def diff(
         prediction=pred,
         new_findings=[f for f in after.findings if f.recommended],
         notes=notes,
+        unrelated=unrelated,
     )

@@ -1,7 +1,7 @@
 """Findings: one rule per fix id, each returning the fraction of the step it acts on (f), the
 local speedup (s), its evidence, and the whole-step Amdahl estimate.
 
-Amdahl's law (seed 001, section 13.1; G. Amdahl, AFIPS 1967): a part taking fraction f of the
+Amdahl's law (G. Amdahl, AFIPS 1967): a part taking fraction f of the
 time, made s times faster, speeds the whole up ``1 / ((1 - f) + f / s)``.
 
 The estimates respect what else binds the step. They are computed on a two-sided model of
@@ -16,7 +16,7 @@ the same formula. Removing launch gaps can never make a step faster than its GPU
 and a faster GEMM does not help a step whose GPU waits on the host. All times are
 microseconds per step.
 
-The profiler slows the host (GUIDE.md 2.7), by a roughly fixed cost per recorded host event
+The profiler slows the host (:data:`PROFILER_SLOWDOWN`), by a roughly fixed cost per recorded host event
 (op or runtime call). Without an unprofiled timing, estimates are against the traced step
 time. When the trace carries the unprofiled step time (``tracedx capture --time-unprofiled``),
 that cost per event is solved from the two (``tax_us``) and taken out of the host side, so
@@ -50,9 +50,15 @@ MIN_RECOMMENDED_SPEEDUP = 1.05
 # them without importing the module that renders through it.
 ON_TARGET = 1.25
 MIN_SCORE = 0.5
+PROFILER_SLOWDOWN = (
+    "host-bound steps ran 1.1x to 3.7x slower traced than unprofiled on tracedx's H200 "
+    "sample_traces"
+)
+"""How much the profiler slows a host-bound step: the traced over the unprofiled median step of
+the overhead-bound sample traces (``tracedx capture --time-unprofiled``, PyTorch 2.11, H200)."""
 # Host cost of one cudaGraphLaunch, per kernel in the graph, as measured in profiled H200 traces:
 # 1.41 us (add_loop-cudagraph, 500 kernels), 1.42 us (mlp_train-cudagraph, 29 kernels) in
-# sample_traces/; GUIDE.md 2.5 saw 0.68 ms for 394 kernels (1.7 us).
+# sample_traces/.
 GRAPH_HOST_US_PER_KERNEL = 1.4
 # GPU-side gap between consecutive kernels of a graph replay, measured as (step - busy) / kernels
 # in the same traces: 0.62 us (add_loop), 0.48 us (decode), 0.59 us (mlp_train).
@@ -214,6 +220,9 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     recommended: bool = True
     change: Change | None = None
+    requires: str | None = None
+    """A fix to apply first for this one to work as estimated (cuda-graphs needs the host
+    syncs gone to capture the step as one graph)."""
 
     def to_dict(self) -> dict:
         s = self.local_speedup
@@ -228,7 +237,56 @@ class Finding:
             "derivation": self.derivation,
             "evidence": self.evidence,
             "recommended": self.recommended,
+            "requires": self.requires,
         }
+
+
+MAX_PRACTICAL_GRAPHS = 4
+"""More CUDA graphs per step than this (one per sync-free segment) is not something a person
+would write and maintain; a few (forward, backward, optimizer) is common."""
+
+CLOSE = 1.25
+"""Estimates within this factor of each other are not told apart: the estimates are checked to
+be within 1.25x of the measured speedups (``tracedx diff``'s on-target bound)."""
+
+EFFORT = {
+    "tf32": 0,  # one flag
+    "pinned-memory": 0,  # one DataLoader argument, non_blocking copies
+    "dataloader-workers": 0,  # one DataLoader argument
+    "remove-host-sync": 1,  # a local change: keep the value on the GPU
+    "fused-attention": 1,  # call scaled_dot_product_attention
+    "bf16-autocast": 1,  # one context manager, then check accuracy
+    "torch-compile": 2,  # compile time, graph breaks
+    "cuda-graphs": 2,  # static shapes and buffers
+    "larger-batch": 2,  # memory, and the optimizer's hyperparameters
+    "overlap-communication": 3,  # bucketing, stream placement
+}
+"""How much work each fix is for a person, lowest first (a judgement, stated per fix)."""
+
+
+def order_findings(found: list[Finding]) -> list[Finding]:
+    """The order a person would apply the fixes in: recommended ones first; among the fixes
+    whose estimates are within :data:`CLOSE` of the best remaining one, the least work first
+    (:data:`EFFORT`; then the larger estimate); a fix that ``requires`` another comes right
+    after it. Fixes not worth 5% follow, largest estimate first."""
+    rest = sorted(found, key=lambda f: -f.estimated_speedup)
+    rec = [f for f in rest if f.recommended]
+    out: list[Finding] = []
+    while rec:
+        best = rec[0].estimated_speedup
+        pick = min(
+            (f for f in rec if f.estimated_speedup * CLOSE >= best),
+            key=lambda f: (EFFORT.get(f.fix, 2), -f.estimated_speedup),
+        )
+        rec.remove(pick)
+        out.append(pick)
+    for f in list(out):
+        if f.requires:
+            first = next((g for g in out if g.fix == f.requires), None)
+            if first is not None and out.index(first) > out.index(f):
+                out.remove(first)
+                out.insert(out.index(f), first)
+    return out + [f for f in rest if not f.recommended]
 
 
 def amdahl(f: float, s: float) -> float:
@@ -323,6 +381,8 @@ def cuda_graphs(m: StepModel) -> Finding | None:
         title = (
             f"Capture the sync-free segments of the step in CUDA graphs ({segments:.0f} per step)"
         )
+        if segments > MAX_PRACTICAL_GRAPHS:
+            title += ": impractical as such; remove the host syncs first, then capture one graph"
     g2 = m.busy_us + GRAPH_GPU_GAP_US_PER_KERNEL * m.kernels
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
@@ -332,9 +392,10 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     if m.per_kernel_host_us:
         ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")
     if m.sync_calls >= 1:
-        ev.append(
+        ev.insert(
+            0,
             f"{m.sync_calls:.0f} host syncs per step ({_ms(m.sync_us)}) cannot be captured and stay: "
-            "remove them first (remove-host-sync) to capture the whole step"
+            "remove them first (remove-host-sync) to capture the whole step",
         )
     deriv = (
         f"removed launch gaps: host {_ms(m.host_us)} -> {_ms(h2)} "
@@ -342,7 +403,9 @@ def cuda_graphs(m: StepModel) -> Finding | None:
         f"{_ms(m.gpu_us)} -> {_ms(g2)} (busy + {GRAPH_GPU_GAP_US_PER_KERNEL} us/kernel in-graph gaps); "
         "the step cannot get faster than its GPU busy time"
     )
-    return make_finding(m, "cuda-graphs", title, launch_idle, new, deriv, ev)
+    f = make_finding(m, "cuda-graphs", title, launch_idle, new, deriv, ev)
+    f.requires = "remove-host-sync" if m.sync_calls >= 1 else None
+    return f
 
 
 def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:

@@ -1,7 +1,7 @@
 """FLOP and byte models for aten ops, from the shapes and dtypes the profiler recorded.
 
 PyTorch 2.11 writes no FLOP count into its traces, not even with ``with_flops=True``
-(GUIDE.md section 1), so tracedx computes FLOPs and bytes itself from each ``cpu_op``'s
+(seen in PyTorch 2.11 traces), so tracedx computes FLOPs and bytes itself from each ``cpu_op``'s
 ``Input Dims``, ``Input type`` and ``Concrete Inputs``, TraceLens-style: one small function
 per op family, registered by aten name in :data:`OP_MODELS`.
 
@@ -756,7 +756,7 @@ for _names, _pos, _comp in (
 # --------------------------------------------------------------------------------------
 
 SOFTMAX_FLOPS_PER_ELEMENT = 5
-"""max, subtract, exp, sum, divide (seed 001, exercise 2: "about five FLOPs per element")."""
+"""max, subtract, exp, sum, divide: one FLOP each per element (exp counted as one)."""
 SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT = 4
 """``y * (g - sum(g * y))``: multiply, sum, subtract, multiply."""
 

@@ -1,6 +1,6 @@
 """Interval arithmetic on sorted numpy arrays: unions and overlaps (all times in us).
 
-Busy time is a union, never a sum (shared/GUIDE.md 2.4): kernels on several streams overlap.
+Busy time is a union, never a sum: kernels on several streams overlap.
 """
 
 from __future__ import annotations

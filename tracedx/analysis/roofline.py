@@ -200,8 +200,8 @@ def decode_ceiling(
 
     A decode step that must read every weight and the whole KV cache once per token is
     capped at ``bandwidth_gbs * 1e9 / (weight_bytes_per_token + kv_bytes_per_token)`` tokens
-    per second (seed 004: "tokens per second ~= memory bandwidth / bytes read per token";
-    GUIDE.md section 5). For batch size b sharing one read of the weights, pass the
+    per second (the roofline bound at an intensity near zero: Williams et al., CACM 2009; for
+    decoding, Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023). For batch size b sharing one read of the weights, pass the
     weight bytes divided by b.
 
     Args:

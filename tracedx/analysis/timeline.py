@@ -1,11 +1,11 @@
 """Per-step timeline metrics: windows, busy time, idle gaps and their causes.
 
-Definitions (shared/GUIDE.md section 2.3 and 2.4):
+Definitions:
 
 - CPU window: the ``ProfilerStep#N`` host annotation.
 - GPU window (per device): from the first GPU event launched in step N to the first GPU event
   launched in step N+1 (for the last step, to the end of its last GPU event).
-- step time = max(CPU window, GPU window) in steady state (GUIDE.md 2.3): it reproduces the
+- step time = max(CPU window, GPU window) in steady state (the CPU runs ahead of the GPU): it reproduces the
   unprofiled step time within a few percent for GPU-bound steps. Per device, the steps'
   intervals are all GPU windows when the GPU windows add up to more than the CPU windows (the
   GPU binds and lags the CPU), else all CPU windows; one choice for all steps (a step with no GPU
@@ -32,7 +32,8 @@ gap between queued work, HolisticTraceAnalysis's "kernel wait"), else the host w
 ("host wait" in HTA) and we say why: ``host sync`` (a synchronizing call returned inside the
 gap: the queue had drained), ``dataloader`` (inside ``enumerate(DataLoader)#...__next__``),
 ``kernel launch`` (inside ops that launch GPU work: dispatch + launch overhead),
-``host work`` (inside ops that launch nothing), ``python`` (outside any op).
+``host work`` (inside ops that launch nothing, or inside the ops passed as
+``host_work_ops``: one op whose host time is work, not launch cost), ``python`` (outside any op).
 Gaps are taken over the step's interval, so the idle time by cause adds up to the step's
 idle time.
 """
@@ -75,7 +76,8 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
     ``cudaEventSynchronize`` and driver/HIP spellings), ``synchronous copy`` (``cudaMemcpy``, or a
     device-to-host copy into pageable memory under 1 MiB: ``.item()``, ``.cpu()``, ``print(t)``
     wait for the GPU to produce the value) or ``pageable memcpy`` (a larger copy from or to
-    pageable memory, which blocks the host for the whole copy: GUIDE.md 2.6).
+    pageable memory, which blocks the host for the whole copy: CUDA Runtime API docs,
+    "API synchronization behavior").
     Columns: the launches table's, plus ``blocking_reason``.
     """
     la = trace.launches
@@ -171,7 +173,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             .with_columns(
                 # The steps' intervals: GPU windows when, over the analysed steps, the GPU
                 # windows are the longer (the GPU binds and lags the CPU), else CPU windows
-                # (GUIDE.md 2.3). One choice for all steps, so the intervals tile the timeline;
+                # One choice for all steps, so the intervals tile the timeline;
                 # choosing per step mixes windows that are offset in time.
                 gpu_longer=pl.col("gpu_window_us").is_not_null()
                 & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
@@ -298,8 +300,14 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     ).sort("device", "step", nulls_last=True)
 
 
-def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
+def idle_gaps(
+    trace: Trace, windows: pl.DataFrame, host_work_ops: pl.Series | None = None
+) -> pl.DataFrame:
     """Every idle gap inside each step's GPU window, with its cause.
+
+    ``host_work_ops``: op ids of top-level ops whose host time counts as ``host work`` although
+    they launch GPU work (the diagnosis passes the one op that holds most of the step's host
+    time at 100 us or more per kernel, such as cuDNN planning inside attention).
 
     Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
     """
@@ -323,6 +331,8 @@ def idle_gaps(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
         pl.col("parent_id").is_null()
     )
     in_gpu_tree = pl.col("op_id").is_in(gpu_tree_tops(trace).implode())
+    if host_work_ops is not None and host_work_ops.len():
+        in_gpu_tree = in_gpu_tree & ~pl.col("op_id").is_in(host_work_ops.implode())
     gpu_ops = top_ops.filter(in_gpu_tree)
     cpu_ops = top_ops.filter(~in_gpu_tree)
     u_sync_end = np.sort(_arr(syncs, "end_us"))

@@ -39,12 +39,13 @@ from tracedx.job.clock import ClockEstimate, estimate_offsets
 from tracedx.job.match import match_collectives
 from tracedx.job.metrics import collective_metrics, load_balance, rank_step_metrics
 from tracedx.job.straggler import MIN_EFFECT, Straggler, StragglerResult, find_straggler
+from tracedx.results import Presentable
 
 LB_DIFFUSE = 0.9
 IDLE_BOUND = 0.5
 
 
-@dataclass
+@dataclass(repr=False)
 class Job:
     """A job: its ranks' summaries (sorted by rank) and the notes of discovery and loading.
 
@@ -62,9 +63,17 @@ class Job:
     def ranks(self) -> list[int]:
         return [int(s.meta["rank"]) for s in self.summaries]
 
+    def __repr__(self) -> str:
+        r, n = self.ranks, len(self.notes)
+        span = f" ({r[0]}..{r[-1]})" if r else ""
+        return (
+            f"<Job: {len(r)} rank{'s' if len(r) != 1 else ''}{span}, {n} note{'s' if n != 1 else ''}"
+            "; tracedx.diagnose(job) for its verdict>"
+        )
 
-@dataclass
-class JobDiagnosis:
+
+@dataclass(repr=False)
+class JobDiagnosis(Presentable):
     """What binds a job and what each fix is worth.
 
     Tables (polars; times in us):
@@ -105,6 +114,15 @@ class JobDiagnosis:
     typical: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
+    # a short repr and a notebook verdict card (tracedx.results.Presentable)
+    _present = {
+        "repr": "tracedx.report.card:job_repr",
+        "card": "tracedx.report.card:job_card",
+        "text": "tracedx.report.job:render_text",
+        "md": "tracedx.report.job:render_markdown",
+        "html": "tracedx.report.job_html:render_job_html",
+    }
+
     def to_dict(self) -> dict[str, Any]:
         """The ``tracedx.job/1`` JSON document as a dict."""
         from tracedx.report.job import job_dict
@@ -115,16 +133,6 @@ class JobDiagnosis:
         from tracedx.report.job import render_json
 
         return render_json(self)
-
-    def to_text(self) -> str:
-        from tracedx.report.job import render_text
-
-        return render_text(self)
-
-    def to_markdown(self) -> str:
-        from tracedx.report.job import render_markdown
-
-        return render_markdown(self)
 
     def to_html(self) -> str:
         """The job's HTML report (per-rank table, rank-by-step wait heatmap): one document."""

@@ -26,6 +26,7 @@ Nothing here reads a trace: this is pure bookkeeping over paths and summary meta
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -109,7 +110,12 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
             for f in found:
                 add(f)
         else:
-            raise TraceError(f"{item}: no such file or directory")
+            try:  # why it cannot be seen: missing, or a name the system refuses (too long)
+                os.stat(item)
+                reason = "no such file or directory"
+            except OSError as e:
+                reason = "no such file or directory" if e.errno == errno.ENOENT else e.strerror
+            raise TraceError(f"{item}: {reason}")
     return out
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 
-def render(diag, fmt: str = "text") -> str:
-    """Render a Diagnosis as ``text``, ``json`` or ``md``. Raises ValueError for another format."""
+def render(diag, fmt: str = "text", width: int | None = None) -> str:
+    """Render a Diagnosis as ``text`` (wrapped to ``width`` columns, 100 by default), ``json``
+    or ``md``. Raises ValueError for another format."""
     if fmt == "text":
-        from tracedx.report.text import render_text
+        from tracedx.report.text import WIDTH, render_text
 
-        return render_text(diag)
+        return render_text(diag, width or WIDTH)
     if fmt == "json":
         from tracedx.report.json import render_json
 

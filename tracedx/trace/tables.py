@@ -650,6 +650,13 @@ class Converter:
 
     def _kind(self, kind: str, evs: list[Event], out: ChunkColumns, it: dict) -> None:
         args = list(map(_GET_ARGS, evs))
+        if None in args:
+            # an event without args reads as one with empty args of the chunk's type (every
+            # field None or empty raw, as _get and _Interner read a None): every column below
+            # is then one C-speed attrgetter pass instead of a Python loop
+            first = next((a for a in args if a is not None), None)
+            empty = _EMPTY_COMM_ARGS if isinstance(first, CommArgs) else _EMPTY_ARGS
+            args = [empty if a is None else a for a in args]
         if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
             cols = _gpu_cols(evs, args)
         else:
@@ -828,7 +835,7 @@ class TableBuilder:
         }
         del parts
         warnings: list[DataWarning] = []
-        # Gross timestamp outliers: written as 0 in part of the trace (CASES.md C07), or
+        # Gross timestamp outliers: written as 0 in part of the trace (seen in a real trace), or
         # corrupt values far after the rest.
         # (the far-after check first: a single corrupt 1e300 must not make the whole real
         # trace look like a group "written as 0")
@@ -1005,7 +1012,7 @@ def _outlier_cutoff(ts: np.ndarray) -> float | None:
 
     Sort the start times and take the largest gap. When the lower group sits at less than
     1/1000 of the upper group's first timestamp and the gap is over 1000x the upper group's
-    extent, the lower group is corrupt (CASES.md C07). Returns the cutoff or None.
+    extent, the lower group is corrupt (timestamps written as 0). Returns the cutoff or None.
     """
     if len(ts) < 2:
         return None

@@ -1,0 +1,160 @@
+"""The cache of loaded traces (tracedx.trace.cache): a cached load is the same Trace (tables,
+dtypes, metadata, warnings) and gives the same diagnosis JSON; a changed file, another tracedx
+version or another --repair misses; a corrupt entry is ignored and rewritten; the CLI says on
+stderr when it used the cache and --no-cache bypasses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLES
+from polars.testing import assert_frame_equal
+
+import tracedx
+from tracedx.cli import main
+from tracedx.report import render
+from tracedx.trace import cache
+
+# a trace with ops, steps and input shapes; one with python frames; one with h2d copies
+NAMES = ["add_loop-eager.json.gz", "item_loop-sync-stack.json.gz", "h2d_copy-pageable.json.gz"]
+
+
+def _same(a, b) -> None:
+    for f in dataclasses.fields(a):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(va, pl.DataFrame):
+            assert_frame_equal(va, vb, check_exact=True)  # also the dtypes and column order
+        elif f.init:
+            assert va == vb, f.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cached_load_is_the_same_trace_and_diagnosis(name, tmp_path):
+    p = shutil.copy(SAMPLES / name, tmp_path / name)
+    first, hit = cache.load(p)
+    assert not hit and cache.entry_path(p).is_dir()
+    second, hit = cache.load(p)
+    assert hit
+    fresh = tracedx.load(p)
+    _same(fresh, first)
+    _same(fresh, second)
+    first_step = fresh.steps["step"][0]
+    for steps in (None, f"{first_step}..{first_step}"):
+        want = render(tracedx.diagnose(fresh, steps=steps), "json")
+        assert render(tracedx.diagnose(second, steps=steps), "json") == want
+
+
+def test_warnings_and_metadata_survive(tmp_path):
+    from tracebuilder import TraceBuilder
+
+    tb = TraceBuilder()
+    tb.step(0, 0, 100)
+    tb.kernel(10, 5, None, "k")
+    tb.kernel(10, 5, None, "k")  # an exact duplicate: a warning
+    p = tb.write(tmp_path / "t.json")
+    fresh = tracedx.load(p)
+    assert fresh.warnings
+    cache.load(p)
+    cached, hit = cache.load(p)
+    assert hit
+    _same(fresh, cached)
+
+
+def test_a_changed_file_misses(tmp_path):
+    p = shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz")
+    cache.load(p)
+    key = cache.file_key(p)
+    st = os.stat(p)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched
+    assert cache.file_key(p) != key and cache.read(p) is None
+    # same size and mtime, other bytes at the end
+    cache.load(p)
+    st = os.stat(p)
+    data = bytearray(Path(p).read_bytes())
+    data[-1] ^= 0xFF
+    Path(p).write_bytes(bytes(data))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.read(p) is None
+    # another repair flag is another entry
+    assert cache.entry_path(p, repair=True) != cache.entry_path(p)
+
+
+def test_another_version_misses(tmp_path, monkeypatch):
+    p = shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz")
+    cache.load(p)
+    assert cache.read(p) is not None
+    monkeypatch.setattr(tracedx, "__version__", tracedx.__version__ + ".post1")
+    assert cache.read(p) is None
+
+
+def test_a_corrupt_entry_is_ignored_and_rewritten(tmp_path):
+    p = shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz")
+    cache.load(p)
+    entry = cache.entry_path(p)
+    (entry / "kernels.arrow").write_bytes(b"not arrow")
+    assert cache.read(p) is None
+    trace, hit = cache.load(p)
+    assert not hit
+    _same(tracedx.load(p), cache.read(p))
+    (entry / cache.META_NAME).write_text("{")  # truncated metadata
+    assert cache.read(p) is None
+    assert cache.load(p)[1] is False and cache.load(p)[1] is True
+    assert [x.name for x in entry.parent.iterdir() if x.name.startswith(".")] == []  # no temp
+
+
+def test_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRACEDX_CACHE_DIR", str(tmp_path / "c"))
+    assert cache.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("TRACEDX_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache.cache_dir() == tmp_path / "x" / "tracedx"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache.cache_dir() == Path.home() / ".cache" / "tracedx"
+
+
+def test_cli_uses_the_cache_and_no_cache_bypasses_it(tmp_path):
+    p = str(shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz"))
+    run = CliRunner().invoke
+    cold = run(main, ["diagnose", p, "--format", "json", "--no-cache"])
+    assert cold.exit_code == 0 and "cache" not in cold.stderr
+    assert not cache.entry_path(p).exists()  # --no-cache stores nothing either
+    first = run(main, ["diagnose", p, "--format", "json"])
+    assert first.exit_code == 0 and "cache" not in first.stderr
+    assert cache.entry_path(p).is_dir()
+    second = run(main, ["diagnose", p, "--format", "json"])
+    assert second.exit_code == 0
+    assert f"tracedx: using the cached tables of {p}" in second.stderr
+    assert json.loads(second.stdout) == json.loads(cold.stdout)
+    assert second.stdout == cold.stdout
+    other = run(main, ["diagnose", p, "--steps", "4..5", "--format", "md"])
+    assert other.exit_code == 0 and "cached" in other.stderr
+    again = run(main, ["diagnose", p, "--format", "json", "--no-cache"])
+    assert "cache" not in again.stderr and again.stdout == cold.stdout
+
+
+def test_an_unwritable_cache_is_a_note_not_a_failure(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("TRACEDX_CACHE_DIR", str(blocker / "sub"))  # under a file: cannot exist
+    p = str(shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz"))
+    r = CliRunner().invoke(main, ["diagnose", p, "--format", "json"])
+    assert r.exit_code == 0 and "cannot write the cache" in r.stderr
+    json.loads(r.stdout)
+
+
+def test_an_error_after_a_cached_load_is_still_one_line(tmp_path):
+    p = str(shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz"))
+    run = CliRunner().invoke
+    assert run(main, ["diagnose", p, "--format", "json"]).exit_code == 0
+    r = run(main, ["diff", p, str(tmp_path / "missing.json")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "using the cached" not in r.stderr
+    ok = run(main, ["diff", p, p, "--format", "json"])
+    assert ok.exit_code == 0 and ok.stderr.count("using the cached tables") == 2
+    assert ok.stderr.index("cached") > 0 and json.loads(ok.stdout)
