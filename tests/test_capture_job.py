@@ -58,11 +58,13 @@ def _torchrun(out: Path, script: str, *script_args: str, steps: int = 6):
 @pytest.fixture(scope="module")
 def straggler_job(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "traces"
+    # 8 active steps: with 2 ranks the per-step straggler test needs 2^-S < 0.01 / 2, S >= 8
     proc = _torchrun(
         out,
         "capture/ddp_mlp.py",
-        *("--steps", "9", "--width", "128", "--layers", "6", "--batch", "16"),
+        *("--steps", "11", "--width", "128", "--layers", "6", "--batch", "16"),
         *("--bucket-cap-mb", "0.05", "--straggler-rank", "1", "--host-ms", "30"),
+        steps=8,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
@@ -82,7 +84,7 @@ def test_each_rank_writes_its_own_trace_named_by_rank(straggler_job):
         assert doc["tracedx"]["distributed"]["rank"] == r
         assert doc["tracedx"]["distributed"]["world_size"] == 2
         assert doc["distributedInfo"]["backend"] == "gloo"
-        assert doc["tracedx"]["active_steps_recorded"] == 6
+        assert doc["tracedx"]["active_steps_recorded"] == 8
 
 
 def test_the_directory_is_diagnosed_as_a_job_naming_the_straggler(straggler_job):
