@@ -497,7 +497,9 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
                 task = queue.popleft()
                 running[pool.submit(fn, *task[1])] = task
                 seen.update(getattr(pool, "_processes", None) or {})
-            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            # a timeout, so that the main thread returns to the interpreter twice a second: a
+            # Ctrl-C the kernel hands to another thread of the driver is only seen there
+            finished, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
             broken = False
             for fut in finished:
                 try:
@@ -555,14 +557,18 @@ def _terminate(pool) -> None:
 def _run_executor(executor, fn, tasks: list[Task], done) -> None:
     """Submit every task to ``executor`` and collect them as they finish."""
     futures = {executor.submit(fn, *task[1]): task for task in tasks}
+    pending = set(futures)
     try:
-        for fut in cf.as_completed(futures):
-            i, args = futures[fut]
-            try:
-                outcome = fut.result()
-            except Exception as e:
-                outcome = ("note", _failure_note(args[0], e))
-            done(i, outcome)
+        while pending:
+            # timed waits, so that a Ctrl-C another thread received is seen (see _pool_round)
+            finished, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in sorted(finished, key=lambda f: futures[f][0]):
+                i, args = futures[fut]
+                try:
+                    outcome = fut.result()
+                except Exception as e:
+                    outcome = ("note", _failure_note(args[0], e))
+                done(i, outcome)
     except BaseException:
         for fut in futures:
             fut.cancel()
