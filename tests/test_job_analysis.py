@@ -315,7 +315,7 @@ def test_balanced_ranks_get_one_verdict():
     ss[1].meta["single_rank"] = {"regime": "overhead-bound", "bottleneck": "kernel launch"}
     jd = diagnose_job(Job(ss))
     assert jd.straggler is None
-    assert "no rank arrives last more often than chance" in jd.straggler_test.reason
+    assert "no rank paces the steps more often than chance" in jd.straggler_test.reason
     assert jd.ranks["regime"].n_unique() == 1 and jd.ranks["bottleneck"].n_unique() == 1
     assert any("single-rank verdicts" in n for n in jd.notes)
 

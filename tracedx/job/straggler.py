@@ -4,14 +4,14 @@ A rank is named a straggler only when all three hold (each threshold traceable t
 tool or a textbook test):
 
 - arrival, tested per step (the collectives of one step are not independent: one late
-  rank is late for all of them): per step, the plurality last arriver over the step's
-  complete collectives with a known last arriver; over ``S >= 4`` such steps the rank is it
+  rank is late for all of them): per step, the rank that waited least on average over the
+  step's complete collectives (the rank that paced the step); over ``S >= 4`` such steps the rank is it
   in ``k`` of them, and ``P(X >= k)`` for ``X ~ Binomial(S, p0)`` is below ``0.01 / N``
   (Bonferroni over the N ranks tested), ``p0`` being the rank's chance per step, the mean
   over its collectives of ``1 / members``;
 - effect: the median over the other ranks of their exposed wait per step, as a share of the
   job's step time, is at least 2 % (TraceLens drops findings under 2 % impact);
-- consistency: the rank is the most frequent last arriver of at least half of the steps
+- consistency: the rank paced at least half of the steps
   (HolisticTraceAnalysis counts flags per iteration).
 
 "No straggler" is an answer, with the test that failed.
@@ -171,13 +171,20 @@ def arrival_table(collectives: pl.DataFrame, members: pl.DataFrame) -> pl.DataFr
         )
         .sort("rank")
     )
-    # per step, the strict plurality of last arrivals
-    lasts = m.filter(pl.col("last")).group_by("step", "rank").agg(n=pl.len())
+    # Per step, the rank that paced it: the one that waited least, on average over the step's
+    # collectives (clock-free: waits are durations less the shortest member's). A count of last
+    # arrivals is noisier: a rank late by 20 ms for the first collective of a step is "last"
+    # in only some of the step's later ones, where every rank arrives nearly together.
+    paced = (
+        m.filter(pl.col("wait_us").is_not_null())
+        .group_by("step", "rank")
+        .agg(w=pl.col("wait_us").mean())
+        .sort("step", "w", "rank")
+    )
     winner: dict[int, int] = {}
-    for (k,), g in lasts.group_by(["step"]):
-        g = g.sort(["n", "rank"], descending=[True, False])
-        ns = g["n"].to_list()
-        if len(ns) == 1 or ns[0] > ns[1]:
+    for (k,), g in paced.group_by(["step"], maintain_order=True):
+        ws = g["w"].to_list()
+        if len(ws) == 1 or ws[0] < ws[1]:
             winner[int(k)] = int(g["rank"][0])
     ks = [sum(1 for w in winner.values() if w == r) for r in per["rank"].to_list()]
     pv = [binomial_sf(k, n, p) for k, n, p in zip(ks, per["steps"], per["chance"], strict=True)]
@@ -215,8 +222,8 @@ def find_straggler(
     peers = [w for q, w in wait.items() if q != r]
     effect = median(peers) / step_us if peers and step_us else None
     ev = [
-        f"rank {r} was the most frequent last arriver in {best['last']} of {best['steps']} "
-        f"steps (chance {best['chance']:.0%} per step; binomial over steps p = "
+        f"rank {r} paced {best['last']} of {best['steps']} steps (it waited least; "
+        f"chance {best['chance']:.0%} per step; binomial over steps p = "
         f"{best['p_value']:.2g}, threshold {P_VALUE:g} / {arr.height} ranks = {alpha:.2g}); "
         f"last at {best['last_collectives']} of its {best['collectives']} collectives"
     ]
@@ -225,23 +232,23 @@ def find_straggler(
     reason = None
     if best["steps"] < MIN_STEPS:
         reason = (
-            f"too few steps with a known last arriver ({best['steps']} < {MIN_STEPS}) to test "
+            f"too few steps with matched collectives ({best['steps']} < {MIN_STEPS}) to test "
             "arrival against chance"
         )
     elif best["p_value"] >= alpha:
         reason = (
-            f"no rank arrives last more often than chance (best: rank {r}, last in "
+            f"no rank paces the steps more often than chance (best: rank {r}, paced "
             f"{best['last']} of {best['steps']} steps, p = {best['p_value']:.2g} >= "
             f"{P_VALUE:g} / {arr.height} ranks)"
         )
     elif effect is None or effect < MIN_EFFECT:
         reason = (
-            f"rank {r} arrives last more often than chance, but the others' exposed wait is "
+            f"rank {r} paces the steps more often than chance, but the others' exposed wait is "
             f"{0 if effect is None else effect:.1%} of the step (< {MIN_EFFECT:.0%}): no material effect"
         )
     elif best["consistency"] is None or best["consistency"] < MIN_CONSISTENCY:
         reason = (
-            f"rank {r} arrives last more often than chance but is the last in only "
+            f"rank {r} paces the steps more often than chance but paces only "
             f"{best['last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
         )
     if reason is not None:

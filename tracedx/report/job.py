@@ -182,7 +182,7 @@ def render_text(jd) -> str:
         for g in c["by_group"][:8]:
             bw = "n/a" if g["busbw_gbs"] is None else f"{g['busbw_gbs']:.1f} GB/s"
             ref = ""
-            if g.get("link_gbs"):
+            if g.get("link_gbs") and g.get("busbw_fraction") is not None:
                 ref = f" ({g['busbw_fraction']:.0%} of {g['link']} {g['link_gbs']:.0f} GB/s)"
             n_txt = f", n={g['group_size']}" if g["group_size"] else ""
             out.append(

@@ -168,8 +168,8 @@ def _verdict(d: dict, jd) -> str:
     s = d["straggler"]
     if s:  # its evidence lines are in the verdict's evidence above: the test's figures here
         strag = (
-            f"<h3>Straggler: rank {e(s['rank'])} ({e(s['cause'])})</h3><p>The most frequent "
-            f"last arriver in {s['last_in_steps']} of {s['steps']} steps (chance "
+            f"<h3>Straggler: rank {e(s['rank'])} ({e(s['cause'])})</h3><p>It paced (waited "
+            f"least in) {s['last_in_steps']} of {s['steps']} steps (chance "
             f"{s['chance']:.0%} per step, binomial p = {s['p_value']:.2g}); the others' exposed "
             f"wait is {s['effect']:.1%} of the step; {s['excess_ms']:.3f} ms per step more than "
             "the median peer.</p>"
