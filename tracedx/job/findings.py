@@ -64,7 +64,8 @@ def balance_ranks(
         ev.append(
             f"the excess is host time spread over profiled ops: the profiler's per-event cost "
             f"can slow ranks unequally, so time rank {rank} and a peer unprofiled "
-            "(tracedx capture --time-unprofiled) to settle how much of it is real"
+            "(a plain torchrun run with the script's own step timer: tracedx capture does not time "
+            "a torchrun job unprofiled) to settle how much of it is real"
         )
     deriv = f"balance: T' = T - min(excess, median peer exposed wait) = {_ms(t_us)} - {_ms(gain)}"
     return _finding(

@@ -399,7 +399,7 @@ def annotate(
 def annotate_job(jd, out_dir: str | Path, **diagnose_kw) -> list[Annotated]:
     """Annotate every rank's trace of a job: for each summary of ``jd.job`` whose ``meta``
     names its trace (``path``, as :func:`tracedx.job.summary.summarize_path` records it), write
-    ``out_dir/rank{R}-{name}.annotated.json.gz`` with the single-rank tracks (its own diagnosis,
+    ``out_dir/rank{R}-{name}.annotated.json.gz`` (``{name}.annotated.json.gz`` when the name holds ``rank{R}``) with the single-rank tracks (its own diagnosis,
     ``diagnose_kw``) and ``rank R in collectives``. A summary without a path is skipped (its
     rank is missing from the result). Raises TraceError when ``out_dir`` cannot be made."""
     out = Path(out_dir)
@@ -415,7 +415,9 @@ def annotate_job(jd, out_dir: str | Path, **diagnose_kw) -> list[Annotated]:
         name = Path(path).name
         for ext in (".gz", ".json"):
             name = name.removesuffix(ext)
-        target = out / f"rank{rank}-{name}.annotated.json.gz"
+        if f"rank{rank}" not in name:  # rank0.json.gz -> rank0.annotated.json.gz
+            name = f"rank{rank}-{name}"
+        target = out / f"{name}.annotated.json.gz"
         done.append(annotate(path, target, job=jd, rank=int(rank), **diagnose_kw))
     return done
 
