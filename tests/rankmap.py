@@ -60,6 +60,16 @@ def fake_task(path, options, summaries_dir, name):
     return "ok", out
 
 
+def write_ranks(tmp_path, contents: list[str]) -> list[str]:
+    """One stand-in "trace" per rank, ``tmp_path/rank{i}.txt`` holding ``contents[i]``."""
+    paths = []
+    for i, text in enumerate(contents):
+        p = tmp_path / f"rank{i}.txt"
+        p.write_text(text)
+        paths.append(str(p))
+    return paths
+
+
 STANDIN.update(fn=fake_task, decode=bytes, read_stored=read_stored)
 
 

@@ -14,14 +14,7 @@ from pathlib import Path
 from tests import rankmap
 from tracedx.job import executor as ex
 
-
-def _ranks(tmp_path, contents):
-    paths = []
-    for i, text in enumerate(contents):
-        p = tmp_path / f"rank{i}.txt"
-        p.write_text(text)
-        paths.append(str(p))
-    return paths
+_ranks = rankmap.write_ranks
 
 
 def test_local_pool_returns_every_rank_in_input_order(tmp_path):

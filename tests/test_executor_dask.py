@@ -16,13 +16,7 @@ def client():
         yield c
 
 
-def _ranks(tmp_path, contents):
-    paths = []
-    for i, text in enumerate(contents):
-        p = tmp_path / f"rank{i}.txt"
-        p.write_text(text)
-        paths.append(str(p))
-    return paths
+_ranks = rankmap.write_ranks
 
 
 def test_dask_map_matches_the_local_pool(client, tmp_path):

@@ -376,13 +376,7 @@ COMM_SCHEMA: dict[str, Any] = {
     "source": pl.Utf8,  # kernel | cpu_op | annotation
     "pid": pl.Int64,
     "tid": pl.Int64,
-    "device": pl.Int64,
-    "stream": pl.Int64,
-    "start_us": pl.Float64,
-    "duration_us": pl.Float64,
-    "name": pl.Utf8,
-    "correlation": pl.Int64,
-    "external_id": pl.Int64,
+    **_GPU_SCHEMA,  # device, stream, start_us, duration_us, name, correlation, external_id
     "collective_name": pl.Utf8,
     "dtype": pl.Utf8,
     "in_nelems": pl.Int64,
