@@ -328,6 +328,168 @@ def run_one(folder: Path, mode: str, workers: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# The reduce alone, on summaries made without traces
+# --------------------------------------------------------------------------------------------
+
+TEMPLATE = OUT / "scale-template.rank-summary"
+
+
+def template_summary() -> bytes:
+    """The summary bytes of rank 1 of the 8-rank job (made and summarised once, then reused)."""
+    cached = OUT / f"scale-template-{GENERATOR_VERSION}.bin"
+    if cached.exists():
+        return cached.read_bytes()
+    from tracedx.job.summary import summarize_path
+
+    folder = make_job(8)
+    data = summarize_path(str(folder / "rank-1.json.gz")).to_bytes()
+    cached.write_bytes(data)
+    return data
+
+
+def synth_summaries(n: int, template: bytes):
+    """Yield the summary bytes of each rank of an ``n``-rank job cloned from ``template`` (one
+    rank's real summary): its meta with the rank, world size and default group of ``n`` ranks,
+    its collectives re-timed as in ``make_job`` (each all-reduce ends at the same time on every
+    rank, 490 us after the template's start; a rank arrives 0-40 us after that start, rank
+    n // 3 300 us later) and all of each kernel free (no compute under it)."""
+    import copy
+
+    import polars as pl
+
+    from tracedx.job.summary import RankSummary
+
+    t = RankSummary.from_bytes(template)
+    rng = random.Random(n)
+    ranks_text = "[" + ", ".join(map(str, range(n))) + "]"
+    start0 = t.colls["start_us"]
+    end = start0 + JITTER_US + STRAGGLER_DELAY_US + TRANSFER_US
+    for r in range(n):
+        meta = copy.deepcopy(t.meta)
+        meta.update(rank=r, world_size=n, path=f"synthetic/rank-{r}.json.gz")
+        if meta.get("pg_config"):
+            meta["pg_config"][0].update(pg_size=n, ranks=list(range(n)))
+        delay = STRAGGLER_DELAY_US if r == n // 3 else 0.0
+        start = start0 + pl.Series([rng.uniform(0, JITTER_US) + delay for _ in range(len(start0))])
+        dur = end - start
+        colls = t.colls.with_columns(
+            pg_ranks=pl.lit(ranks_text),
+            group_size=pl.lit(n, dtype=pl.Int64),
+            start_us=start,
+            end_us=end,
+            duration_us=dur,
+            free_us=pl.concat_list(pl.struct(start_us=pl.lit(0.0), end_us=dur).alias("seg")),
+            free_total_us=dur,
+        )
+        yield RankSummary(meta, t.steps, colls, t.kernels, t.opsig).to_bytes()
+
+
+def blobs_file(n: int) -> Path:
+    """``n`` synthetic summaries (``synth_summaries``), written once as length-prefixed bytes."""
+    path = OUT / f"scale-summaries-{GENERATOR_VERSION}-{n}.bin"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for blob in synth_summaries(n, template_summary()):
+                f.write(len(blob).to_bytes(8, "little") + blob)
+        tmp.replace(path)
+    return path
+
+
+def _read_blobs(path: Path):
+    with open(path, "rb") as f:
+        while head := f.read(8):
+            yield f.read(int.from_bytes(head, "little"))
+
+
+def run_reduce(n: int, profile: str | None = None) -> dict:
+    """The driver's side alone for ``n`` synthetic ranks: each summary's bytes read from
+    ``blobs_file`` and decoded one after another, as they arrive from workers
+    (``executor._decode_summary``), then ``assemble_job``, ``diagnose_job`` and the JSON;
+    times, this process's resident set after each stage and its peak."""
+    import tracedx
+    import tracedx.job.summary  # noqa: F401  (imported before the clock starts)
+    from tracedx.job import executor as ex
+    from tracedx.job.load import assemble_job
+
+    path = blobs_file(n)
+    rss0 = _rss_bytes()
+    decode_s = 0.0
+    results = []
+    for r, blob in enumerate(_read_blobs(path)):
+        t = time.perf_counter()
+        results.append((f"synthetic/rank-{r}.json.gz", ex._decode_summary(blob), None))
+        decode_s += time.perf_counter() - t
+    rss_held = _rss_bytes()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t0 = time.perf_counter()
+    job = assemble_job(results)
+    del results
+    t1 = time.perf_counter()
+    rss_job = _rss_bytes()
+    jd = tracedx.diagnose(job)
+    t2 = time.perf_counter()
+    rss_diag = _rss_bytes()
+    text = jd.to_json()
+    t3 = time.perf_counter()
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    doc = json.loads(text)
+    return {
+        "ranks": n,
+        "decode_s": decode_s,
+        "assemble_s": t1 - t0,
+        "diagnose_s": t2 - t1,
+        "json_s": t3 - t2,
+        "reduce_s": decode_s + t3 - t0,
+        "rss_start_bytes": rss0,
+        "rss_summaries_held_bytes": rss_held,
+        "rss_job_bytes": rss_job,
+        "rss_diagnosed_bytes": rss_diag,
+        "json_bytes": len(text),
+        "driver_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "json_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "straggler": (doc.get("straggler") or {}).get("rank"),
+    }
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reduce_table(sizes: list[int], timeout: float) -> list[dict]:
+    """``run_reduce`` at each size, each in a fresh process; the log-log slopes of the time."""
+    sys.path.insert(0, str(HERE))
+    from bench import _run_wait4
+
+    out = []
+    for n in sizes:
+        blobs_file(n)  # made once, outside the timed processes
+        r = _run_wait4([sys.executable, str(Path(__file__).resolve()), "_reduce", str(n)], timeout)
+        m = re.search(rb"REDUCE_RESULT (.*)", r["stdout"])
+        res = json.loads(m.group(1)) if m else {"ranks": n, "error": r["stderr"][-300:].decode()}
+        print(json.dumps(res), flush=True)
+        out.append(res)
+    ok = [x for x in out if "reduce_s" in x]
+    if len(ok) >= 2:
+        xs = [math.log(x["ranks"]) for x in ok]
+        ys = [math.log(x["reduce_s"]) for x in ok]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        k = sum((a - mx) * (b - my) for a, b in zip(xs, ys, strict=True)) / sum(
+            (a - mx) ** 2 for a in xs
+        )
+        print(f"reduce time ~ N^{k:.2f} (least squares over {[x['ranks'] for x in ok]})")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------------
 
@@ -483,6 +645,10 @@ def projection(results: list[dict], g: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_reduce"]:
+        out = run_reduce(int(argv[1]), argv[2] if len(argv) > 2 else None)
+        print("REDUCE_RESULT " + json.dumps(out), flush=True)
+        return 0
     if argv[:1] == ["_one"]:
         out = run_one(Path(argv[1]), argv[2], int(argv[3]))
         print("SCALE_RESULT " + json.dumps(out), flush=True)
@@ -492,8 +658,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--hta-max", type=int, default=64)
     ap.add_argument("--make-only", action="store_true")
+    ap.add_argument(
+        "--reduce-only",
+        action="store_true",
+        help="time the driver's side alone on synthetic summaries of --sizes ranks",
+    )
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args(argv)
+    if args.reduce_only:
+        sys.path.insert(0, str(ROOT))
+        reduce_table(args.sizes, args.timeout)
+        return 0
     results = []
     for n in args.sizes:
         t = time.perf_counter()

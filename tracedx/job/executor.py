@@ -5,7 +5,9 @@ runs wherever there are cores: a local process pool by default, a Dask cluster w
 ``client=``, or any object with ``submit(fn, *args) -> concurrent.futures.Future``. Workers open
 the files themselves (a local path or an fsspec URL); trace bytes never pass through the
 driver. Each task returns its rank's summary as bytes (``RankSummary.to_bytes``: Arrow IPC), so
-the driver holds only summaries.
+the driver holds only summaries, and those in their compact form (``HeldSummary``: ``meta`` and
+``steps`` decoded, the other tables kept as the compressed IPC bytes, or with a summaries
+directory as its Parquet files, and decoded when the reduce reads them).
 
 - Local pool: ``ProcessPoolExecutor`` with the spawn start method (never fork from a threaded
   parent: CPython gh-90622; polars' docs ask for spawn), at most ``plan_workers`` processes
@@ -59,7 +61,8 @@ SUMMARY_SUFFIX = ".rank-summary"
 
 @dataclass(frozen=True)
 class RankResult:
-    """The map's answer for one input: a ``summary`` (a RankSummary) or a ``note`` (one line).
+    """The map's answer for one input: a ``summary`` (by default a ``HeldSummary``) or a
+    ``note`` (one line).
 
     ``reused`` is True when the summary was read back from the summaries directory.
     """
@@ -221,20 +224,22 @@ def summarize_task(
     return "ok", data
 
 
-def _decode_summary(data: bytes):
-    from tracedx.job.summary import RankSummary
+def _decode_summary(data: bytes, shared: dict | None = None):
+    """The driver's form of a task's summary bytes (``HeldSummary``: tables kept serialized)."""
+    from tracedx.job.summary import HeldSummary
 
-    return RankSummary.from_bytes(data)
+    return HeldSummary.from_bytes(data, shared)
 
 
-def _read_stored(entry: str, path: str):
-    """A stored summary of ``path``, or None when ``entry`` is missing or not its summary."""
-    from tracedx.job.summary import RankSummary
+def _read_stored(entry: str, path: str, shared: dict | None = None):
+    """A stored summary of ``path`` (``HeldSummary.read``: its tables read from the directory
+    when the reduce needs them), or None when ``entry`` is missing or not its summary."""
+    from tracedx.job.summary import HeldSummary
 
     if not os.path.isdir(entry):
         return None
     try:
-        s = RankSummary.read(entry)
+        s = HeldSummary.read(entry, shared)
     except (ValueError, OSError):
         return None
     return s if s.meta.get("path") == path else None
@@ -328,15 +333,16 @@ def map_ranks(
     ``progress`` may also be a callable ``progress(done, total, path)``.
     ``fn``: the task, ``fn(path, options, summaries_dir, name) -> ("ok", bytes) | ("note",
     str)`` (default ``summarize_task``), ``decode(bytes)`` turns its bytes into the result's
-    ``summary`` in the driver (default ``RankSummary.from_bytes``) and ``read_stored(entry,
-    path)`` reads a stored one or returns None (default ``RankSummary.read``); tests swap them.
+    ``summary`` in the driver (default ``HeldSummary.from_bytes``) and ``read_stored(entry,
+    path)`` reads a stored one or returns None (default ``HeldSummary.read``); tests swap them.
 
     Raises KeyboardInterrupt after stopping the workers; TraceError when ``client`` needs
     Dask and it is not installed.
     """
     fn = fn or summarize_task
-    decode = decode or _decode_summary
-    read_stored = read_stored or _read_stored
+    shared: dict = {}  # process groups the ranks' meta repeat, held once (HeldSummary)
+    decode = decode or (lambda data: _decode_summary(data, shared))
+    read_stored = read_stored or (lambda entry, path: _read_stored(entry, path, shared))
     options = dict(options or {})
     paths = [str(p) for p in paths]
     results: list[RankResult | None] = [None] * len(paths)
@@ -368,10 +374,15 @@ def map_ranks(
             file=sys.stderr,
         )
 
+    names = {i: args[3] for i, args in tasks}
+
     def done(i: int, outcome) -> None:
         kind, payload = outcome
         if kind == "ok":
-            results[i] = RankResult(paths[i], summary=decode(payload))
+            # with a summaries directory the driver holds the written summary's paths (its
+            # tables are read from there when the reduce needs them), else the bytes' form
+            held = read_stored(os.path.join(store, names[i]), paths[i]) if store else None
+            results[i] = RankResult(paths[i], summary=held if held is not None else decode(payload))
         else:
             results[i] = RankResult(paths[i], note=str(payload))
         bar.advance(paths[i])

@@ -112,10 +112,22 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
 
 
 def _with(summary, meta: dict, steps: tuple[int, ...]):
-    """A copy of ``summary`` with ``meta``, its step tables cut to ``steps`` when they differ."""
+    """A copy of ``summary`` with ``meta``, its step tables cut to ``steps`` when they differ
+    (a ``HeldSummary``'s ``colls`` are cut when decoded)."""
+    from tracedx.job.summary import HeldSummary
+
     own = tuple(meta.get("steps") or ())
+    cut = bool(steps) and set(own) != set(steps)
+    if isinstance(summary, HeldSummary):
+        held = HeldSummary(meta, summary.steps, summary._sources)
+        if cut:
+            keep = pl.Series(list(steps), dtype=pl.Int64).implode()
+            held.steps = held.steps.filter(pl.col("step").is_in(keep))
+            held.keep_steps = tuple(steps)
+            meta["steps"] = [s for s in own if s in set(steps)]
+        return held
     changes: dict = {"meta": meta}
-    if steps and set(own) != set(steps):
+    if cut:
         keep = pl.Series(list(steps), dtype=pl.Int64).implode()
         for name in ("steps", "colls"):
             df = getattr(summary, name, None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from tracedx.job.summary import COLL_COLUMNS, FREE_DTYPE
@@ -44,11 +45,11 @@ _MEMBER_COLS = {
 }  # fmt: skip
 
 
-def pg_key_expr() -> pl.Expr:
-    """The process-group key ``"<name>:<ranks>"`` (name and the ranks string as written)."""
-    return pl.concat_str(
-        [pl.col("pg_name").fill_null("?"), pl.lit(":"), pl.col("pg_ranks").fill_null("")]
-    )
+def pg_key_expr(ranks: pl.Expr | None = None) -> pl.Expr:
+    """The process-group key ``"<name>:<ranks>"`` (name and the ranks string as written;
+    ``ranks``: that string's expression, default ``pg_ranks``)."""
+    ranks = pl.col("pg_ranks") if ranks is None else ranks
+    return pl.concat_str([pl.col("pg_name").fill_null("?"), pl.lit(":"), ranks.fill_null("")])
 
 
 @dataclass
@@ -98,42 +99,76 @@ COLLECTIVE_SCHEMA = {
 }
 
 
-def _rank_rows(s) -> pl.DataFrame | None:
-    c = s.colls
+def _colls(s, columns: list[str]) -> pl.DataFrame | None:
+    """The rank's ``colls`` rows, only ``columns`` of them where the summary can decode some
+    (``HeldSummary.table``); None without collectives."""
+    table = getattr(s, "table", None)
+    c = table("colls", columns) if table is not None else s.colls
     if c is None or c.height == 0:
         return None
-    base = int(s.meta.get("base_time_ns") or 0)
+    # a group's ranks as written ("[0, 1, ..., 1023]"): one text per group, not one per row
+    # (per row it would grow with ranks x collectives x group size)
+    return c.select(
+        pl.col(k).cast(pl.Utf8).cast(pl.Categorical) if k == "pg_ranks" else pl.col(k)
+        for k in columns
+        if k in c.columns
+    )
+
+
+def _world_size(meta: dict) -> int | None:
+    ws = meta.get("world_size")
+    return int(ws) if isinstance(ws, int) or (isinstance(ws, str) and ws.isdigit()) else None
+
+
+def _all_rows(summaries: list) -> pl.DataFrame | None:
+    """Every rank's collective rows in one table (the ranks in the given order): ``rank``,
+    ``_base_ns``, the columns the matching reads (null where a summary lacks one), ``free_us``,
+    ``free_total_us``, ``_world`` (the row belongs to the default group of ``meta.world_size``
+    ranks: no group size, no group ranks), ``group_size`` filled from the world size there.
+    Each rank's table is decoded once, only those columns; the rest is one pass over all."""
+    wanted = [*_MEMBER_COLS, "free_us", "free_total_us"]
+    parts, per_rank = [], []
+    for s in summaries:
+        c = _colls(s, wanted)
+        if c is None:
+            continue
+        parts.append(c)
+        meta = s.meta
+        per_rank.append(
+            (c.height, int(meta["rank"]), int(meta.get("base_time_ns") or 0), _world_size(meta))
+        )
+    if not parts:
+        return None
+    same = all(p.columns == wanted for p in parts)
+    rows = pl.concat(parts, how="vertical_relaxed" if same else "diagonal_relaxed")
+    n, rank, base, ws = (np.array(x) for x in zip(*per_rank, strict=True))
+    ws_known = np.array([w is not None for w in ws])
+    rows = rows.with_columns(
+        rank=pl.Series(np.repeat(rank.astype(np.int64), n), dtype=pl.Int64),
+        _base_ns=pl.Series(np.repeat(base.astype(np.int64), n), dtype=pl.Int64),
+        _ws=pl.Series(np.repeat(np.where(ws_known, ws, 0).astype(np.int64), n), dtype=pl.Int64),
+        _ws_known=pl.Series(np.repeat(ws_known, n), dtype=pl.Boolean),
+    ).with_columns(_ws=pl.when(pl.col("_ws_known")).then(pl.col("_ws")).otherwise(None))
+    types = {**_MEMBER_COLS, "free_us": FREE_DTYPE, "free_total_us": pl.Float64}
+    types["pg_ranks"] = pl.Categorical
     cols = [
-        pl.col(k).cast(t) if k in c.columns else pl.lit(None, dtype=t).alias(k)
-        for k, t in _MEMBER_COLS.items()
+        pl.col(k).cast(t) if k in rows.columns else pl.lit(None, dtype=t).alias(k)
+        for k, t in types.items()
     ]
-    free = pl.col("free_us") if "free_us" in c.columns else pl.lit(None, dtype=FREE_DTYPE)
-    ws = s.meta.get("world_size")
-    ws = int(ws) if isinstance(ws, int) or (isinstance(ws, str) and ws.isdigit()) else None
     # no group size (gloo, older traces) on a row without group ranks: the default group,
     # which spans the job's world (meta.world_size)
     no_group = pl.col("pg_ranks").is_null() | (pl.col("pg_ranks") == "")
-    total = (
-        pl.col("free_total_us").cast(pl.Float64)
-        if "free_total_us" in c.columns
-        else pl.lit(None, dtype=pl.Float64)
-    )
     return (
-        c.select(
-            pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
-            pl.lit(base, dtype=pl.Int64).alias("_base_ns"),
-            *cols,
-            free.alias("free_us"),
-            total.alias("free_total_us"),
-        )
+        rows.select("rank", "_base_ns", *cols, "_ws")
         .with_columns(
-            _world=pl.col("group_size").is_null() & no_group & pl.lit(ws is not None),
+            _world=pl.col("group_size").is_null() & no_group & pl.col("_ws").is_not_null()
         )
         .with_columns(
             group_size=pl.when(pl.col("_world"))
-            .then(pl.lit(ws, dtype=pl.Int64))
+            .then(pl.col("_ws"))
             .otherwise(pl.col("group_size")),
         )
+        .drop("_ws")
     )
 
 
@@ -144,9 +179,9 @@ def match_collectives(summaries: list) -> Matched:
     polars table as docs/multirank.md defines it. Order does not matter: rows are sorted by
     rank and time, and collective ids follow (step, ordinal, group, key).
     """
-    parts = [p for s in summaries if (p := _rank_rows(s)) is not None]
+    rows = _all_rows(summaries)
     notes: list[str] = []
-    if not parts:
+    if rows is None:
         empty = pl.DataFrame(
             schema={"coll_id": pl.Int64, "rank": pl.Int64, "abs_start_us": pl.Float64,
                     "abs_end_us": pl.Float64, **_MEMBER_COLS, "free_us": FREE_DTYPE,
@@ -156,11 +191,19 @@ def match_collectives(summaries: list) -> Matched:
         groups = pl.DataFrame(schema={"pg_key": pl.Utf8, "pg_name": pl.Utf8, "pg_desc": pl.Utf8,
                                       "pg_ranks": pl.Utf8, "group_size": pl.Int64})  # fmt: skip
         return Matched(empty, colls, groups, empty)
-    rows = pl.concat(parts, how="vertical_relaxed")
+    # the process groups, each once: "_pg" numbers them in the order of their key text, so
+    # that sorting by it is sorting by the key; rows carry the number, not the ranks' text
+    pgs = (
+        rows.select("pg_name", "pg_ranks")
+        .unique()
+        .with_columns(pg_key=pg_key_expr(pl.col("pg_ranks").cast(pl.Utf8)))
+        .with_columns(_pg=pl.col("pg_key").rank("dense").cast(pl.Int64))
+    )
+    rows = rows.join(pgs, on=["pg_name", "pg_ranks"], how="left", nulls_equal=True).drop("pg_key")
+    pgs = pgs.group_by("_pg").agg(pl.col("pg_key").first()).sort("_pg")
     ref = rows["_base_ns"].min()
     rows = (
         rows.with_columns(
-            pg_key=pg_key_expr(),
             _off=(pl.col("_base_ns") - ref).cast(pl.Float64) / 1e3,
         )
         .with_columns(
@@ -170,7 +213,7 @@ def match_collectives(summaries: list) -> Matched:
         .drop("_off", "_base_ns")
         .sort("rank", "start_us", "end_us")
     )
-    p2p = rows.filter(pl.col("coll_type").is_in(P2P)).drop("_world")
+    p2p = _with_group_text(rows.filter(pl.col("coll_type").is_in(P2P)).drop("_world"), pgs)
     rows = rows.filter(~pl.col("coll_type").is_in(P2P) | pl.col("coll_type").is_null())
     if p2p.height:
         notes.append(
@@ -180,7 +223,7 @@ def match_collectives(summaries: list) -> Matched:
     job_ranks = sorted({int(s.meta["rank"]) for s in summaries})
 
     # the match key: the best one every row of the process group carries
-    level = rows.group_by("pg_key").agg(
+    level = rows.group_by("_pg").agg(
         has_id=(pl.col("comms_id").is_not_null() & (pl.col("comms_id") != "")).all(),
         has_seq=pl.col("seq").is_not_null().all(),
     )
@@ -190,8 +233,8 @@ def match_collectives(summaries: list) -> Matched:
         .when(pl.col("has_seq"))
         .then(pl.lit("seq"))
         .otherwise(pl.lit("ordinal"))
-    ).select("pg_key", "match_key")
-    rows = rows.join(level, on="pg_key", how="left")
+    ).select("_pg", "match_key")
+    rows = rows.join(level, on="_pg", how="left")
     key = (
         pl.when(pl.col("match_key") == "comms_id")
         .then(pl.concat_str([pl.lit("id:"), pl.col("comms_id")]))
@@ -209,10 +252,10 @@ def match_collectives(summaries: list) -> Matched:
         )
     )
     rows = rows.with_columns(_key=key).with_columns(
-        _dup=pl.int_range(pl.len()).over("rank", "pg_key", "_key")
+        _dup=pl.int_range(pl.len()).over("rank", "_pg", "_key")
     )
 
-    ident = ["pg_key", "_key", "_dup"]
+    ident = ["_pg", "_key", "_dup"]
     colls = rows.group_by(ident).agg(
         step=pl.col("step").min(),
         _ord=pl.col("ordinal").min(),
@@ -234,13 +277,20 @@ def match_collectives(summaries: list) -> Matched:
         _world=pl.col("_world").any(),
     )
     colls = colls.sort(
-        pl.col("step").fill_null(-1), pl.col("_ord").fill_null(-1), "pg_key", "_key", "_dup"
-    ).with_columns(coll_id=pl.int_range(pl.len(), dtype=pl.Int64))
+        pl.col("step").fill_null(-1), pl.col("_ord").fill_null(-1), "_pg", "_key", "_dup"
+    ).with_columns(
+        coll_id=pl.int_range(pl.len(), dtype=pl.Int64), pg_ranks=pl.col("pg_ranks").cast(pl.Utf8)
+    )
+    colls = colls.join(pgs, on="_pg", how="left")
 
     statuses, missing = [], []
+    parsed: dict = {}  # a group's ranks, parsed once per (text, size)
     for r in colls.iter_rows(named=True):
         present = set(r["_ranks"])
-        expected = parse_ranks(r["pg_ranks"], r["group_size"]) or (
+        pk = (r["pg_ranks"], r["group_size"])
+        if pk not in parsed:
+            parsed[pk] = parse_ranks(*pk)
+        expected = parsed[pk] or (
             list(range(r["group_size"])) if r["_world"] and r["group_size"] else []
         )
         n = r["group_size"] or (len(expected) or None)
@@ -269,26 +319,35 @@ def match_collectives(summaries: list) -> Matched:
     members = rows.join(colls.select(*ident, "coll_id"), on=ident, how="left").drop(
         "_key", "_dup", "match_key", "_world"
     )
-    members = members.sort("coll_id", "rank")
+    members = _with_group_text(members.sort("coll_id", "rank"), pgs)
 
     groups = (
-        rows.group_by("pg_key")
+        rows.group_by("_pg")
         .agg(
             pg_name=pl.col("pg_name").first(),
             pg_desc=pl.col("pg_desc").drop_nulls().first(),
-            pg_ranks=pl.col("pg_ranks").first(),
+            pg_ranks=pl.col("pg_ranks").first().cast(pl.Utf8),
             group_size=pl.col("group_size").max(),
             ranks_seen=pl.col("rank").unique().sort().cast(pl.Utf8).str.join(", "),
             match_key=pl.col("match_key").first(),
         )
-        .join(colls.group_by("pg_key").agg(collectives=pl.len()), on="pg_key")
-        .sort("pg_key")
-    )
-    colls = colls.drop(
-        "_key", "_dup", "_ord", "_rows", "_types", "_sizes", "_dtypes", "_gsizes", "_world"
-    )
+        .join(colls.group_by("_pg").agg(collectives=pl.len()), on="_pg")
+        .join(pgs, on="_pg", how="left")
+        .sort("_pg")
+        .select("pg_key", "pg_name", "pg_desc", "pg_ranks", "group_size", "ranks_seen",
+                "match_key", "collectives")
+    )  # fmt: skip
+    colls = colls.select(*COLLECTIVE_SCHEMA, "_ranks")
     notes += _match_notes(colls, groups, job_ranks)
     return Matched(members, colls.drop("_ranks"), groups, p2p, notes)
+
+
+def _with_group_text(rows: pl.DataFrame, pgs: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` (member or send/recv rows) with ``pg_key`` in place of the group number; their
+    ``pg_key`` and ``pg_ranks`` are Categorical: each group's text is held once."""
+    key = pgs.with_columns(pl.col("pg_key").cast(pl.Categorical))
+    cols = [c if c != "_pg" else "pg_key" for c in rows.columns]
+    return rows.join(key, on="_pg", how="left").select(cols)
 
 
 def _match_notes(colls: pl.DataFrame, groups: pl.DataFrame, job_ranks: list[int]) -> list[str]:

@@ -332,26 +332,21 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
         .with_columns(pl.col("exposed_wait_us").fill_null(0.0))
     )
     rest = exposed_unsplit(members)
-    for s in summaries:
+    base = ("step_time_us", "compute_us", "comm_us", "comm_overlap_us", "exposed_comm_us")
+    for s in summaries:  # each rank's step table as it is (the joins are made once, on all)
         st = s.steps
         if st is None or st.height == 0:
             continue
         idle_cols = [c for c in st.columns if c.startswith("idle_")]
-        f = st.select(
-            pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
-            pl.col("step").cast(pl.Int64),
-            *[
-                pl.col(c).cast(pl.Float64)
-                for c in (
-                    "step_time_us",
-                    "compute_us",
-                    "comm_us",
-                    "comm_overlap_us",
-                    "exposed_comm_us",
-                )
-            ],
-            *[pl.col(c).cast(pl.Float64) for c in idle_cols],
-        ).join(per, on=["rank", "step"], how="left")
+        frames.append(
+            st.select(
+                pl.lit(int(s.meta["rank"]), dtype=pl.Int64).alias("rank"),
+                pl.col("step").cast(pl.Int64),
+                *[pl.col(c).cast(pl.Float64) for c in (*base, *idle_cols)],
+            )
+        )
+    if frames:
+        f = pl.concat(frames, how="diagonal_relaxed").join(per, on=["rank", "step"], how="left")
         f = f.join(rest, on=["rank", "step"], how="left").with_columns(
             pl.col("last_arrivals").fill_null(0),
             pl.col("collectives").fill_null(0),
@@ -389,10 +384,10 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
                 .otherwise(None),
             )
         )
-        frames.append(f)
+        frames = [f]
     if not frames:
         return pl.DataFrame(schema={c: pl.Float64 for c in STEP_COLUMNS})
-    df = pl.concat(frames, how="diagonal_relaxed")
+    df = frames[0]
     front = [c for c in STEP_COLUMNS if c in df.columns]
     return df.select(*front, *[c for c in df.columns if c not in front]).sort("rank", "step")
 

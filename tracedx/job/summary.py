@@ -229,20 +229,149 @@ class RankSummary:
             raise ValueError(f"{d}: not a rank summary directory ({e})") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"{d}: not a {SCHEMA} summary")
-        tables = {}
-        for t in TABLES:
-            df = pl.read_parquet(d / f"{t}.parquet")
-            # a column added since the summary was written (free_total_us) reads as null
-            add = [pl.lit(None, dtype=v).alias(k) for k, v in _SCHEMAS[t].items() if k not in df]
-            if add:
-                df = df.with_columns(add).select(list(_SCHEMAS[t]))
-            tables[t] = df.cast(_SCHEMAS[t])
+        tables = {t: _read_parquet(d / f"{t}.parquet", t, None) for t in TABLES}
         return cls(meta=doc["meta"], **tables)
 
 
 def read(directory: str | Path) -> RankSummary:
     """:meth:`RankSummary.read`."""
     return RankSummary.read(directory)
+
+
+# --- the driver's form ------------------------------------------------------------------------
+
+HELD_TABLES = ("colls", "kernels", "opsig")  # kept serialized; ``steps`` is decoded
+
+
+class HeldSummary:
+    """A rank's summary as the cross-rank step holds it: ``meta`` and ``steps`` decoded, the
+    ``colls``, ``kernels`` and ``opsig`` tables kept in their serialized form (the Arrow IPC
+    bytes of :meth:`RankSummary.to_bytes`, zstd-compressed, or the Parquet files of a
+    summaries directory) and decoded at each access, optionally only some columns
+    (:meth:`table`). A decoded summary of a small rank takes about 200 KB of the driver's
+    memory, its serialized tables 15 to 30 KB; with a summaries directory only the paths are
+    held. Same attributes as :class:`RankSummary` (``meta``, ``steps``, ``colls``, ``kernels``,
+    ``opsig``, ``rank``); :meth:`decoded` gives the RankSummary.
+
+    ``keep_steps``: when set, the decoded ``colls`` keep only the rows of those steps (a job cut
+    to the steps all its ranks cover). ``shared`` (of :meth:`from_bytes`, :meth:`read`): a dict
+    the summaries of one job share, so that the process groups their ``meta.pg_config`` repeats
+    (each lists its ranks) are held once, not once per rank.
+    """
+
+    __slots__ = ("meta", "steps", "_sources", "keep_steps")
+
+    def __init__(self, meta: dict, steps: pl.DataFrame, sources: dict[str, bytes | Path]):
+        self.meta = meta
+        self.steps = steps
+        self._sources = sources
+        self.keep_steps: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, shared: dict | None = None) -> HeldSummary:
+        """From :meth:`RankSummary.to_bytes`'s bytes. Raises ValueError like ``from_bytes``."""
+        try:
+            doc = msgspec.msgpack.decode(data)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"not a rank summary: {e}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"not a {SCHEMA} summary (schema {got!r})")
+        meta = _share(doc["meta"], shared)
+        return cls(
+            meta, pl.read_ipc_stream(BytesIO(doc["steps"])), {t: doc[t] for t in HELD_TABLES}
+        )
+
+    @classmethod
+    def read(cls, directory: str | Path, shared: dict | None = None) -> HeldSummary:
+        """From a directory :meth:`RankSummary.write` wrote: ``meta.json`` and ``steps`` read
+        now, the other tables' Parquet files at each access. Raises ValueError when it is not
+        a summary."""
+        d = Path(directory)
+        try:
+            doc = json.loads((d / "meta.json").read_bytes())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{d}: not a rank summary directory ({e})") from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ValueError(f"{d}: not a {SCHEMA} summary")
+        missing = [t for t in TABLES if not (d / f"{t}.parquet").is_file()]
+        if missing:
+            raise ValueError(f"{d}: not a whole rank summary (no {missing[0]}.parquet)")
+        steps = _read_parquet(d / "steps.parquet", "steps", None)
+        return cls(_share(doc["meta"], shared), steps, {t: d / f"{t}.parquet" for t in HELD_TABLES})
+
+    def table(self, name: str, columns: list[str] | None = None) -> pl.DataFrame:
+        """One table decoded from its serialized form (``columns``: only those, in that
+        order; each must be in the table's schema)."""
+        if name == "steps":
+            return self.steps if columns is None else self.steps.select(columns)
+        src = self._sources[name]
+        cut = name == "colls" and self.keep_steps is not None
+        want = (
+            None if columns is None else list(dict.fromkeys([*columns, *(["step"] if cut else [])]))
+        )
+        if isinstance(src, Path):
+            df = _read_parquet(src, name, want)
+        else:
+            df = pl.read_ipc_stream(BytesIO(src), columns=want)
+        if cut:
+            keep = pl.Series(list(self.keep_steps), dtype=pl.Int64).implode()
+            df = df.filter(pl.col("step").is_in(keep))
+        return df if columns is None or df.columns == columns else df.select(columns)
+
+    colls = property(lambda self: self.table("colls"))
+    kernels = property(lambda self: self.table("kernels"))
+    opsig = property(lambda self: self.table("opsig"))
+
+    @property
+    def rank(self) -> int | None:
+        return self.meta.get("rank")
+
+    def decoded(self) -> RankSummary:
+        """The whole :class:`RankSummary`."""
+        return RankSummary(self.meta, self.steps, self.colls, self.kernels, self.opsig)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HeldSummary):
+            other = other.decoded()
+        if not isinstance(other, RankSummary):
+            return NotImplemented
+        return self.decoded() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"HeldSummary(rank={self.meta.get('rank')}, path={self.meta.get('path')!r}, "
+            f"steps={self.steps.height})"
+        )
+
+
+def _read_parquet(path: Path, table: str, columns: list[str] | None) -> pl.DataFrame:
+    """A summary table's Parquet file; a column added to the schema since it was written
+    (``free_total_us``) reads as null."""
+    schema = _SCHEMAS[table]
+    names = list(schema) if columns is None else columns
+    lf = pl.scan_parquet(path)
+    have = set(lf.collect_schema().names())
+    return (
+        lf.select(
+            [pl.col(k) if k in have else pl.lit(None, dtype=schema[k]).alias(k) for k in names]
+        )
+        .collect()
+        .cast({k: schema[k] for k in names})
+    )
+
+
+def _share(meta: dict, shared: dict | None) -> dict:
+    """``meta`` with each process group of its ``pg_config`` replaced by the equal one already
+    in ``shared`` (a group lists its ranks: held once per rank, the default group alone would
+    grow with ranks squared)."""
+    pg = meta.get("pg_config")
+    if shared is None or not isinstance(pg, list):
+        return meta
+    meta["pg_config"] = [shared.setdefault(_JSON.encode(g), g) for g in pg]
+    return meta
 
 
 # --- building ---------------------------------------------------------------------------------
