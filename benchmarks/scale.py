@@ -412,13 +412,17 @@ def run_reduce(n: int, profile: str | None = None) -> dict:
     from tracedx.job import executor as ex
     from tracedx.job.load import assemble_job
 
+    import inspect
+
     path = blobs_file(n)
     rss0 = _rss_bytes()
     decode_s = 0.0
     results = []
+    # as map_ranks decodes them: with one dict the job's summaries share (where it exists)
+    kw = {"shared": {}} if "shared" in inspect.signature(ex._decode_summary).parameters else {}
     for r, blob in enumerate(_read_blobs(path)):
         t = time.perf_counter()
-        results.append((f"synthetic/rank-{r}.json.gz", ex._decode_summary(blob), None))
+        results.append((f"synthetic/rank-{r}.json.gz", ex._decode_summary(blob, **kw), None))
         decode_s += time.perf_counter() - t
     rss_held = _rss_bytes()
     prof = None
