@@ -24,12 +24,18 @@ What it does:
    N <= 64: load, temporal, idle and kernel breakdowns (``hta_run.py``).
 4. Prints a table, writes ``benchmarks/out/scale.json`` and ``scale.md``, with the growth of
    time against N and a paper projection for 4,096 ranks of 1 GB on 64 nodes.
+5. ``--reduce-only``: the driver's side alone (``run_reduce``) on N summaries cloned from one
+   real rank's (``synth_summaries``), each size in a fresh process: decode as they arrive,
+   ``assemble_job``, ``diagnose_job``, the JSON; times, resident set per stage, peak, and the
+   log-log slope of the time against N.
 
 Usage::
 
     python benchmarks/scale.py                        # N = 8, 64, 256, 1024; HTA for N <= 64
     python benchmarks/scale.py --sizes 8 64 --no-hta
     python benchmarks/scale.py --make-only --sizes 64 # only write the job
+    python benchmarks/scale.py --pin --no-hta --sizes 8 64 256   # 1 worker on 1 core, 2 on 2
+    python benchmarks/scale.py --reduce-only --sizes 64 256 1024 2048
 
 Not a test: numbers depend on the machine and on what else runs on it.
 """
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -407,12 +414,12 @@ def run_reduce(n: int, profile: str | None = None) -> dict:
     ``blobs_file`` and decoded one after another, as they arrive from workers
     (``executor._decode_summary``), then ``assemble_job``, ``diagnose_job`` and the JSON;
     times, this process's resident set after each stage and its peak."""
+    import inspect
+
     import tracedx
     import tracedx.job.summary  # noqa: F401  (imported before the clock starts)
     from tracedx.job import executor as ex
     from tracedx.job.load import assemble_job
-
-    import inspect
 
     path = blobs_file(n)
     rss0 = _rss_bytes()
@@ -500,14 +507,16 @@ def reduce_table(sizes: list[int], timeout: float) -> list[dict]:
 CONFIGS = [("local", 1), ("local", 2), ("dask-local", 2)]
 
 
-def _measure(folder: Path, mode: str, workers: int, timeout: float) -> dict:
+def _measure(folder: Path, mode: str, workers: int, timeout: float, pin: bool = False) -> dict:
+    """One configuration in a fresh process; with ``pin``, under ``taskset -c 0,..,workers-1``
+    (the driver shares those cores with its workers)."""
     sys.path.insert(0, str(HERE))
     from bench import _run_wait4
 
-    r = _run_wait4(
-        [sys.executable, str(Path(__file__).resolve()), "_one", str(folder), mode, str(workers)],
-        timeout,
-    )
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_one", str(folder), mode, str(workers)]
+    if pin:
+        cmd = ["taskset", "-c", ",".join(str(c) for c in range(workers)), *cmd]
+    r = _run_wait4(cmd, timeout)
     m = re.search(rb"SCALE_RESULT (.*)", r["stdout"])
     if r["rc"] != 0 or not m:
         err = r["stderr"].decode(errors="replace").strip().splitlines()
@@ -610,7 +619,7 @@ def growth(results: list[dict]) -> dict:
 def projection(results: list[dict], g: dict) -> str:
     """4,096 ranks of 1 GB on 64 nodes, on paper, from the measured costs.
 
-    Per byte: README's single-trace benchmark on this machine (a 1 GB trace in ~11 s with two
+    Per byte: README's single-trace benchmark on this machine (a 1 GB trace in 11.45 s with two
     cores: tracedx's reader uses a second process). Per rank: this benchmark's 1-worker map
     time per rank at the largest N (its traces are small, so this is the fixed cost of a rank:
     process work, diagnosis, summary). Nodes assumed: 32 cores and 256 GB each, so 16 workers
@@ -626,7 +635,7 @@ def projection(results: list[dict], g: dict) -> str:
     ]
     if not one or len(runs) < 2:
         return "no projection: the 1-worker local runs did not finish at two sizes"
-    per_gb_s, ranks, nodes, workers_per_node = 11.0, 4096, 64, 16
+    per_gb_s, ranks, nodes, workers_per_node = 11.45, 4096, 64, 16
     per_rank_s = one["map_s_per_rank"]
     rounds = math.ceil(ranks / (nodes * workers_per_node))
     map_s = rounds * (per_gb_s + per_rank_s)
@@ -663,6 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hta-max", type=int, default=64)
     ap.add_argument("--make-only", action="store_true")
     ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="run each configuration under taskset on as many cores as it has workers",
+    )
+    ap.add_argument(
         "--reduce-only",
         action="store_true",
         help="time the driver's side alone on synthetic summaries of --sizes ranks",
@@ -696,7 +710,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.make_only:
             continue
         for mode, workers in CONFIGS:
-            run = _measure(folder, mode, workers, args.timeout)
+            if mode == "dask-local" and importlib.util.find_spec("distributed") is None:
+                job["runs"].append({"ok": False, "mode": mode, "workers": workers,
+                                    "error": "Dask is not installed"})  # fmt: skip
+                continue
+            run = _measure(folder, mode, workers, args.timeout, pin=args.pin)
             job["runs"].append(run)
             print(
                 f"  {mode} x{workers}: "

@@ -60,7 +60,8 @@ class Matched:
         members: one row per (collective, rank): ``coll_id``, ``rank`` and the rank's ``colls``
             columns (``step``, ``start_us``, ``end_us``, ``duration_us`` on the rank's own
             clock, ``free_us``, ``free_total_us``, ...), plus ``abs_start_us``/``abs_end_us`` (the rank's times on
-            the job's common base: ``(base_time_ns - min base) / 1000 + t``).
+            the job's common base: ``(base_time_ns - min base) / 1000 + t``); its ``pg_key``
+            and ``pg_ranks`` are Categorical (a group's text held once).
         collectives: one row per collective instance: ``coll_id``, ``pg_key``, ``pg_name``,
             ``pg_desc``, ``pg_ranks``, ``coll_type``, ``step``, ``seq``, ``match_key``
             (``comms_id``, ``seq`` or ``ordinal``), ``group_size``, ``members``, ``status``
