@@ -3,8 +3,10 @@
 Each "trace" is a small text file; the task returns its bytes as the rank's summary, so
 results are easy to check. Its content steers the task: ``die`` makes the worker process
 exit at once (as a SIGKILL or OOM would), ``die-once`` does so only the first time (a marker
-file beside it records the first attempt), ``sleep N`` writes its pid beside the file and sleeps N seconds first, ``bad`` is
-an unreadable trace (a TraceError).
+file beside it records the first attempt); ``die S`` / ``die-once S`` first sleep S seconds
+(a worker that dies while its nanny is still starting it may not be restarted: Dask's race,
+not tracedx's); ``sleep N`` writes its pid beside the file and sleeps N seconds first, ``bad``
+is an unreadable trace (a TraceError).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def fake_task(path, options, summaries_dir, name):
         data = f.read()
     words = data.split()
     if words[:1] == [b"die"]:
+        time.sleep(float(words[1]) if len(words) > 1 else 0.0)
         os._exit(3)
     if words[:1] == [b"die-once"]:
         marker = path + ".tried"
         if not os.path.exists(marker):
             open(marker, "w").close()
+            time.sleep(float(words[1]) if len(words) > 1 else 0.0)
             os._exit(3)
     if words[:1] == [b"sleep"]:
         with open(path + ".pid", "w") as f:

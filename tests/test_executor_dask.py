@@ -28,13 +28,20 @@ def test_dask_map_matches_the_local_pool(client, tmp_path):
 
 
 def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
-    paths = _ranks(tmp_path, ["a", "die-once", "die", "d"])
+    # more ranks than twice the cluster's threads, as in any real job: Dask then queues them on
+    # the scheduler and sends each worker one at a time (worker-saturation 1.0), so no rank
+    # waits on a worker behind the one that kills it (with fewer, Dask assigns them all at
+    # once and counts a queued rank's dying worker against it too); the dying ranks run a
+    # second first, so that no worker dies while its nanny is still starting it
+    paths = _ranks(tmp_path, ["a", "die-once 1", "die 1", "d", "e", "f"])
     out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
     assert [r.summary for r in out] == [
         b"summary of a",
-        b"summary of die-once",
+        b"summary of die-once 1",
         None,
         b"summary of d",
+        b"summary of e",
+        b"summary of f",
     ]
     assert out[2].note.startswith(f"{paths[2]}: the worker running it died every time")
 

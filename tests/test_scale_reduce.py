@@ -86,3 +86,15 @@ def test_the_reduce_over_a_summaries_directory_gives_the_same_json(summaries, tm
     assert "reused 2 of 2 rank summaries" in capsys.readouterr().err
     assert tracedx.diagnose(first).to_json() == in_memory
     assert tracedx.diagnose(again).to_json() == in_memory
+
+
+def test_a_stored_summary_with_a_broken_table_is_not_reused(summaries, tmp_path):
+    from tracedx.job.executor import _read_stored
+
+    s = summaries[0]
+    entry = s.write(tmp_path / "r0.rank-summary")
+    assert _read_stored(str(entry), s.meta["path"]) == s
+    (entry / "opsig.parquet").write_bytes(b"not parquet")  # read only when the reduce needs it
+    assert _read_stored(str(entry), s.meta["path"]) is None
+    with pytest.raises(ValueError, match="not a whole rank summary"):
+        HeldSummary.read(entry)

@@ -621,13 +621,21 @@ def _dask_executor(client):
 def local_cluster(n_workers: int = 2, **kwargs):
     """A Dask ``LocalCluster`` set up as tracedx expects: processes of one thread each, no
     dashboard, ``POLARS_MAX_THREADS`` set to each worker's CPU share, and one task at a time
-    sent to each worker thread (``worker-saturation: 1.0``: a worker that dies then takes no
-    queued rank down with it). Needs ``tracedx[dask]``."""
+    sent to each worker thread (``worker-saturation: 1.0``, for jobs of more ranks than twice
+    the threads, Dask's root-ish tasks: a worker that dies then takes no queued rank down with
+    it), and ranks failed after 120 s without any worker (``no-workers-timeout``) rather than
+    a wait without end. Needs ``tracedx[dask]``."""
     import dask
     from distributed import LocalCluster
 
     threads = max(1, cpu_count() // n_workers)
-    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+    # a cluster whose workers are all gone for good (a nanny that could not restart one) fails
+    # the ranks left as notes after two minutes instead of waiting for workers forever
+    config = {
+        "distributed.scheduler.worker-saturation": 1.0,
+        "distributed.scheduler.no-workers-timeout": "120s",
+    }
+    with dask.config.set(config):
         return LocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,

@@ -294,10 +294,12 @@ class HeldSummary:
             raise ValueError(f"{d}: not a rank summary directory ({e})") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"{d}: not a {SCHEMA} summary")
-        missing = [t for t in TABLES if not (d / f"{t}.parquet").is_file()]
-        if missing:
-            raise ValueError(f"{d}: not a whole rank summary (no {missing[0]}.parquet)")
-        steps = _read_parquet(d / "steps.parquet", "steps", None)
+        try:  # each file whole (its footer readable), the tables themselves read later
+            for t in HELD_TABLES:
+                pl.read_parquet_schema(d / f"{t}.parquet")
+            steps = _read_parquet(d / "steps.parquet", "steps", None)
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise ValueError(f"{d}: not a whole rank summary ({e})") from None
         return cls(_share(doc["meta"], shared), steps, {t: d / f"{t}.parquet" for t in HELD_TABLES})
 
     def table(self, name: str, columns: list[str] | None = None) -> pl.DataFrame:
