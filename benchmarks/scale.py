@@ -354,12 +354,14 @@ def template_summary() -> bytes:
     return data
 
 
-def synth_summaries(n: int, template: bytes):
+def synth_summaries(n: int, template: bytes, copies: int = 1):
     """Yield the summary bytes of each rank of an ``n``-rank job cloned from ``template`` (one
     rank's real summary): its meta with the rank, world size and default group of ``n`` ranks,
     its collectives re-timed as in ``make_job`` (each all-reduce ends at the same time on every
     rank, 490 us after the template's start; a rank arrives 0-40 us after that start, rank
-    n // 3 300 us later) and all of each kernel free (no compute under it)."""
+    n // 3 300 us later) and all of each kernel free (no compute under it). ``copies``: each
+    collective repeated that many times (its ``Seq`` shifted, 1 ns later each), for ranks with
+    more collectives than the template's 20."""
     import copy
 
     import polars as pl
@@ -367,6 +369,16 @@ def synth_summaries(n: int, template: bytes):
     from tracedx.job.summary import RankSummary
 
     t = RankSummary.from_bytes(template)
+    if copies > 1:
+        m = t.colls.height
+        t.colls = pl.concat(
+            t.colls.with_columns(
+                seq=pl.col("seq") + j * m,
+                start_us=pl.col("start_us") + j * 1e-3,
+                end_us=pl.col("end_us") + j * 1e-3,
+            )
+            for j in range(copies)
+        ).sort("start_us", maintain_order=True)
     rng = random.Random(n)
     ranks_text = "[" + ", ".join(map(str, range(n))) + "]"
     start0 = t.colls["start_us"]
@@ -391,13 +403,14 @@ def synth_summaries(n: int, template: bytes):
         yield RankSummary(meta, t.steps, colls, t.kernels, t.opsig).to_bytes()
 
 
-def blobs_file(n: int) -> Path:
+def blobs_file(n: int, copies: int = 1) -> Path:
     """``n`` synthetic summaries (``synth_summaries``), written once as length-prefixed bytes."""
-    path = OUT / f"scale-summaries-{GENERATOR_VERSION}-{n}.bin"
+    tail = f"x{copies}" if copies > 1 else ""
+    path = OUT / f"scale-summaries-{GENERATOR_VERSION}-{n}{tail}.bin"
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            for blob in synth_summaries(n, template_summary()):
+            for blob in synth_summaries(n, template_summary(), copies):
                 f.write(len(blob).to_bytes(8, "little") + blob)
         tmp.replace(path)
     return path
@@ -409,7 +422,7 @@ def _read_blobs(path: Path):
             yield f.read(int.from_bytes(head, "little"))
 
 
-def run_reduce(n: int, profile: str | None = None) -> dict:
+def run_reduce(n: int, profile: str | None = None, copies: int = 1) -> dict:
     """The driver's side alone for ``n`` synthetic ranks: each summary's bytes read from
     ``blobs_file`` and decoded one after another, as they arrive from workers
     (``executor._decode_summary``), then ``assemble_job``, ``diagnose_job`` and the JSON;
@@ -421,7 +434,7 @@ def run_reduce(n: int, profile: str | None = None) -> dict:
     from tracedx.job import executor as ex
     from tracedx.job.load import assemble_job
 
-    path = blobs_file(n)
+    path = blobs_file(n, copies)
     rss0 = _rss_bytes()
     decode_s = 0.0
     results = []
@@ -454,6 +467,7 @@ def run_reduce(n: int, profile: str | None = None) -> dict:
     doc = json.loads(text)
     return {
         "ranks": n,
+        "collectives_per_rank": 20 * copies,
         "decode_s": decode_s,
         "assemble_s": t1 - t0,
         "diagnose_s": t2 - t1,
@@ -475,15 +489,16 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def reduce_table(sizes: list[int], timeout: float) -> list[dict]:
+def reduce_table(sizes: list[int], timeout: float, copies: int = 1) -> list[dict]:
     """``run_reduce`` at each size, each in a fresh process; the log-log slopes of the time."""
     sys.path.insert(0, str(HERE))
     from bench import _run_wait4
 
     out = []
     for n in sizes:
-        blobs_file(n)  # made once, outside the timed processes
-        r = _run_wait4([sys.executable, str(Path(__file__).resolve()), "_reduce", str(n)], timeout)
+        blobs_file(n, copies)  # made once, outside the timed processes
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_reduce", str(n), "-", str(copies)]
+        r = _run_wait4(cmd, timeout)
         m = re.search(rb"REDUCE_RESULT (.*)", r["stdout"])
         res = json.loads(m.group(1)) if m else {"ranks": n, "error": r["stderr"][-300:].decode()}
         print(json.dumps(res), flush=True)
@@ -659,7 +674,9 @@ def projection(results: list[dict], g: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_reduce"]:
-        out = run_reduce(int(argv[1]), argv[2] if len(argv) > 2 else None)
+        # _reduce N [PROFILE_OUT or -] [COPIES]
+        profile = argv[2] if len(argv) > 2 and argv[2] != "-" else None
+        out = run_reduce(int(argv[1]), profile, int(argv[3]) if len(argv) > 3 else 1)
         print("REDUCE_RESULT " + json.dumps(out), flush=True)
         return 0
     if argv[:1] == ["_one"]:
@@ -681,11 +698,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the driver's side alone on synthetic summaries of --sizes ranks",
     )
+    ap.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="--reduce-only: each rank's 20 collectives repeated this many times",
+    )
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args(argv)
     if args.reduce_only:
         sys.path.insert(0, str(ROOT))
-        reduce_table(args.sizes, args.timeout)
+        reduce_table(args.sizes, args.timeout, args.copies)
         return 0
     results = []
     for n in args.sizes:
