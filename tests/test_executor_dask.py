@@ -27,14 +27,17 @@ def test_dask_map_matches_the_local_pool(client, tmp_path):
     assert on_dask[1].note == f"{paths[1]}: not a trace"
 
 
-def test_dask_worker_killed_once_is_retried_twice_is_a_note(client, tmp_path):
+def test_dask_worker_killed_once_is_retried_twice_is_a_note(tmp_path):
     # more ranks than twice the cluster's threads, as in any real job: Dask then queues them on
     # the scheduler and sends each worker one at a time (worker-saturation 1.0), so no rank
     # waits on a worker behind the one that kills it (with fewer, Dask assigns them all at
     # once and counts a queued rank's dying worker against it too); the dying ranks run a
     # second first, so that no worker dies while its nanny is still starting it
+    # (a cluster of its own: after the four deaths Dask may close the nannies it restarted, and
+    # the cluster the other tests share then has no workers)
     paths = _ranks(tmp_path, ["a", "die-once 1", "die 1", "d", "e", "f"])
-    out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
+    with ex.local_cluster(2) as cluster, distributed.Client(cluster) as client:
+        out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
     assert [r.summary for r in out] == [
         b"summary of a",
         b"summary of die-once 1",
