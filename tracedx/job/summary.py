@@ -183,13 +183,7 @@ class RankSummary:
     @classmethod
     def from_bytes(cls, data: bytes) -> RankSummary:
         """The inverse of :meth:`to_bytes`. Raises ValueError on another schema or bad bytes."""
-        try:
-            doc = msgspec.msgpack.decode(data)
-        except msgspec.DecodeError as e:
-            raise ValueError(f"not a rank summary: {e}") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(f"not a {SCHEMA} summary (schema {got!r})")
+        doc = _decode(data)
         tables = {t: pl.read_ipc_stream(BytesIO(doc[t])) for t in TABLES}
         return cls(meta=doc["meta"], **tables)
 
@@ -223,12 +217,7 @@ class RankSummary:
     def read(cls, directory: str | Path) -> RankSummary:
         """Read what :meth:`write` wrote. Raises ValueError when it is not a summary."""
         d = Path(directory)
-        try:
-            doc = json.loads((d / "meta.json").read_bytes())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{d}: not a rank summary directory ({e})") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"{d}: not a {SCHEMA} summary")
+        doc = _meta_json(d)
         tables = {t: _read_parquet(d / f"{t}.parquet", t, None) for t in TABLES}
         return cls(meta=doc["meta"], **tables)
 
@@ -236,6 +225,29 @@ class RankSummary:
 def read(directory: str | Path) -> RankSummary:
     """:meth:`RankSummary.read`."""
     return RankSummary.read(directory)
+
+
+def _decode(data: bytes) -> dict:
+    """The MessagePack map of :meth:`RankSummary.to_bytes`; ValueError when it is not one."""
+    try:
+        doc = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not a rank summary: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"not a {SCHEMA} summary (schema {got!r})")
+    return doc
+
+
+def _meta_json(d: Path) -> dict:
+    """A summary directory's ``meta.json``; ValueError when it is not one."""
+    try:
+        doc = json.loads((d / "meta.json").read_bytes())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{d}: not a rank summary directory ({e})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{d}: not a {SCHEMA} summary")
+    return doc
 
 
 # --- the driver's form ------------------------------------------------------------------------
@@ -270,13 +282,7 @@ class HeldSummary:
     @classmethod
     def from_bytes(cls, data: bytes, shared: dict | None = None) -> HeldSummary:
         """From :meth:`RankSummary.to_bytes`'s bytes. Raises ValueError like ``from_bytes``."""
-        try:
-            doc = msgspec.msgpack.decode(data)
-        except msgspec.DecodeError as e:
-            raise ValueError(f"not a rank summary: {e}") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(f"not a {SCHEMA} summary (schema {got!r})")
+        doc = _decode(data)
         meta = _share(doc["meta"], shared)
         return cls(
             meta, pl.read_ipc_stream(BytesIO(doc["steps"])), {t: doc[t] for t in HELD_TABLES}
@@ -288,12 +294,7 @@ class HeldSummary:
         now, the other tables' Parquet files at each access. Raises ValueError when it is not
         a summary."""
         d = Path(directory)
-        try:
-            doc = json.loads((d / "meta.json").read_bytes())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{d}: not a rank summary directory ({e})") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"{d}: not a {SCHEMA} summary")
+        doc = _meta_json(d)
         try:  # each file whole (its footer readable), the tables themselves read later
             for t in HELD_TABLES:
                 pl.read_parquet_schema(d / f"{t}.parquet")
