@@ -28,15 +28,22 @@ def test_dask_map_matches_the_local_pool(client, tmp_path):
 
 
 def test_dask_worker_killed_once_is_retried_twice_is_a_note(tmp_path):
-    # more ranks than twice the cluster's threads, as in any real job: Dask then queues them on
+    # More ranks than twice the cluster's threads, as in any real job: Dask then queues them on
     # the scheduler and sends each worker one at a time (worker-saturation 1.0), so no rank
     # waits on a worker behind the one that kills it (with fewer, Dask assigns them all at
-    # once and counts a queued rank's dying worker against it too); the dying ranks run a
-    # second first, so that no worker dies while its nanny is still starting it
-    # (a cluster of its own: after the four deaths Dask may close the nannies it restarted, and
-    # the cluster the other tests share then has no workers)
+    # once and counts a queued rank's dying worker against it too). The dying ranks run a
+    # second first, so that no worker dies while its nanny is still starting it. A cluster of
+    # its own that allows one death per task (Dask's default allows three): after several
+    # deaths in a row Dask may close the nannies it restarted, leaving no workers (seen under
+    # load), so the fewer deaths the better.
+    import dask
+
     paths = _ranks(tmp_path, ["a", "die-once 1", "die 1", "d", "e", "f"])
-    with ex.local_cluster(2) as cluster, distributed.Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        ex.local_cluster(2) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         out = ex.map_ranks(paths, client=client, **rankmap.STANDIN, progress=False)
     assert [r.summary for r in out] == [
         b"summary of a",
