@@ -222,12 +222,9 @@ def diff_card(td) -> str:
 
 
 def _job_verdict(d: dict) -> str:
-    if not d["regime"]:
-        return "no verdict (see the notes)"
-    b, s = d["bottleneck"], d["straggler"]
-    if s:
-        b = f"{b}: straggler rank {s['rank']} ({s['cause']})"
-    return f"{d['regime'].upper()}, bottleneck: {b}"
+    from tracedx.report.job import verdict_line
+
+    return verdict_line(d, "no verdict (see the notes)")
 
 
 def _job_head(d: dict) -> str:
