@@ -7,7 +7,9 @@ default-group ``record_param_comms``, ``world_size``, ``steps``) and decides the
 the rank of a file that says nothing comes from its name (:func:`rank_from_filename`), and every
 irregularity is a note, never a silent drop: two files of one rank, missing ranks, files that
 disagree about the world size, ranks that cover different ``ProfilerStep`` numbers (the job is
-analysed on the common ones), a file whose rank cannot be told.
+analysed on the common ones), a file whose rank cannot be told. Before that,
+:func:`check_one_job` decides that the files are one job at all: a folder of single-GPU traces,
+two runs side by side, or single traces beside a job are refused in one line that names them.
 
 File-name layouts, with their sources:
 
