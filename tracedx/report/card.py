@@ -102,9 +102,11 @@ def _card(title: str, subtitle: str, verdict: str, rows: list[tuple[str, str]], 
 def _fix_list(fixes: list[dict], against: str) -> str:
     if not fixes:
         return "<p>No fix is worth 5% or more.</p>"
+    from tracedx.report.text import estimate_label, speedup_label
+
     items = "".join(
-        f"<li><code>{_e(f['fix'])}</code>: <b>{f['estimated_speedup']:.2f}x</b> -> "
-        f"{f['estimated_step_ms']:.3f} ms per step. {_e(f['title'])}</li>"
+        f"<li><code>{_e(f['fix'])}</code>: <b>{_e(speedup_label(f))}</b> -> "
+        f"{_e(estimate_label(f))}. {_e(f['title'])}</li>"
         for f in fixes
     )
     return (

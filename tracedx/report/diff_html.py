@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from tracedx.analysis.timeline import CAUSES
-from tracedx.report.diff_report import TOP, _chg, _num, _ratio, _weak, _x, diff_dict
+from tracedx.report.diff_report import TOP, _chg, _estimate, _num, _ratio, _weak, _x, diff_dict
 from tracedx.report.figures import (
     CAUSE_COLORS,
     CAUSE_PATTERNS,
@@ -42,11 +42,17 @@ SIDES = ("before", "after")
 def estimate_figure(td) -> go.Figure:
     """Step times (ms, median) of BEFORE, BEFORE's Amdahl estimate after the fix, and AFTER,
     one bar per clock: traced, and unprofiled where both traces carry it. The estimate is drawn
-    on the clock it is against (BEFORE's unprofiled step when it has one, else traced)."""
+    on the clock it is against (BEFORE's unprofiled step when it has one, else traced). When
+    AFTER's batch grew (larger-batch), every bar is per BEFORE's batch of samples: AFTER's step
+    divided by the growth, like the estimate."""
     d = diff_dict(td)
     p = d["prediction"]
+    k = p.get("batch_scale")
     title = "Estimate against achieved (median step time, ms)"
     rows = ["BEFORE", f"estimate: {esc(d['fix'])}", "AFTER (achieved)"]
+    if k:
+        title = "Estimate against achieved (ms per BEFORE's batch of samples)"
+        rows[2] = f"AFTER (achieved; its step / {k:g})"
     against = d["before"]["estimates_against"]
     fig = go.Figure()
     for clock, before, after, color in (
@@ -56,6 +62,8 @@ def estimate_figure(td) -> go.Figure:
         est = p["estimated_step_ms"] if against == clock else None
         if before is None and after is None:
             continue
+        if k and after is not None:
+            after = after / k
         vals = [before, est, after]
         fig.add_trace(
             go.Bar(
@@ -77,7 +85,8 @@ def estimate_figure(td) -> go.Figure:
     top = max([v for t in fig.data for v in t.x if v is not None] or [1.0])
     fig.update_layout(barmode="group")
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="step time (ms)", range=[0, top * 1.2])
+    unit = "ms per BEFORE's batch" if k else "step time (ms)"
+    fig.update_xaxes(title=unit, range=[0, top * 1.2])
     return _layout(fig, title, 300)
 
 
@@ -152,7 +161,7 @@ def _prediction(d: dict) -> str:
     f = p["finding"]
     est = _x(p["estimated_speedup"])
     if f:
-        est += f" → {p['estimated_step_ms']:.3f} ms (f = {f['fraction']:.0%})"
+        est = f"{_estimate(p, f).replace(' -> ', ' → ')} (f = {f['fraction']:.0%})"
         if not f["recommended"]:
             est += " [not recommended: &lt; 5%]"
     ach = []

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from tracedx.analysis.kernels import KINDS, kind_expr
 from tracedx.analysis.timeline import CAUSES, sync_calls
 from tracedx.devices import PEAK_KEYS
-from tracedx.report.text import short_name
+from tracedx.report.text import estimate_label, short_name, speedup_label
 
 __all__ = [
     "all_figures",
@@ -800,7 +800,8 @@ def breakdown_figure(diag) -> go.Figure:
 def fixes_figure(diag) -> go.Figure:
     """One pair of bars per finding: the step the estimates are against (the unprofiled median
     when the trace carries one, else the traced median) and the Amdahl estimate of the step
-    time after the fix (ms), best fix on top; fixes worth less than 5% are drawn pale."""
+    time after the fix (ms), best fix on top; fixes worth less than 5% are drawn pale. For
+    larger-batch the bar is the time per today's batch of samples (its step holds more)."""
     title = "What each fix is worth (Amdahl estimate of the step time, ms)"
     found = diag.findings
     if not found or diag.model is None:
@@ -815,7 +816,7 @@ def fixes_figure(diag) -> go.Figure:
                 f"<b>{esc(f.title)}</b>",
                 f"f = {f.fraction:.0%} of the step, s = "
                 + ("∞" if math.isinf(f.local_speedup) else f"{f.local_speedup:.2f}x"),
-                f"1/((1-f)+f/s) = {f.estimated_speedup:.2f}x -> {f.estimated_step_ms:.3f} ms",
+                f"1/((1-f)+f/s) = {speedup_label(f.to_dict())} -> {estimate_label(f.to_dict())}",
                 hover_name(f.derivation, 90),
             ]
         )
@@ -849,7 +850,10 @@ def fixes_figure(diag) -> go.Figure:
     )
     fig.update_layout(barmode="group")
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="step time (ms)", range=[0, cur * 1.15])
+    unit = "step time (ms)"
+    if any(f.batch_factor for f in found):
+        unit += "; larger-batch: ms per today's batch of samples"
+    fig.update_xaxes(title=unit, range=[0, cur * 1.15])
     return _layout(fig, title, max(260, 120 + 56 * len(found)))
 
 
