@@ -18,14 +18,7 @@ import polars as pl
 
 from tracedx.analysis.timeline import CAUSES
 from tracedx.report.diff_report import TOP, _chg, _estimate, _num, _ratio, _weak, _x, diff_dict
-from tracedx.report.figures import (
-    CAUSE_COLORS,
-    CAUSE_PATTERNS,
-    _hatch,
-    _kind_color,
-    _layout,
-    esc,
-)
+from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
 from tracedx.report.text import short_name
@@ -113,39 +106,20 @@ def sides_figure(td) -> go.Figure:
     x = ["BEFORE", "AFTER"]
     kinds = [k for k in d["kind_changes"] if k["before_us"] or k["after_us"]]
     for k in sorted(kinds, key=lambda k: -(k["before_us"] + k["after_us"])):
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=[k["before_us"] / 1e3, k["after_us"] / 1e3],
-                name=esc(k["kind"]),
-                marker_color=_kind_color(k["kind"]),
-                hovertemplate=f"{esc(k['kind'])}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
-            )
-        )
+        name = esc(k["kind"])
+        hover = f"{name}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>"
+        ys = [k["before_us"] / 1e3, k["after_us"] / 1e3]
+        fig.add_trace(kind_bar(x, ys, k["kind"], hover, name))
     idle = [_per_step_idle(td.before), _per_step_idle(td.after)]
     for c in CAUSES:
         ys = [i.get(c, 0.0) / 1e3 for i in idle]
         if any(ys):
-            fig.add_trace(
-                go.Bar(
-                    x=x,
-                    y=ys,
-                    name=f"idle: {c}",
-                    marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
-                    hovertemplate=f"idle, {c}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
-                )
-            )
+            hover = f"idle, {c}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>"
+            fig.add_trace(idle_bar(x, ys, c, hover))
     p = d["prediction"]
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=[p["before_step_ms"], p["after_step_ms"]],
-            mode="markers",
-            name="step time (median)",
-            marker={"symbol": "line-ew", "size": 60, "line": {"width": 3, "color": "#000"}},
-            hovertemplate="step time %{y:.3f} ms<extra>%{x}</extra>",
-        )
-    )
+    ys = [p["before_step_ms"], p["after_step_ms"]]
+    hover = "step time %{y:.3f} ms<extra>%{x}</extra>"
+    fig.add_trace(step_marker(x, ys, "step time (median)", hover, 60))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="ms per step")
     return _layout(fig, "Where the time goes, BEFORE and AFTER", 460)

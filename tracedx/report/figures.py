@@ -637,6 +637,32 @@ def _kind_color(kind: str) -> str:
     return KIND_COLORS.get(kind, KIND_COLORS["other"])
 
 
+def kind_bar(x: list, y: list, kind: str, hover: str, name: str | None = None) -> go.Bar:
+    """One stacked bar trace of device time of a kernel ``kind`` (or memcpy, memset), in its
+    palette colour; ``name`` (the legend's, default ``kind``) and ``hover`` as drawn."""
+    return go.Bar(
+        x=x, y=y, name=kind if name is None else name, marker_color=_kind_color(kind),
+        hovertemplate=hover,
+    )  # fmt: skip
+
+
+def idle_bar(x: list, y: list, cause: str, hover: str) -> go.Bar:
+    """One stacked bar trace of GPU idle time of a ``cause``: its colour, hatched with its
+    pattern (the causes read apart in greyscale too), named ``idle: cause``."""
+    return go.Bar(
+        x=x, y=y, name=f"idle: {cause}", hovertemplate=hover,
+        marker={"color": CAUSE_COLORS[cause], "pattern": _hatch(CAUSE_PATTERNS[cause])},
+    )  # fmt: skip
+
+
+def step_marker(x: list, y: list, name: str, hover: str, size: int, symbol: str = "line-ew"):
+    """A black horizontal line over each stacked bar at ``y`` (a step time, ms)."""
+    return go.Scatter(
+        x=x, y=y, mode="markers", name=name, hovertemplate=hover,
+        marker={"symbol": symbol, "size": size, "line": {"width": 3, "color": "#000"}},
+    )  # fmt: skip
+
+
 def _bars(
     fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str, pattern: str = ""
 ) -> None:
@@ -731,48 +757,21 @@ def breakdown_figure(diag) -> go.Figure:
     for p in parts:
         d = dict(gpu.filter(pl.col("part") == p).select("step", "ms").rows())
         ys = [d.get(s, 0.0) for s in w["step"].to_list()]
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=ys,
-                name=p,
-                marker_color=_kind_color(p),
-                hovertemplate=f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        hover = f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(kind_bar(labels, ys, p, hover), row=1, col=1)
     ic = diag.idle_causes.filter(pl.col("device") == diag.primary_device)
     for c in [c for c in CAUSES if c in set(ic["cause"].to_list())]:
         d = dict(ic.filter(pl.col("cause") == c).select("step", "idle_us").rows())
         ys = [d.get(s, 0.0) / 1e3 for s in w["step"].to_list()]
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=ys,
-                name=f"idle: {c}",
-                marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
-                hovertemplate=f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        hover = f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(idle_bar(labels, ys, c, hover), row=1, col=1)
     for col, name, sym in (
         ("step_time_us", "step time", "line-ew"),
         ("gpu_busy_us", "GPU busy", "line-ew-open"),
     ):
-        fig.add_trace(
-            go.Scatter(
-                x=labels,
-                y=[None if v is None else v / 1e3 for v in w[col].to_list()],
-                mode="markers",
-                name=name,
-                marker={"symbol": sym, "size": 28, "line": {"width": 3, "color": "#000"}},
-                hovertemplate=f"step %{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        ys = [None if v is None else v / 1e3 for v in w[col].to_list()]
+        hover = f"step %{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(step_marker(labels, ys, name, hover, 28, sym), row=1, col=1)
     fig.add_trace(
         go.Bar(
             x=labels,
