@@ -239,6 +239,29 @@ def test_free_ids_are_above_every_integer_pid_and_tid():
     assert free_ids([]) == (1, 2)
 
 
+def test_added_ids_stay_in_the_range_perfetto_keeps(tmp_path):
+    """Perfetto's JSON importer reads pid and tid as uint32 and drops one past 2^32 - 1 (the
+    event goes to the thread tid = pid): above a 64-bit thread id the added tracks would all
+    land on one thread, their slices no longer nested."""
+    from tracedx.report.perfetto import ID_MAX, TID_ROOM
+
+    assert free_ids([{"pid": 7, "tid": 2**40}]) == (8, 9)  # 2^40: dropped by Perfetto anyway
+    # no room above the largest tid: the lowest free run of TID_ROOM ids below it
+    assert free_ids([{"pid": 5, "tid": ID_MAX - 10}, {"pid": 5, "tid": 3}]) == (6, 6)
+    assert free_ids([{"pid": 1, "tid": v} for v in (1, 2, 3 + TID_ROOM, ID_MAX)]) == (
+        2,
+        4 + TID_ROOM,
+    )
+    doc = read(small_trace(tmp_path / "t.json"))
+    doc["traceEvents"].append(
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2**40, "args": {"name": "big"}}
+    )
+    (tmp_path / "big.json").write_text(json.dumps(doc))
+    out = annotate(tmp_path / "big.json", tmp_path / "big.annotated.json").path
+    ids = {(e["pid"], e["tid"]) for e in added(read(out))}
+    assert ids and all(0 <= v <= ID_MAX for i in ids for v in i)
+
+
 @pytest.mark.parametrize(
     "name", ["item_loop-sync-stack", "elementwise-eager", "convnet_dataloader-main"]
 )

@@ -322,16 +322,50 @@ def annotation_events(
     return tracks.events
 
 
+ID_MAX = 2**32 - 1
+"""The largest pid or tid Perfetto's JSON importer keeps: it reads them as uint32, and a pid
+or tid outside 0..2^32-1 is dropped (the event lands on pid 0, or on the thread tid = pid),
+which would pile every added track onto one thread (``CoerceToUint32`` in the trace
+processor's ``src/trace_processor/importers/json/json_utils.cc``)."""
+
+TID_ROOM = 1 << 16
+"""Consecutive tids kept free for the added tracks (one a track lane)."""
+
+
 def free_ids(events: list) -> tuple[int, int]:
-    """A pid and a first tid that no event of the trace uses: one above the largest integer
-    pid, and one above the largest integer tid or pid (Perfetto's importer names threads by
-    tid alone, so the added threads' tids must be new to the whole trace)."""
+    """A pid and a first tid that no event of the trace uses, inside Perfetto's range
+    (:data:`ID_MAX`): one above the largest integer pid, and one above the largest integer
+    tid or pid, with :data:`TID_ROOM` tids free after it (Perfetto's importer names threads by
+    tid alone, so the added threads' tids must be new to the whole trace). Ids past the range
+    (64-bit thread ids) do not count: Perfetto drops them; when the ids above the largest
+    are past the range, the lowest free ones are taken."""
 
-    def ints(key: str) -> list[int]:
-        return [v for e in events if isinstance(e, dict) and isinstance(v := e.get(key), int)]
+    def ints(key: str) -> set[int]:
+        return {
+            v
+            for e in events
+            if isinstance(e, dict) and isinstance(v := e.get(key), int) and 0 <= v <= ID_MAX
+        }
 
-    pids, tids = ints("pid"), ints("tid")
-    return max(pids, default=0) + 1, max([*pids, *tids], default=0) + 2
+    pids = ints("pid")
+    tids = pids | ints("tid")
+    pid = max(pids, default=0) + 1
+    if pid > ID_MAX:
+        pid = _first_gap(pids, 1)
+    tid = max(tids, default=0) + 2
+    if tid + TID_ROOM > ID_MAX:
+        tid = _first_gap(tids, TID_ROOM)
+    return pid, tid
+
+
+def _first_gap(used: set[int], room: int) -> int:
+    """The lowest id >= 1 followed by ``room`` ids (itself included) none of which is used."""
+    start = 1
+    for v in sorted(used):
+        if v - start >= room:
+            break
+        start = max(start, v + 1)
+    return start
 
 
 @dataclass
@@ -429,4 +463,5 @@ __all__ = [
     "annotation_events",
     "collective_wait_slices",
     "free_ids",
+    "ID_MAX",
 ]
