@@ -248,10 +248,8 @@ def test_added_ids_stay_in_the_range_perfetto_keeps(tmp_path):
     assert free_ids([{"pid": 7, "tid": 2**40}]) == (8, 9)  # 2^40: dropped by Perfetto anyway
     # no room above the largest tid: the lowest free run of TID_ROOM ids below it
     assert free_ids([{"pid": 5, "tid": ID_MAX - 10}, {"pid": 5, "tid": 3}]) == (6, 6)
-    assert free_ids([{"pid": 1, "tid": v} for v in (1, 2, 3 + TID_ROOM, ID_MAX)]) == (
-        2,
-        4 + TID_ROOM,
-    )
+    # 3 .. 2 + TID_ROOM is the first free run long enough
+    assert free_ids([{"pid": 1, "tid": v} for v in (1, 2, 3 + TID_ROOM, ID_MAX)]) == (2, 3)
     doc = read(small_trace(tmp_path / "t.json"))
     doc["traceEvents"].append(
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2**40, "args": {"name": "big"}}
