@@ -224,3 +224,52 @@ def test_a_python_script_given_as_a_trace_points_to_capture(tmp_path):
     r = CliRunner().invoke(main, ["diagnose", str(s)])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert f"`tracedx capture {s}` runs it under torch.profiler" in r.stderr
+
+
+# --- what a new user trips on ----------------------------------------------------------------
+
+
+def test_a_cpu_only_trace_shows_host_time_without_empty_device_columns(tmp_path):
+    b = TraceBuilder()
+    for i in range(1, 4):
+        t = T0 + 100 * i
+        b.step(i, t, 100)
+        b.op("aten::linear", t + 5, 60)
+    p = b.write(tmp_path / "cpu.json")
+    out = CliRunner().invoke(main, ["diagnose", str(p)]).stdout
+    assert "CPU VS DEVICE TIME" not in out
+    i = out.index("HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)")
+    rows = out[i:].splitlines()[1:3]
+    assert rows[0].split() == ["op", "host", "ms"] and rows[1].split() == ["aten::linear", "0.060"]
+
+
+def test_top_level_op_names_use_the_width(tmp_path):
+    name = "autograd::engine::evaluate_function: AddmmBackward0"  # 51 characters
+    b = TraceBuilder()
+    for i in range(1, 4):
+        t = T0 + 100 * i
+        b.step(i, t, 100)
+        b.launched_kernel(name, t + 5, 20, t + 30, 10)
+    out = CliRunner().invoke(main, ["diagnose", str(b.write(tmp_path / "t.json"))]).stdout
+    [row] = [ln for ln in out.splitlines() if ln.startswith(f"  {name} ")]
+    assert len(row) <= 100
+
+
+def test_diff_says_why_op_times_vanish_under_a_cuda_graph(tmp_path):
+    """BEFORE launches its kernel from aten::mm; AFTER replays it in a CUDA graph, whose kernel
+    no op launched: aten::mm's device time falls 10 us -> 0, and the report says why."""
+    eager, graph = TraceBuilder(), TraceBuilder()
+    for i in range(1, 4):
+        t = T0 + 100 * i
+        eager.step(i, t, 100)
+        eager.launched_kernel("aten::mm", t + 5, 20, t + 30, 10)
+        graph.step(i, t, 40)
+        graph.graph_launch(t + 5, 5, [(t + 12, 10)])
+    before, after = eager.write(tmp_path / "e.json"), graph.write(tmp_path / "g.json")
+    out = CliRunner().invoke(main, ["diff", str(before), str(after)]).stdout
+    i = out.index("OPS WHOSE DEVICE TIME CHANGED MOST (per step)")
+    assert " ".join(out[i:].split()).startswith(
+        "OPS WHOSE DEVICE TIME CHANGED MOST (per step) (AFTER replays CUDA graphs: a graph's "
+        "kernels have no launching op there, so op times count only kernels outside graphs) "
+        "aten::mm 0.010 ms -> 0.000 ms (-0.010 ms)"
+    ), out[i:]

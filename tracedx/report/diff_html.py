@@ -17,7 +17,17 @@ import plotly.graph_objects as go
 import polars as pl
 
 from tracedx.analysis.timeline import CAUSES
-from tracedx.report.diff_report import TOP, _chg, _estimate, _num, _ratio, _weak, _x, diff_dict
+from tracedx.report.diff_report import (
+    TOP,
+    _chg,
+    _estimate,
+    _num,
+    _ratio,
+    _weak,
+    _x,
+    diff_dict,
+    graph_note,
+)
 from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
@@ -209,8 +219,11 @@ def _changes(d: dict) -> str:
             f"<td class='n'>{o['change_us'] / 1e3:+.3f}</td></tr>"
             for o in ops
         )
+        note = graph_note(d)
         out.append(
-            "<h3>Ops whose device time changed most</h3><div class='scroll'><table id='op-changes'>"
+            "<h3>Ops whose device time changed most</h3>"
+            + (f"<p class='dim'>{e(note)}.</p>" if note else "")
+            + "<div class='scroll'><table id='op-changes'>"
             "<thead><tr><th>op</th><th>BEFORE ms</th><th>AFTER ms</th><th>change ms</th></tr>"
             f"</thead><tbody>{rows}</tbody></table></div>"
         )

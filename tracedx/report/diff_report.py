@@ -134,6 +134,19 @@ def _estimate(p: dict, f: dict, unit: str = " ms") -> str:
     return f"{speedup_label(est)} -> {estimate_label(est, unit)}"
 
 
+def graph_note(d: dict) -> str | None:
+    """Why op times fall to zero on a side that replays CUDA graphs (None when neither does):
+    a replayed kernel is launched by ``cudaGraphLaunch``, not by the op that recorded it."""
+    m = next((m for m in d["metrics"] if m["metric"] == "graph launches"), None)
+    sides = [s.upper() for s in ("before", "after") if m and (m[s] or 0) > 0]
+    if not sides:
+        return None
+    return (
+        f"{' and '.join(sides)} replay{'s' if len(sides) == 1 else ''} CUDA graphs: a graph's "
+        "kernels have no launching op there, so op times count only kernels outside graphs"
+    )
+
+
 def _prediction_lines(d: dict) -> list[str]:
     p = d["prediction"]
     out = []
@@ -214,6 +227,8 @@ def render_text(td, width: int = WIDTH) -> str:
     if ops:
         out.append("")
         out.append("OPS WHOSE DEVICE TIME CHANGED MOST (per step)")
+        if note := graph_note(d):
+            out.append(f"  ({note})")
         for o in ops:
             out.append(
                 f"  {short_name(o['name'], 36):<36} {_us(o['before_us']):>11} -> {_us(o['after_us']):>11}  "
@@ -302,6 +317,8 @@ def render_markdown(td) -> str:
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
+        if note := graph_note(d):
+            out += [md_text(f"{note}."), ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
         for o in ops:
             out.append(

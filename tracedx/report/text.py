@@ -160,17 +160,25 @@ def _render(diag, width: int) -> str:
             f"{s['blocked_us'] / n / 1e3:.3f} ms (mean per step)"
         )
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
-    if tops:
+    if tops and not d["trace"]["devices"]:  # no GPU: device columns would be all zeros
         n = max(st["count"], 1)
+        w = max(40, min(60, width - 12))  # the op column takes the width the numbers leave
+        out += ["", "HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)"]
+        out.append(f"  {'op':<{w}} {'host ms':>9}")
+        for t in tops:
+            out.append(f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f}")
+    elif tops:
+        n = max(st["count"], 1)
+        w = max(40, min(80, width - 48))
         out.append("")
         out.append("CPU VS DEVICE TIME (top-level ops, mean per step)")
         out.append(
-            f"  {'op':<40} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
+            f"  {'op':<{w}} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
         )
         for t in tops:
             per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
             out.append(
-                f"  {short_name(t['name'], 40):<40} {t['host_time_us'] / n / 1e3:>9.3f} "
+                f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f} "
                 f"{t['device_time_us'] / n / 1e3:>10.3f} {_per(t['kernels'] / n):>8} {per:>15}"
             )
     ops = d["ops"][:6]
