@@ -632,7 +632,7 @@ class TraceDiff(Presentable):
             f" with {k:g}x the samples" if k else ""
         )
         if slower >= 100:
-            summary = f"AFTER is {1 / x:.2f}x slower{per} (+{slower:.0f}% time{per}; {how})"
+            summary = f"AFTER is {1 / x:.2f}x slower{per} (+{slower:.0f}% step time{per}; {how})"
         elif slower > 0:
             summary = f"AFTER is {slower:.1f}% slower{per} ({1 / x:.2f}x the time; {how})"
         else:

@@ -69,11 +69,12 @@ def _fixes(d: dict) -> list[dict]:
 
 def diagnosis_repr(diag) -> str:
     from tracedx.report.json import diagnosis_dict
+    from tracedx.report.text import speedup_label
 
     d = diagnosis_dict(diag)
     st = d["steps"]
     dev = _t(d["trace"]["device_name"] or "unknown device")
-    fixes = ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in _fixes(d))
+    fixes = ", ".join(f"{f['fix']} {speedup_label(f)}" for f in _fixes(d))
     lines = [
         f"<Diagnosis of {_name(d['trace']['path'])}: {dev}, {_steps_label(st)}>",
         f"  {_verdict(d)}",

@@ -5,7 +5,7 @@ with every original event and top-level key copied through byte for byte, in ord
 validated JSON kept as its own bytes: ``msgspec.Raw``, so a 1 GB trace is never built as Python
 objects), and events
 appended on tracks of their own: one new process (``pid`` above every pid of the trace, its
-threads' tids above every tid, named
+threads' tids above every tid, both inside the uint32 range Perfetto keeps (:func:`free_ids`), named
 ``tracedx: findings`` by a ``process_name`` metadata event) whose threads (``thread_name``
 metadata) are
 
@@ -40,6 +40,7 @@ import msgspec
 import polars as pl
 
 from tracedx.errors import TraceError, TraceFormatError
+from tracedx.report.text import speedup_label
 from tracedx.trace.events import ANNOTATION_CAT
 from tracedx.trace.source import read_bytes
 
@@ -184,7 +185,7 @@ def _step_slices(diag) -> tuple[list[dict], list[dict]]:
                     "bottleneck": d["bottleneck"],
                     "evidence": d["evidence"],
                     "top_fixes": [
-                        f"{f['fix']}: {f['estimated_speedup']:.2f}x ({f['title']})"
+                        f"{f['fix']}: {speedup_label(f)} ({f['title']})"
                         for f in d["findings"]
                         if f["recommended"]
                     ][:5],
