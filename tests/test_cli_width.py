@@ -158,24 +158,24 @@ def test_help_follows_a_wider_terminal_up_to_a_limit(monkeypatch):
 def test_larger_batch_is_per_sample_in_every_format(tmp_path):
     """host 100 us per step stays, GPU 40 us grows 1.98x (elementwise above the launch floor)
     -> 79.2 us: the 2x step is max(100, 79.2) = 100 us, i.e. 0.050 ms per today's batch."""
-    p = _trace(tmp_path / "t.json")
-    text = CliRunner().invoke(main, ["diagnose", str(p)]).stdout
+    import tracedx
+    from tracedx.report import render
+    from tracedx.report.html import render_html
+
+    d = tracedx.diagnose(tracedx.load(_trace(tmp_path / "t.json")))
+    text = render(d, "text")
     assert (
         "  1. larger-batch: 2.00x per sample -> 0.050 ms per today's batch; the 2x step 0.100 ms"
         in text.splitlines()
     )
-    assert "ms per step" not in [ln for ln in text.splitlines() if "larger-batch:" in ln][0]
-    md = CliRunner().invoke(main, ["diagnose", str(p), "--format", "md"]).stdout
+    md = render(d, "md")
     assert "| 2.00x per sample | 0.050 ms per today's batch; the 2x step 0.100 ms |" in md
-    [f] = json.loads(CliRunner().invoke(main, ["diagnose", str(p), "--format", "json"]).stdout)[
-        "findings"
-    ]
+    [f] = json.loads(render(d, "json"))["findings"]
     assert f["fix"] == "larger-batch" and f["batch_factor"] == 2.0
     assert f["estimated_ms_per_batch"] == f["estimated_step_ms"] == 0.05  # the old name kept
-    html = tmp_path / "r.html"
-    assert CliRunner().invoke(main, ["report", str(p), "-o", str(html)]).exit_code == 0
-    page = html.read_text()
+    page = render_html(d)
     assert "2.00x per sample" in page and "0.050 ms per today&#x27;s batch" in page
+    assert "2.00x per sample" in d._repr_html_()
 
 
 def test_diff_of_a_grown_batch_says_per_sample(tmp_path):
