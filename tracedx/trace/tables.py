@@ -286,7 +286,7 @@ _KINDS = (
 )
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _SKIP, _UNKNOWN, _CAT_NONE = 100, 101, 102
-_PH_X, _PH_M, _PH_NONE, _PH_OTHER, _PH_BE = 0, 1, 2, 3, 4
+_PH_X, _PH_M, _PH_NONE, _PH_OTHER, _PH_BE, _PH_I = 0, 1, 2, 3, 4, 5
 
 _GET_PH = attrgetter("ph")
 _GET_CAT = attrgetter("cat")
@@ -305,7 +305,8 @@ def _cat_code(cat: str | None) -> int:
 
 
 def _ph_code(ph: str | None) -> int:
-    return {"X": _PH_X, "M": _PH_M, None: _PH_NONE, "B": _PH_BE, "E": _PH_BE}.get(ph, _PH_OTHER)
+    codes = {"X": _PH_X, "M": _PH_M, None: _PH_NONE, "B": _PH_BE, "E": _PH_BE, "i": _PH_I, "I": _PH_I}
+    return codes.get(ph, _PH_OTHER)
 
 
 def _codes(vals: list, cache: dict, fn) -> np.ndarray:
@@ -621,7 +622,7 @@ class Converter:
         out.begin_end += int(np.count_nonzero(ph == _PH_BE))
         mem = [
             e
-            for i in np.flatnonzero(ph == _PH_OTHER).tolist()
+            for i in np.flatnonzero(ph == _PH_I).tolist()  # instants only: flows are a third
             if getattr(e := evs[i], "name", None) == "[memory]"
         ]
         if mem:
