@@ -840,8 +840,15 @@ def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
             worker.close(abandon=not ok)
 
 
+class _NoWorker(Exception):
+    """Never raised: stands for parallel.WorkerError when no worker runs (not imported then)."""
+
+
 def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
-    from tracedx.trace.parallel import WorkerError
+    if worker is not None:
+        from tracedx.trace.parallel import WorkerError
+    else:
+        WorkerError = _NoWorker  # noqa: N806 (the class caught below)
 
     def collect(block: bool) -> None:
         nonlocal worker

@@ -207,7 +207,9 @@ def _any_float_col(vals: list) -> pl.Series:
 
 
 def _finite_only(s: pl.Series) -> pl.Series:
-    if s.len() and not s.is_finite().fill_null(True).all():
+    # the check in numpy (a null reads as NaN: the rare column with one takes the polars path,
+    # which keeps it null): polars' is_finite().all() costs ~0.7 ms a call, numpy's microseconds
+    if s.len() and not np.isfinite(s.to_numpy()).all():
         s = s.to_frame("v").select(pl.when(pl.col("v").is_finite()).then(pl.col("v"))).to_series()
     return s
 
@@ -305,7 +307,15 @@ def _cat_code(cat: str | None) -> int:
 
 
 def _ph_code(ph: str | None) -> int:
-    codes = {"X": _PH_X, "M": _PH_M, None: _PH_NONE, "B": _PH_BE, "E": _PH_BE, "i": _PH_I, "I": _PH_I}
+    codes = {
+        "X": _PH_X,
+        "M": _PH_M,
+        None: _PH_NONE,
+        "B": _PH_BE,
+        "E": _PH_BE,
+        "i": _PH_I,
+        "I": _PH_I,
+    }
     return codes.get(ph, _PH_OTHER)
 
 
