@@ -9,15 +9,20 @@ What it does:
    each event is kept (Kineto's own formatting), only the numbers change. Sizes: 10 MB, 100 MB
    and 1 GB of JSON by default, each written plain and gzipped under ``benchmarks/out/``
    (git-ignored) and reused while the source does not change.
-2. Times ``tracedx diagnose --format json`` end to end (a subprocess: interpreter start, imports,
-   parse, full diagnosis, report) and the parse stage alone (``tracedx.load``, timed inside the
-   process), over several runs; the median is reported. Peak memory is the largest total
-   resident set of the child's process tree (sampled every 20 ms; tracedx's second reader
-   process counts while it runs), or the child's own ``wait4`` maximum when that is larger.
-3. Creates a separate virtual environment with HTA (``traceinsight`` on PyPI from 0.6,
-   ``HolisticTraceAnalysis`` before) and runs, end to end in a subprocess, its trace load plus
-   temporal breakdown, idle time breakdown and kernel breakdown on the same files (each alone
-   in a folder, as HTA reads a folder of rank traces). Failures are recorded, not hidden.
+2. Creates a separate virtual environment with HTA (``traceinsight`` on PyPI from 0.6,
+   ``HolisticTraceAnalysis`` before), unless ``--no-hta``.
+3. For each file, runs rounds; each round runs, in turn, ``tracedx diagnose --format json
+   --no-cache`` end to end (a subprocess: interpreter start, imports, parse, full diagnosis,
+   report), the in-process case (``tracedx.diagnose(tracedx.load(p))`` in a process whose
+   imports are done and which ran it once; ``tracedx.load`` is timed too) and HTA: its trace
+   load plus temporal, idle time and kernel breakdowns, end to end and in-process (its
+   imports excluded), with ``HTA_DISABLE_NS_ROUNDING=1`` (each trace alone in a folder, as HTA
+   reads a folder of rank traces; failures are recorded, not hidden). Interleaved, a drift of
+   the machine's speed hits both tools. Then ``import tracedx``, ``tracedx --help`` and the
+   cached second run (``diagnose`` over a cache filled by a first run, in a temporary folder).
+   Each time is reported as median (min-max). Peak memory is the largest total resident set of
+   the child's process tree (sampled every 20 ms; tracedx's second reader process counts while
+   it runs), or the child's own ``wait4`` maximum when that is larger.
 4. Prints a table (and writes ``benchmarks/out/results.json`` and ``results.md``).
 
 Usage::
@@ -26,6 +31,7 @@ Usage::
     python benchmarks/bench.py --quick          # 10 MB and 100 MB only, fewer runs
     python benchmarks/bench.py --no-hta --sizes 100
     python benchmarks/bench.py --source sample_traces/foo.json.gz
+    taskset -c 0,1 python benchmarks/bench.py --no-hta   # pinned to two cores
 
 Not a test: numbers depend on the machine and on what else runs on it.
 """
