@@ -342,8 +342,9 @@ sys.exit(r.exit_code)
 """
 
 
-def run_measured(*args: str, timeout: float = 120):
+def run_measured(*args: str, timeout: float = 120, env: dict | None = None):
     """The CLI in a fresh interpreter: (exit code, stderr without the last line, peak RSS MiB)."""
+    import os
     import subprocess
     import sys
 
@@ -352,6 +353,7 @@ def run_measured(*args: str, timeout: float = 120):
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     err, _, rss = r.stderr.rstrip().rpartition("\n")
     return r.returncode, err, int(rss.split("=")[1]) / 1024
@@ -373,6 +375,26 @@ def test_a_gzip_bomb_of_zeros_stops_early_in_bounded_memory(tmp_path, repair, ba
     assert_one_line_exit_2(code, err)
     assert "zero-filled" in err
     assert rss < baseline_rss + 120, rss  # not the 256 MiB it inflates to
+
+
+def test_a_bomb_that_defeats_the_fast_reader_is_refused_in_bounded_memory(tmp_path, baseline_rss):
+    """Events of a phase outside the Chrome format make the fast reader give up; the
+    whole-document reader then stops past its limit (32 MiB here, by the environment variable)
+    instead of holding the 128 MiB of JSON and 4 million events."""
+    ev = b'{"ph": "Z", "name": "x", "ts": 1},'
+    bomb = tmp_path / "odd.json.gz"
+    bomb.write_bytes(
+        _gzip_stream([(b'{"traceEvents": [', 1), (ev * (_MIB // len(ev)), 128), (b"{}]}", 1)])
+    )
+    assert bomb.stat().st_size < _MIB
+    for extra in ([], ["--repair"]):
+        code, err, rss = run_measured(
+            "diagnose", bomb, *extra, env={"TRACEDX_MAX_WHOLE_JSON_BYTES": str(32 * _MIB)}
+        )
+        assert_one_line_exit_2(code, err)
+        assert "over 33,554,432 bytes of JSON that must be read whole" in err, err
+        assert "TRACEDX_MAX_WHOLE_JSON_BYTES" in err
+        assert rss < baseline_rss + 120, rss
 
 
 def test_a_sparse_file_of_zeros_is_zero_filled(tmp_path):
@@ -588,16 +610,113 @@ def test_a_lone_surrogate_is_named_and_replaced_under_repair(tmp_path):
     assert "aten::mm\ufffd" in out
 
 
-def test_begin_end_events_are_said_to_be_unused(tmp_path):
+def _as_begin_end(doc: dict) -> tuple[dict, int]:
+    """``doc`` with the X events of every thread whose X events nest written as B/E pairs
+    (B in place, E events at their end times, per thread in stack order); (doc, pairs)."""
+    from collections import defaultdict
+
+    evs = doc["traceEvents"]
+    lanes = defaultdict(list)
+    for i, e in enumerate(evs):
+        if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0:
+            lanes[(e.get("pid"), e.get("tid"))].append(i)
+    begin, ends = {}, []
+    for idx in lanes.values():
+        idx.sort(key=lambda i: (evs[i]["ts"], -evs[i]["dur"], i))
+        stack, lane_ends, nested = [], [], True
+        for i in idx:
+            ts, end = evs[i]["ts"], evs[i]["ts"] + evs[i]["dur"]
+            while stack and stack[-1][0] <= ts:
+                lane_ends.append(stack.pop()[1])
+            if stack and end > stack[-1][0]:
+                nested = False  # overlaps its parent's end: not expressible as B/E
+                break
+            stack.append((end, i))
+        if not nested:
+            continue
+        lane_ends += [i for _, i in reversed(stack)]
+        for i in idx:
+            e = evs[i]
+            begin[i] = {k: v for k, v in e.items() if k != "dur"} | {"ph": "B"}
+        ends += [
+            {"ph": "E", "pid": evs[i].get("pid"), "tid": evs[i].get("tid"),
+             "ts": evs[i]["ts"] + evs[i]["dur"]}
+            for i in lane_ends
+        ]  # fmt: skip
+    out = dict(doc, traceEvents=[begin.get(i, e) for i, e in enumerate(evs)] + ends)
+    return out, len(begin)
+
+
+def _close(a, b, path="") -> None:
+    """JSON documents equal; numbers to 1e-9 relative or one unit of the 6th decimal, where
+    the report rounds (E.ts - B.ts is not exactly dur in floating point)."""
+    import math
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (path, a, b)
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (path, a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, (int, float)):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1.01e-6), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_begin_end_pairs_diagnose_like_the_same_trace_written_with_x_events(tmp_path):
+    doc = _sample_doc("attention-naive.json.gz")
+    # timestamps from 0 (exact: Sterbenz): at 5e12 us a float's ts is exact to 1e-3 us only, so
+    # E.ts - B.ts would differ from dur by a ns on both sides of the comparison's tolerance
+    t0 = min(e["ts"] for e in doc["traceEvents"] if isinstance(e.get("ts"), (int, float)))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] -= t0
+    be, pairs = _as_begin_end(doc)
+    kinds = {e.get("cat") for e in be["traceEvents"] if e.get("ph") == "B"}
+    assert pairs > 100 and {"cpu_op", "user_annotation", "kernel"} <= kinds, (pairs, kinds)
+    x_path, be_path = tmp_path / "x.json", tmp_path / "be.json"
+    x_path.write_text(json.dumps(doc))
+    be_path.write_text(json.dumps(be))
+    code, want, err = run("diagnose", x_path, "--format", "json")
+    assert code == 0, err
+    code, got, err = run("diagnose", be_path, "--format", "json")
+    assert code == 0, err
+    want, got = json.loads(want), json.loads(got)
+    assert want.get("steps") and want == json.loads(json.dumps(want))
+    for d in (want, got):
+        d.pop("trace", None)
+    _close(want, got)
+
+
+def test_unmatched_begin_and_end_events_are_counted_and_said(tmp_path):
     b = TraceBuilder()
     b.step(1, T0, 900)
     b.launched_kernel("aten::mm", T0 + 5, 100, T0 + 20, 300)
-    for ph, ts in (("B", T0 + 1000), ("E", T0 + 1900)):
-        b.add({"ph": ph, "name": "ProfilerStep#2", "cat": "user_annotation", "pid": b.pid,
-               "tid": b.tid, "ts": ts})  # fmt: skip
-    code, out, _ = run("diagnose", b.write(tmp_path / "be.json"))
+    for ph, ts, name in (
+        ("B", T0 + 1000, "ProfilerStep#2"),
+        ("B", T0 + 1010, "aten::add"),
+        ("E", T0 + 1050, None),  # closes aten::add, the innermost
+        ("E", T0 + 1900, None),  # closes ProfilerStep#2
+        ("E", T0 + 1950, None),  # nothing open
+        ("B", T0 + 1960, "aten::mul"),  # never ended
+    ):
+        b.add({"ph": ph, "name": name, "cat": "cpu_op" if "aten" in (name or "") else
+               "user_annotation", "pid": b.pid, "tid": b.tid, "ts": ts})  # fmt: skip
+    code, out, _ = run("diagnose", b.write(tmp_path / "be.json"), "--format", "json")
     assert code == 0
-    assert "2 B/E (begin/end) duration event(s) were not used" in out
+    d = json.loads(out)
+    assert d["steps"]["numbers"] == [1, 2]  # ProfilerStep#2 came from a B/E pair
+    assert d["warnings"] == [
+        {
+            "kind": "begin_end_unmatched",
+            "count": 2,
+            "message": "2 B/E (begin/end) pair(s) read as complete events; left out: 1 begin (B) "
+            "event(s) never ended, 1 end (E) event(s) with no open begin event on their thread",
+        }
+    ]
 
 
 # --- numbers that must never pass silently ---------------------------------------------------------
