@@ -452,22 +452,23 @@ NO_MARKERS = """
 import time, torch
 x = torch.ones(64)
 t0 = time.monotonic()
-while time.monotonic() - t0 < 2.0:  # no step marker: the fallback profile would record it all
+while time.monotonic() - t0 < 1.5:  # no step marker: the fallback profile would record it all
     y = (x * 2).sum()
+    time.sleep(0.002)  # a small trace: quick to write
 print("done")
 """
 
 
 @needs_torch
 def test_a_script_without_step_markers_is_recorded_for_a_bounded_time(tmp_path, capsys):
-    res = _inprocess(tmp_path, NO_MARKERS, fallback_seconds=0.3)
+    res = _inprocess(tmp_path, NO_MARKERS, fallback_seconds=0.25)
     err = capsys.readouterr().err
     assert res.exit_code == 0 and res.steps == 0, err
-    said = [ln for ln in err.splitlines() if "after 0.3 s" in ln and "--fallback-seconds" in ln]
+    said = [ln for ln in err.splitlines() if "after 0.25 s" in ln and "--fallback-seconds" in ln]
     assert len(said) == 2, err  # when it triggers, and in the summary at the end
     assert all("2 GiB of growth" in ln for ln in said)
     ts = [e["ts"] for e in _load(res.path)["traceEvents"] if e.get("ph") == "X"]
-    assert ts and (max(ts) - min(ts)) / 1e6 < 1.2  # not the 2 s the script ran
+    assert ts and (max(ts) - min(ts)) / 1e6 < 0.9  # not the 1.5 s the script ran
     from click.testing import CliRunner
 
     from tracedx.cli import main
