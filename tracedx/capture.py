@@ -328,11 +328,13 @@ class _Session:
         write: Callable[[object, int], None],
         profile_memory: bool = False,
         fallback_seconds: float = FALLBACK_SECONDS,
-        fallback_growth_bytes: int = FALLBACK_GROWTH_BYTES,
+        fallback_growth_bytes: int | None = None,
     ):
         self.torch = _import_torch()
         self.fallback_seconds = fallback_seconds
-        self.fallback_growth_bytes = fallback_growth_bytes
+        self.fallback_growth_bytes = (
+            FALLBACK_GROWTH_BYTES if fallback_growth_bytes is None else fallback_growth_bytes
+        )
         self.fallback_limited: str | None = None  # why the fallback stopped early, once it did
         self._limit_reason: str | None = None
         self._guard: tuple | None = None  # (stop event, previous handler, our handler)
@@ -1035,8 +1037,8 @@ def capture_script(
         if session.fallback_limited:
             covers = (
                 f"the run until recording stopped {session.fallback_limited} (limits: "
-                f"--fallback-seconds {fallback_seconds:g}, {FALLBACK_GROWTH_BYTES / 2**30:g} "
-                "GiB of growth)"
+                f"--fallback-seconds {fallback_seconds:g}, "
+                f"{session.fallback_growth_bytes / 2**30:g} GiB of growth)"
             )
         if n == 0:
             _note(
