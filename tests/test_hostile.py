@@ -445,6 +445,24 @@ def test_newline_padding_inside_the_event_list_is_bounded(measured):
     assert rss < measured["baseline"][2] + 60, rss  # the 128 MiB of padding were never held
 
 
+def test_the_whole_document_limit_holds_for_plain_files_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEDX_MAX_WHOLE_JSON_BYTES", str(64 << 10))
+    p = tmp_path / "odd.json"  # 1 MiB, not gzipped: read in pieces, refused past 64 KiB
+    ev = '{"ph": "Z", "name": "x", "ts": 1},'
+    p.write_text('{"traceEvents": [' + ev * (_MIB // len(ev)) + "{}]}")
+    code, _, err = run("diagnose", p)
+    assert_one_line_exit_2(code, err)
+    assert "over 65,536 bytes of JSON that must be read whole" in err
+    # a preallocated file over the limit: what comes before its NULs is still salvaged
+    data = _small_trace(tmp_path).read_bytes()
+    cut = data.index(b"}, {", len(data) // 2) + 1
+    pre = tmp_path / "prealloc.json"
+    pre.write_bytes(data[:cut] + b"\0" * (1 << 20))
+    code, out, err = run("diagnose", pre, "--repair")
+    assert code == 0, err
+    assert "complete event(s) before the break" in out
+
+
 def test_zeros_after_events_are_salvaged_under_repair(tmp_path):
     data = _small_trace(tmp_path).read_bytes()
     cut = data.index(b"}, {", len(data) // 2) + 1

@@ -72,7 +72,7 @@ def _with_comms(decoder, comm_decoder, data) -> msgspec.json.Decoder:
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
+def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = None) -> bytes:
     """Return the JSON bytes of ``path``, gunzipped when it starts with the gzip magic bytes.
 
     A leading UTF-8 byte-order mark (Windows editors write one) is dropped. With
@@ -80,13 +80,16 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
 
     Raises TraceFormatError: missing or not a regular file, empty file, empty or truncated
     gzip, another compression format (named), a zero-filled file (stopped at the first run of
-    NULs, so a sparse or inflated one never fills memory).
+    NULs, so a sparse or inflated one never fills memory), and with ``limit`` more than
+    ``limit`` bytes of JSON (TooLargeWhole).
     """
     p = Path(path)
     size = regular_file(p, "trace", TraceFormatError).st_size
-    limit = whole_limit()
     try:
-        raw = p.read_bytes() if size <= limit else _read_capped(p, limit, repair_mode)
+        if limit is None or size <= limit:
+            raw = p.read_bytes()
+        else:
+            raw = _read_capped(p, limit, repair_mode)
     except OSError as e:
         raise TraceFormatError(f"{p}: cannot read: {e.strerror or e}") from None
     if not raw:
@@ -564,10 +567,11 @@ def _salvage_events(
 def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFile, list[str]]:
     """Read and decode a chrome trace (``.json`` or gzip, detected by magic bytes).
 
-    Returns (TraceFile, repair notes). Raises TraceFormatError on unusable input.
+    Returns (TraceFile, repair notes). Raises TraceFormatError on unusable input, and
+    TooLargeWhole past :func:`whole_limit` bytes of JSON.
     """
     p = Path(path)
-    data = read_bytes(p, repair_mode)
+    data = read_bytes(p, repair_mode, whole_limit())
     if not repair_mode:
         return decode(p, data), []
     try:
