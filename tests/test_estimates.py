@@ -99,6 +99,17 @@ def test_dataloader_workers_by_hand():
     assert "2 workers (assumed, on 2 free cores)" in f2.derivation
 
 
+def test_dataloader_workers_overlap_the_main_threads_waits():
+    # step 1100 us: host 1000 (DataLoader 800), GPU 100, E = 100 us of blocking waits. The
+    # rest of the step is max(200, 100) + 100 = 300 us, during all of which the workers run:
+    # 2 workers deliver a batch every 400 us, so T' = max(300, 400) = 400 (not 400 + E)
+    m = _model(step_us=1100.0, mean_step_us=1100.0)
+    assert m.serial_us == 100.0
+    assert fx.dataloader_workers(m, workers=2).estimated_speedup == pytest.approx(1100 / 400)
+    # 8 workers, one every 100 us: the rest of the step binds, T' = 300
+    assert fx.dataloader_workers(m).estimated_speedup == pytest.approx(1100 / 300)
+
+
 def test_dataloader_workers_with_profiler_cost_by_hand():
     # traced 1000 us, unprofiled 600: 400 us of profiler cost over 100 events (4 us each), of
     # which 50 in the DataLoader: D = 800 - 200 = 600 us unprofiled, the rest 200 - 200 = 0

@@ -147,14 +147,17 @@ class StepModel:
         gpu_us: float | None = None,
         serial_us: float | None = None,
         host_events: float | None = None,
+        floor_us: float = 0.0,
     ) -> float:
-        """Step time after a change: max(H' - tax x events', G') + E' (current parts by default)."""
+        """Step time after a change: max(max(H' - tax x events', G') + E', floor) (current
+        parts by default; ``floor_us``: a rate set outside the step, such as DataLoader
+        workers delivering a batch every D / W)."""
         h = self.host_us if host_us is None else max(host_us, 0.0)
         ev = self.host_events if host_events is None else max(host_events, 0.0)
         h = max(h - self.tax_us * ev, 0.0)
         g = self.gpu_us if gpu_us is None else max(gpu_us, 0.0)
         e = self.serial_us if serial_us is None else max(serial_us, 0.0)
-        return max(h, g) + e
+        return max(max(h, g) + e, floor_us)
 
     @property
     def reference_step_us(self) -> float:
@@ -164,12 +167,15 @@ class StepModel:
 
 @dataclass(frozen=True)
 class Change:
-    """What a fix changes in the step model (us per step, deltas): host, GPU, serialization, events."""
+    """What a fix changes in the step model (us per step): host, GPU, serialization and events
+    as deltas; ``floor_us`` the least the step can take after it (0: none), the larger of two
+    floors when changes add up."""
 
     host_us: float = 0.0
     gpu_us: float = 0.0
     serial_us: float = 0.0
     host_events: float = 0.0
+    floor_us: float = 0.0
 
     def __add__(self, o: Change) -> Change:
         return Change(
@@ -177,6 +183,7 @@ class Change:
             self.gpu_us + o.gpu_us,
             self.serial_us + o.serial_us,
             self.host_events + o.host_events,
+            max(self.floor_us, o.floor_us),
         )
 
 
@@ -213,6 +220,7 @@ def apply(m: StepModel, c: Change) -> float:
         gpu_us=m.gpu_us + c.gpu_us,
         serial_us=m.serial_us + c.serial_us,
         host_events=m.host_events + c.host_events,
+        floor_us=c.floor_us,
     )
 
 
@@ -494,8 +502,9 @@ def dataloader_workers(m: StepModel, workers: int = DATALOADER_WORKERS) -> Findi
     The main process's DataLoader time per step D (profiler cost removed: D_u) is the time to
     make one batch. W workers make W batches at once, so in steady state a batch is ready every
     D_u / W; the main thread waits for one when that is longer than the rest of its step
-    (queueing: throughput of W parallel servers). So the main thread's host time becomes
-    max(H_rest, D_u / W). Assumed: each worker makes a batch as fast as the main process did
+    (queueing: throughput of W parallel servers). So the step becomes max(T_rest, D_u / W),
+    T_rest the step without the DataLoader (its host work, GPU waits and blocking copies all
+    overlap the workers). Assumed: each worker makes a batch as fast as the main process did
     (PyTorch runs each worker with one intra-op thread; transforms that the main process ran on
     several threads are slower there), and W free cores. With workers already running
     (``dataloader_multiprocess``), the main thread's remaining DataLoader time is what goes.
@@ -521,13 +530,12 @@ def dataloader_workers(m: StepModel, workers: int = DATALOADER_WORKERS) -> Findi
             "to its own thread)"
         )
         return make_finding(m, "dataloader-workers", title, m.dataloader_us, new, deriv, ev)
-    # unprofiled: the DataLoader's time and the rest of the host side
+    # unprofiled: the DataLoader's time; the workers deliver a batch every D / W whatever the
+    # main thread does meanwhile (host work, GPU waits, blocking copies)
     d_u = m.dataloader_us + gone.host_events * m.tax_us
-    h_rest = max(m.host_effective_us - d_u, 0.0)
     rest = apply(m, gone)
     per_batch = d_u / workers
-    wait = max(per_batch - h_rest, 0.0)
-    new = gone + Change(host_us=wait)
+    new = gone + Change(floor_us=per_batch)
     need = math.ceil(d_u / rest) if rest > 0 else workers
     ev += [
         f"one batch takes the main process {_ms(d_u)}"
@@ -535,12 +543,12 @@ def dataloader_workers(m: StepModel, workers: int = DATALOADER_WORKERS) -> Findi
         + f"; {workers} workers make one every {_ms(per_batch)}, the rest of the step takes "
         f"{_ms(rest)}",
         f"hiding the DataLoader completely needs ~{need} workers (and as many free cores); "
-        f"with {workers} the step is ~{_ms(max(rest, apply(m, new)))}",
+        f"with {workers} the step is ~{_ms(apply(m, new))}",
     ]
     deriv = (
         f"throughput: {workers} workers (assumed, on {workers} free cores) each make a batch in "
         "the main process's DataLoader time per step, so one is ready every D / "
-        f"{workers}; the main thread's host time -> max(rest of the host, D / {workers}); "
+        f"{workers}; the step -> max(the rest of the step, D / {workers}); "
         "assumes a one-thread worker (PyTorch's default) makes a batch as fast as the main "
         "process did"
     )
