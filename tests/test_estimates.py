@@ -196,3 +196,24 @@ def test_dataloader_removal_with_cheap_events_saves_nothing():
     # the step halves
     lb = fx.larger_batch(m, 0.9, growth=lambda k: 1.0)
     assert lb.estimated_speedup == pytest.approx(2.0)
+
+
+def test_pairs_steady_state_figures_are_the_measurements():
+    """pairs.json's steady-state means and speedups are steady_state-h200.json's, recomputed."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    if not (root / "steady_state-h200.json").exists():
+        pytest.skip("sample traces missing")
+    runs = json.loads((root / "steady_state-h200.json").read_text())["dataloader"]
+    means = {r["step_ms_mean"] for k, r in runs.items() if isinstance(r, dict) and "n" in r}
+    checked = 0
+    for p in json.loads((root / "pairs.json").read_text()):
+        s = p.get("steady_state")
+        if s is None:
+            continue
+        assert {s["before_mean_ms"], s["after_mean_ms"]} <= {round(m, 3) for m in means}
+        assert s["speedup_of_means"] == round(s["before_mean_ms"] / s["after_mean_ms"], 2)
+        checked += 1
+    assert checked == 3
