@@ -739,13 +739,16 @@ def _prefix() -> str:
 
 
 def _print_to(stream_name: str, text: str) -> None:
-    """One line on ``sys.stdout``/``sys.stderr``, escaped; a stream the script closed, or one on
-    a full disk, loses the line but never the capture (nor its exit status)."""
+    """One line on ``sys.stdout``/``sys.stderr``, escaped (on stderr, a message fitted to its
+    width); a stream the script closed, or one on a full disk, loses the line but never the
+    capture (nor its exit status)."""
+    from tracedx.console import fit_to
     from tracedx.report.safe import term
 
     stream = getattr(sys, stream_name)
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        print(term(text, 4000), file=stream, flush=True)
+        text = term(text, 4000)
+        print(fit_to(text, stream) if stream_name == "stderr" else text, file=stream, flush=True)
 
 
 def _print_err(text: str) -> None:

@@ -543,7 +543,10 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 # by :func:`read_document`, whose messages and repair mode are the reference. So the fast
 # reader changes speed and memory, never a result or an error message.
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
+# (8 MB, not 16: a chunk's decoded events are the reader's peak, several times the chunk's
+# bytes; measured on benchmarks/bench.py's 107 MB trace, the read's peak resident set went
+# from 201 to 179 MB with no measurable change of time.)
 # A second process decodes and converts chunks alongside (it takes each chunk offered while
 # fewer than two of its chunks are out) when the JSON is at least this big. Measured on the
 # 2-core benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and
@@ -837,8 +840,15 @@ def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
             worker.close(abandon=not ok)
 
 
+class _NoWorker(Exception):
+    """Never raised: stands for parallel.WorkerError when no worker runs (not imported then)."""
+
+
 def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
-    from tracedx.trace.parallel import WorkerError
+    if worker is not None:
+        from tracedx.trace.parallel import WorkerError
+    else:
+        WorkerError = _NoWorker  # noqa: N806 (the class caught below)
 
     def collect(block: bool) -> None:
         nonlocal worker
