@@ -97,6 +97,7 @@ def test_training_loop_trace_has_steps_and_metadata(train_run):
     assert set(meta) >= {"version", "torch_version", "cuda_version", "gpu_name", "script"}
     timing = meta["unprofiled_step_ms"]
     assert timing["n"] == 2 and 0 < timing["min"] <= timing["median"] <= timing["max"]
+    assert timing["min"] <= timing["mean"] <= timing["max"]
     assert "CPU activity only" in proc.stderr  # said plainly when no GPU is present
 
 

@@ -21,7 +21,7 @@ How a capture goes (PyTorch docs, ``torch.profiler``):
   to a temporary file, gzipped and renamed into place (atomic), and the script's exit status
   is passed on. SIGKILL and out-of-memory kills leave no trace (nothing can run then).
 - Beside the events the trace gets a top-level ``"tracedx"`` key: versions, GPU, schedule,
-  step marker, script and argv, and with ``time_unprofiled=K`` the median/min/max of K steps
+  step marker, script and argv, and with ``time_unprofiled=K`` the median/mean/min/max of K steps
   timed without the profiler (synchronized wall clock, :class:`tracedx.measure.StepTimer`) in a
   first, unprofiled run of the same script in a subprocess.
 
@@ -911,10 +911,12 @@ def capture_script(
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
     more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker,
-    see :mod:`tracedx.measure`); the median/min/max go into the trace's ``"tracedx"`` metadata as
-    ``unprofiled_step_ms``. Each timed step starts with an idle GPU: host work that a
-    free-running loop would overlap with the previous step's kernels is exposed, so a step
-    whose host and GPU times are close reads slower here than in the trace.
+    see :mod:`tracedx.measure`); the median/mean/min/max go into the trace's ``"tracedx"``
+    metadata as ``unprofiled_step_ms`` (the estimates use the median; the mean is the
+    throughput where steps come in bursts, as DataLoader workers' batches do). Each timed
+    step starts with an idle GPU: host work that a free-running loop would overlap with the
+    previous step's kernels is exposed, so a step whose host and GPU times are close reads
+    slower here than in the trace.
 
     Until the active window, a fallback profile records the setup and the first steps (it is
     written when the script ends before the active window, e.g. without step markers); it stops
@@ -1237,7 +1239,8 @@ def _time_unprofiled(
         )
     _note(
         messages,
-        f"unprofiled step time: median {timing['median']:.3f} ms (min "
+        f"unprofiled step time: median {timing['median']:.3f} ms (mean "
+        f"{timing['mean']:.3f}, min "
         f"{timing['min']:.3f}, max {timing['max']:.3f}, n={timing['n']}; "
         f"marker: {result.get('source', 'none')})",
         quiet,
