@@ -102,15 +102,100 @@ def _nest(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parent position, depth and root position of each interval (sorted by group, start, -end).
 
-    The same answer as a stack walked in order (pop while the top ends at or before the start;
-    the top left is the parent) without a Python loop: the top left is always the last earlier
-    interval of the group that ends after the start, found for all intervals at once by binary
-    lifting over a sparse table of running maxima of ``end``. Depth and root then come from
-    pointer jumping along the parents. Returns parent positions (-1 for none), depths, roots.
+    The answer of a stack walked in order (pop while the top ends at or before the start; the
+    top left is the parent), without a Python loop. Ranges that nest (the usual case) take a
+    linear-time path, :func:`_nest_forest`, whose answer is checked; the groups (pid, tid) it
+    cannot vouch for (ranges that overlap without nesting, non-finite times) take
+    :func:`_nest_lifting`, which handles any intervals. Returns parent positions (-1 for
+    none), depths, roots.
     """
     n = len(start)
+    if n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64)
     new = np.ones(n, dtype=bool)
     new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    group = np.cumsum(new) - 1
+    parent, depth, root, bad = _nest_forest(new, group, start, end)
+    if bad.any():
+        rows = np.flatnonzero(bad[group])
+        p, d, r = _nest_lifting(new[rows], start[rows], end[rows])
+        parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
+        depth[rows] = d
+        root[rows] = rows[r]
+    return parent, depth, root
+
+
+def _nest_forest(
+    new: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The stack walk's answer for groups whose ranges nest, and which groups it holds for.
+
+    Within a group, the stack before interval i holds exactly the earlier intervals still open
+    at its start when ranges nest, so depth[i] = (earlier intervals) - (earlier intervals
+    ending at or before start[i]), and the parent is the last earlier interval one level up
+    (the intervals in between are its descendants). The answer is then checked: each parent
+    ends after its child starts and no earlier than the child ends, and the previous sibling
+    ends at or before the child starts. With those, every interval between a parent and its
+    child ends at or before the child's start, so the stack walk gives the same parent. A
+    group failing any check is flagged (``bad``, one bool per group) and its rows are not to be
+    used. Linear after two sorts.
+    """
+    n = len(start)
+    pos = np.arange(n)
+    first = np.maximum.accumulate(np.where(new, pos, 0))  # first row of each row's group
+    # earlier intervals of the group ending at or before start[i]: a merge of the ends and
+    # starts in (group, time, row) order, a start before its own row's end
+    times = np.concatenate([start, end])
+    order = np.lexsort((np.r_[2 * pos, 2 * pos + 1], times, np.r_[group, group]))
+    is_end = order >= n
+    ends_before = np.cumsum(is_end)
+    closed = np.empty(n, np.int64)
+    starts_at = ~is_end
+    closed[order[starts_at]] = ends_before[starts_at]
+    closed -= first  # the ends of earlier groups
+    depth = (pos - first) - closed
+    bad_row = ~(np.isfinite(start) & np.isfinite(end)) | (depth < 0)
+    step_up = np.zeros(n, dtype=bool)
+    step_up[1:] = (depth[1:] > depth[:-1] + 1) & ~new[1:]
+    bad_row |= step_up | (new & (depth != 0))
+    depth = np.maximum(depth, 0)
+    # last earlier row at depth d - 1 (parent) and at depth d (previous sibling)
+    key = depth.astype(np.int64) * n + pos
+    srt = np.sort(key)
+    has = depth > 0
+    k_par = np.searchsorted(srt, key - n, side="left") - 1
+    kp = srt[np.maximum(k_par, 0)]
+    parent = np.where(has & (k_par >= 0), kp % n, -1)
+    par_ok = (k_par >= 0) & (kp // n == depth - 1) & (parent >= first)
+    bad_row |= has & ~par_ok
+    has &= par_ok
+    parent = np.where(has, parent, -1)
+    k_sib = np.searchsorted(srt, key, side="left") - 1
+    ks = srt[np.maximum(k_sib, 0)]
+    sib = ks % n
+    sib_ok = (k_sib >= 0) & (ks // n == depth) & (sib >= first)
+    sib_ok &= np.where(has, sib > parent, True)
+    pp = np.maximum(parent, 0)
+    ss = np.maximum(sib, 0)
+    bad_row |= has & ~((end[pp] > start) & (end <= end[pp]) & (group[pp] == group))
+    bad_row |= sib_ok & ~(end[ss] <= start)
+    root = np.maximum.accumulate(np.where(depth == 0, pos, 0))
+    bad = np.zeros(int(group[-1]) + 1, dtype=bool)
+    bad[group[bad_row]] = True
+    return parent.astype(np.int64), depth.astype(np.int32), root.astype(np.int64), bad
+
+
+def _nest_lifting(
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stack walk's answer for any intervals (``new`` marks each group's first row).
+
+    The top left is always the last earlier interval of the group that ends after the start,
+    found for all intervals at once by binary lifting over a sparse table of running maxima of
+    ``end`` (O(n log n) time and memory). Depth and root then come from pointer jumping along
+    the parents. Returns parent positions (-1 for none), depths, roots.
+    """
+    n = len(start)
     group = np.cumsum(new)
     # levels[k][j] = max(end[j : j + 2**k])
     levels = [end]
