@@ -6,6 +6,21 @@ Busy time is a union, never a sum: kernels on several streams overlap.
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
+
+PS_PER_US = 1_000_000
+
+
+def sum_us(col: str | pl.Expr) -> pl.Expr:
+    """Polars expression: the sum of a column of microseconds, the same whatever the row order
+    or the number of threads (a float sum in polars is not: its partial sums per thread depend
+    on ``POLARS_MAX_THREADS``). Each value is rounded to whole picoseconds and summed as
+    Int64, exactly (up to 106 days in all); the result is Float64 microseconds. Nulls, NaN and
+    infinities count as 0 (a time column holds none: such events are left out when read).
+    """
+    e = pl.col(col) if isinstance(col, str) else col
+    ps = (e * PS_PER_US).round().cast(pl.Int64, strict=False).fill_null(0)
+    return ps.sum().cast(pl.Float64) / PS_PER_US
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

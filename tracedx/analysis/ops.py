@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracedx.analysis.intervals import sum_us
 from tracedx.analysis.kernels import is_tf32_expr, kind_expr
 from tracedx.trace import Trace
 
@@ -34,10 +35,10 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         k = k.filter(pl.col("step").is_in(steps))
         hd = hd.filter(pl.col("step").is_in(steps))
     dev = gpu.group_by("op_id").agg(
-        device_time_us=pl.col("duration_us").sum(),
+        device_time_us=sum_us("duration_us"),
         kernels=(pl.col("kind") == "kernel").sum(),
     )
-    hd = hd.group_by("op_id").agg(host_device_copy_us=pl.col("duration_us").sum())
+    hd = hd.group_by("op_id").agg(host_device_copy_us=sum_us("duration_us"))
     # name rules (regexes) once per distinct kernel name, not once per kernel
     by_name = k.select(pl.col("name").unique()).with_columns(
         tf32=is_tf32_expr("name"), kkind=kind_expr("name")
@@ -90,13 +91,13 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
         pl.len().alias("count"),
-        pl.col("device_time_us").sum(),
+        sum_us("device_time_us").alias("device_time_us"),
         pl.col("kernels").sum(),
         pl.col("max_grid_blocks").max(),
         pl.col("tf32").any().alias("tf32"),
         pl.col("kernel_kind").first(),
         pl.col("concrete_inputs").first(),
-        pl.col("host_device_copy_us").sum(),
+        sum_us("host_device_copy_us").alias("host_device_copy_us"),
     ]
     for c, how in (
         ("flops", "sum"),
@@ -162,14 +163,14 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_not_null())
     dev = (
         gpu.group_by("top_op_id")
-        .agg(device_time_us=pl.col("duration_us").sum(), kernels=(pl.col("kind") == "kernel").sum())
+        .agg(device_time_us=sum_us("duration_us"), kernels=(pl.col("kind") == "kernel").sum())
         .rename({"top_op_id": "op_id"})
     )
     la = (
         trace.launches.filter(pl.col("op_id").is_not_null())
         .join(trace.ops.select("op_id", "top_op_id"), on="op_id")
         .group_by("top_op_id")
-        .agg(launches=pl.len(), launch_us=pl.col("duration_us").sum())
+        .agg(launches=pl.len(), launch_us=sum_us("duration_us"))
         .rename({"top_op_id": "op_id"})
     )
     t = top.join(dev, on="op_id", how="left").join(la, on="op_id", how="left")
@@ -177,11 +178,11 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         t.group_by("name")
         .agg(
             count=pl.len(),
-            host_time_us=pl.col("duration_us").sum(),
-            device_time_us=pl.col("device_time_us").fill_null(0).sum(),
+            host_time_us=sum_us("duration_us"),
+            device_time_us=sum_us("device_time_us"),
             kernels=pl.col("kernels").fill_null(0).sum(),
             launches=pl.col("launches").fill_null(0).sum(),
-            launch_us=pl.col("launch_us").fill_null(0).sum(),
+            launch_us=sum_us("launch_us"),
         )
         .with_columns(
             host_us_per_kernel=pl.when(pl.col("kernels") > 0).then(

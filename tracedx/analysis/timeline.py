@@ -44,7 +44,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import gaps as _gaps
-from tracedx.analysis.intervals import overlap, owned_union, union
+from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
 from tracedx.trace import Trace
 
 CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work", "python")
@@ -135,7 +135,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
         sync_calls(trace)
         .filter(pl.col("step").is_not_null())
         .group_by("step")
-        .agg(sync_us=pl.col("duration_us").sum())
+        .agg(sync_us=sum_us("duration_us"))
     )
     rows = []
     devices = trace.devices or [None]
@@ -150,7 +150,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 kernels=(pl.col("kind") == "kernel").sum(),
                 memcpys=(pl.col("kind") == "memcpy").sum(),
                 memsets=(pl.col("kind") == "memset").sum(),
-                memcpy_us=pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us")).sum(),
+                memcpy_us=sum_us(pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us"))),
             )
         )
         s = (
@@ -406,6 +406,6 @@ def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
     """Idle time per (step, device, cause): ``idle_us`` and the number of ``gaps``."""
     return (
         gaps.group_by("step", "device", "cause")
-        .agg(idle_us=pl.col("duration_us").sum(), gaps=pl.len())
+        .agg(idle_us=sum_us("duration_us"), gaps=pl.len())
         .sort("step", "device", "cause")
     )

@@ -138,39 +138,49 @@ def _nest_forest(
     ends at or before the child starts. With those, every interval between a parent and its
     child ends at or before the child's start, so the stack walk gives the same parent. A
     group failing any check is flagged (``bad``, one bool per group) and its rows are not to be
-    used. Linear after two sorts.
+    used. Linear after a sort of each group's ends and one of the depths.
     """
     n = len(start)
     pos = np.arange(n)
-    first = np.maximum.accumulate(np.where(new, pos, 0))  # first row of each row's group
-    # earlier intervals of the group ending at or before start[i]: a merge of the ends and
-    # starts in (group, time, row) order, a start before its own row's end
-    times = np.concatenate([start, end])
-    order = np.lexsort((np.r_[2 * pos, 2 * pos + 1], times, np.r_[group, group]))
-    is_end = order >= n
-    ends_before = np.cumsum(is_end)
+    heads = np.flatnonzero(new)
+    tails = np.r_[heads[1:], n]
+    first = np.repeat(heads, tails - heads)  # first row of each row's group
+    # intervals of the group ending at or before start[i] (starts are sorted in a group)
     closed = np.empty(n, np.int64)
-    starts_at = ~is_end
-    closed[order[starts_at]] = ends_before[starts_at]
-    closed -= first  # the ends of earlier groups
+    for lo, hi in zip(heads, tails, strict=True):
+        closed[lo:hi] = np.searchsorted(np.sort(end[lo:hi]), start[lo:hi], side="right")
+    # less the ones not earlier than i: length-0 intervals at start[i] from i on (they sort
+    # last among the intervals starting there)
+    zero = end == start
+    run_head = new.copy()
+    run_head[1:] |= start[1:] != start[:-1]
+    run = np.cumsum(run_head) - 1
+    run_end = np.r_[np.flatnonzero(run_head)[1:], n][run]
+    zeros_in_run = np.bincount(run, weights=zero)[run].astype(np.int64)
+    closed -= np.where(zero, run_end - pos, zeros_in_run)
     depth = (pos - first) - closed
     bad_row = ~(np.isfinite(start) & np.isfinite(end)) | (depth < 0)
     step_up = np.zeros(n, dtype=bool)
     step_up[1:] = (depth[1:] > depth[:-1] + 1) & ~new[1:]
     bad_row |= step_up | (new & (depth != 0))
     depth = np.maximum(depth, 0)
-    # last earlier row at depth d - 1 (parent) and at depth d (previous sibling)
-    key = depth.astype(np.int64) * n + pos
-    srt = np.sort(key)
+    # last earlier row at depth d - 1 (parent) and at depth d (previous sibling): rows sorted
+    # by (depth, position), as one int64 key
+    small = depth.astype(np.int16) if depth.max() < 2**15 else depth
+    by_depth = np.argsort(small, kind="stable")
+    srt = depth[by_depth].astype(np.int64) * n + by_depth  # sorted
+    rank = np.empty(n, np.int64)
+    rank[by_depth] = pos
     has = depth > 0
-    k_par = np.searchsorted(srt, key - n, side="left") - 1
+    k_par = np.empty(n, np.int64)
+    k_par[by_depth] = np.searchsorted(srt, srt - n, side="left") - 1
     kp = srt[np.maximum(k_par, 0)]
     parent = np.where(has & (k_par >= 0), kp % n, -1)
     par_ok = (k_par >= 0) & (kp // n == depth - 1) & (parent >= first)
     bad_row |= has & ~par_ok
     has &= par_ok
     parent = np.where(has, parent, -1)
-    k_sib = np.searchsorted(srt, key, side="left") - 1
+    k_sib = rank - 1  # the previous row in (depth, position) order
     ks = srt[np.maximum(k_sib, 0)]
     sib = ks % n
     sib_ok = (k_sib >= 0) & (ks // n == depth) & (sib >= first)
