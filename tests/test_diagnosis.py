@@ -158,3 +158,25 @@ def test_steps_option():
         main, ["diagnose", str(case("C10_cpu_ranges_not_nested.json")), "--steps", "9..12"]
     )
     assert res.exit_code == 2 and "no such steps" in res.output
+
+
+def test_json_is_the_same_whatever_the_thread_count():
+    """The diagnosis JSON of a real trace is byte-identical under 1 and 4 polars threads (a
+    float sum split across threads is not: the kernel-kind and op totals of this trace differed
+    in their last digits before they were summed as integer picoseconds)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parent.parent / "sample_traces" / "gpt2_train-eager.json.gz"
+    out = []
+    for threads in ("1", "4"):
+        env = {**os.environ, "POLARS_MAX_THREADS": threads}
+        r = subprocess.run(
+            [sys.executable, "-m", "tracedx.cli", "diagnose", "--no-cache", "--format", "json",
+             str(trace)],
+            capture_output=True, env=env, timeout=120, check=True,
+        )  # fmt: skip
+        out.append(r.stdout)
+    assert out[0] and out[0] == out[1]
