@@ -53,6 +53,7 @@ USABLE_MEMORY_SHARE = 0.9
 
 _WEIGHT_OPERAND = {"aten::linear": 1, "aten::addmm": 2, "aten::embedding": 0}
 _OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
+_WEIGHT_OPS = (*_WEIGHT_OPERAND, "aten::convolution", "aten::conv2d", "aten::conv1d")
 
 
 def _shape_key(shape) -> tuple | None:
@@ -155,7 +156,8 @@ def batch_model(
     ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
         "op_id", "name", "input_shapes", "input_dtypes"
     )
-    wshapes = weight_shapes(ops)
+    # only the ops weight_shapes reads (the whole op table's shapes are slow to turn into lists)
+    wshapes = weight_shapes(ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS))))
     op_rows = {
         r[0]: (r[1], r[2], r[3])
         for r in ops.filter(pl.col("op_id").is_in(k["op_id"].implode())).rows()

@@ -160,15 +160,18 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             }
         )
     top = ops.filter(pl.col("parent_id").is_null()).select("op_id", "name", "duration_us")
-    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_not_null())
+    # only the GPU events and launches under these top-level ops (not the whole trace's)
+    tops = top["op_id"].implode()
+    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(tops))
     dev = (
         gpu.group_by("top_op_id")
         .agg(device_time_us=sum_us("duration_us"), kernels=(pl.col("kind") == "kernel").sum())
         .rename({"top_op_id": "op_id"})
     )
+    under = trace.ops.select("op_id", "top_op_id").filter(pl.col("top_op_id").is_in(tops))
     la = (
-        trace.launches.filter(pl.col("op_id").is_not_null())
-        .join(trace.ops.select("op_id", "top_op_id"), on="op_id")
+        trace.launches.select("op_id", "duration_us")
+        .join(under, on="op_id")
         .group_by("top_op_id")
         .agg(launches=pl.len(), launch_us=sum_us("duration_us"))
         .rename({"top_op_id": "op_id"})
