@@ -158,7 +158,11 @@ def batch_model(
         "op_id", "name", "input_shapes", "input_dtypes"
     )
     # only the ops weight_shapes reads (the whole op table's shapes are slow to turn into lists)
-    wshapes = weight_shapes(ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS))))
+    wshapes = weight_shapes(
+        ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS)))
+        .select("name", "input_shapes")
+        .unique(maintain_order=True)
+    )
     # roofline position per op group (name, shapes, dtypes)
     bandwidth_bound: set[tuple] = set()
     if ops_tbl is not None and "regime" in ops_tbl.columns:
@@ -211,8 +215,10 @@ def batch_model(
     is_gemm = ~is_fixed & np.isin(kind, ["gemm", "conv"])
     is_scaled = ~is_fixed & ~is_gemm
     gemm = np.column_stack([t, fill, k["w"].fill_null(0.0).to_numpy()])[is_gemm]
-    floor = np.array(
-        [KERNEL_FLOOR_US.get(x, KERNEL_FLOOR_DEFAULT_US) for x in kind[is_scaled]], dtype=float
+    floor = (
+        k["kk"]
+        .replace_strict(KERNEL_FLOOR_US, default=KERNEL_FLOOR_DEFAULT_US, return_dtype=pl.Float64)
+        .to_numpy()[is_scaled]
     )
     ts = t[is_scaled]
     scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])

@@ -79,9 +79,11 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     kernel_kind "host-device copy" and no FLOP/byte model: its bytes cross PCIe, so the device
     memory roofline does not bound it (the copies line of the report does).
     """
-    stats = launching_op_stats(trace, steps)
+    # in op order, so that a group's "first" values are its first op's (group_by's row
+    # order is not fixed)
+    stats = launching_op_stats(trace, steps).sort("op_id")
     ops = trace.ops.select("op_id", "name", "input_shapes", "input_dtypes", "concrete_inputs")
-    j = stats.join(ops, on="op_id", how="inner")
+    j = stats.join(ops, on="op_id", how="inner", maintain_order="left")
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
