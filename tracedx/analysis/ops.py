@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracedx.analysis.intervals import sum_us
+from tracedx.analysis.intervals import PS_PER_US, sum_ps, sum_us
 from tracedx.analysis.kernels import is_tf32_expr, kind_expr
 from tracedx.trace import Trace
 
@@ -82,24 +82,46 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # in op order, so that a group's "first" values are its first op's (group_by's row
     # order is not fixed)
     stats = launching_op_stats(trace, steps).sort("op_id")
-    ops = trace.ops.select("op_id", "name", "input_shapes", "input_dtypes", "concrete_inputs")
-    j = stats.join(ops, on="op_id", how="inner", maintain_order="left")
+    # Two levels, so that the nested key columns are hashed once per launching op: first by
+    # the full call signature (what the FLOP model reads) in op order, then the few
+    # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
+    sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
+    ops = trace.ops.select("op_id", *sig).filter(pl.col("op_id").is_in(stats["op_id"].implode()))
+    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id").with_row_index("__sig")
+    of_op = per_sig.select("__sig", "op_id").explode("op_id")
+    g4 = (
+        stats.join(of_op, on="op_id", how="inner", maintain_order="left")
+        .group_by("__sig", maintain_order=True)
+        .agg(
+            pl.len().alias("count"),
+            sum_ps("device_time_us").alias("device_ps"),
+            pl.col("kernels").sum(),
+            pl.col("max_grid_blocks").max(),
+            pl.col("tf32").any(),
+            pl.col("kernel_kind").first(),
+            sum_ps("host_device_copy_us").alias("copy_ps"),
+        )
+        .join(per_sig.drop("op_id"), on="__sig", how="left", maintain_order="left")
+    )
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
         add_op_costs = None
-    if add_op_costs is not None and j.height:
-        j = add_op_costs(j)
+    if add_op_costs is not None and g4.height:
+        # one op's cost per signature; a signature's totals are count x that
+        g4 = add_op_costs(g4).with_columns(
+            flops=pl.col("flops") * pl.col("count"), bytes=pl.col("bytes") * pl.col("count")
+        )
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
-        pl.len().alias("count"),
-        sum_us("device_time_us").alias("device_time_us"),
+        pl.col("count").sum(),
+        (pl.col("device_ps").sum().cast(pl.Float64) / PS_PER_US).alias("device_time_us"),
         pl.col("kernels").sum(),
         pl.col("max_grid_blocks").max(),
         pl.col("tf32").any().alias("tf32"),
         pl.col("kernel_kind").first(),
         pl.col("concrete_inputs").first(),
-        sum_us("host_device_copy_us").alias("host_device_copy_us"),
+        (pl.col("copy_ps").sum().cast(pl.Float64) / PS_PER_US).alias("host_device_copy_us"),
     ]
     for c, how in (
         ("flops", "sum"),
@@ -108,9 +130,9 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         ("family", "first"),
         ("tensor_core", "first"),
     ):
-        if c in j.columns:
+        if c in g4.columns:
             aggs.append(getattr(pl.col(c), how)())
-    g = j.group_by(key).agg(aggs)
+    g = g4.group_by(key, maintain_order=True).agg(aggs)
     transfer = (pl.col("host_device_copy_us") > 0) & (
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
     )
@@ -134,7 +156,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             math_mode=pl.when(pl.col("tf32")).then(pl.lit("tf32")),
         )
         .drop("tf32")
-        .sort("device_time_us", descending=True)
+        .sort("device_time_us", descending=True, maintain_order=True)
     )
 
 
