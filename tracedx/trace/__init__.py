@@ -459,8 +459,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
                 ),
             ]
         ).sort("start_us")
-    launches, _ = link_launches_to_ops(launches, ops)
-    reused = reused_external_ids(ops).len()
+    reused_ids = reused_external_ids(ops)
+    launches, _ = link_launches_to_ops(launches, ops, reused_ids)
+    reused = reused_ids.len()
     if reused:
         warnings.append(
             DataWarning(

@@ -329,9 +329,12 @@ def assign_step(
     return df.with_columns(pl.when(pl.Series(inside)).then(step).alias(out))
 
 
-def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+def link_launches_to_ops(
+    launches: pl.DataFrame, ops: pl.DataFrame, reused: pl.Series | None = None
+) -> tuple[pl.DataFrame, int]:
     """Add ``op_id`` to launches: by External id, else innermost op on the thread holding the launch.
 
+    ``reused``: :func:`reused_external_ids` of ``ops`` when the caller has it (else computed).
     Returns (launches, number linked by time containment).
     """
     if launches.height == 0:
@@ -341,10 +344,12 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         .filter(pl.col("external_id").is_not_null())
         .unique("external_id", keep="first")
     )
-    launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
+    launches = launches.with_row_index("__lrow").join(
+        by_ext, on="external_id", how="left", maintain_order="left"
+    )
     # An External id that several ops share (a corrupt or reused id) does not say which op
     # launched: the op holding the launch in time does, else the first op of the id.
-    dup = reused_external_ids(ops)
+    dup = reused_external_ids(ops) if reused is None else reused
     launches = launches.with_columns(
         __ext_first=pl.col("__ext_op"),
         __ext_op=pl.when(pl.col("external_id").is_in(dup.implode()))
@@ -393,31 +398,36 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
 
 def reused_external_ids(ops: pl.DataFrame) -> pl.Series:
     """External ids that more than one op carries (each op should have its own)."""
-    ext = ops.filter(pl.col("external_id").is_not_null())
+    ext = ops.select("external_id").filter(pl.col("external_id").is_not_null())
     if ext.height == 0:
         return pl.Series("external_id", [], dtype=ops.schema.get("external_id", pl.Int64))
-    counts = ext.group_by("external_id").len()
-    return counts.filter(pl.col("len") > 1)["external_id"]
+    return ext.filter(pl.col("external_id").is_duplicated())["external_id"].unique().sort()
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
+    info = launches.filter(pl.col("correlation").is_not_null()).select(
+        "correlation",
+        pl.col("name").alias("launch_name"),
+        pl.col("pid").alias("launch_pid"),
+        pl.col("tid").alias("launch_tid"),
+        pl.col("start_us").alias("launch_start_us"),
+        pl.col("duration_us").alias("launch_duration_us"),
+        "op_id",
+        pl.col("step").alias("step"),
+    )
+    if ops.height and ops.select((pl.col("op_id") == pl.int_range(pl.len())).all()).item():
+        # op_id is the row number (build_op_tree's): look the names up by position
+        top = ops["top_op_id"].gather(info["op_id"])
+        return info.with_columns(
+            op_name=ops["name"].gather(info["op_id"]),
+            top_op_id=top,
+            top_op_name=ops["name"].gather(top),
+        )
     names = ops.select("op_id", pl.col("name").alias("op_name"), "top_op_id")
     tops = ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op_name"))
-    return (
-        launches.filter(pl.col("correlation").is_not_null())
-        .select(
-            "correlation",
-            pl.col("name").alias("launch_name"),
-            pl.col("pid").alias("launch_pid"),
-            pl.col("tid").alias("launch_tid"),
-            pl.col("start_us").alias("launch_start_us"),
-            pl.col("duration_us").alias("launch_duration_us"),
-            "op_id",
-            pl.col("step").alias("step"),
-        )
-        .join(names, on="op_id", how="left")
-        .join(tops, on="top_op_id", how="left")
+    return info.join(names, on="op_id", how="left", maintain_order="left").join(
+        tops, on="top_op_id", how="left", maintain_order="left"
     )
 
 
