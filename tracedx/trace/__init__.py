@@ -437,7 +437,13 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             )
 
     ops = assign_step(ops, steps, "start_us")
-    launches = raw.launches.with_columns(api_kind=api_kind_expr("name"))
+    # the name rules once per distinct call name, not once per call
+    kinds = raw.launches.select(pl.col("name").unique()).with_columns(
+        api_kind=api_kind_expr("name")
+    )
+    launches = raw.launches.join(
+        kinds, on="name", how="left", nulls_equal=True, maintain_order="left"
+    )
     n_dup = (
         launches.filter(pl.col("correlation").is_not_null())
         .select(pl.col("correlation").is_duplicated().sum())
