@@ -10,10 +10,20 @@ squares (numpy.linalg.lstsq) and prints the constants, each trace's excess again
 and the single cost per event that ``diagnose`` solves per trace instead. The result (README,
 "Estimates against measurements"): no per-kind split fits the traces (residuals up to 5x on
 13 traces), so the per-trace cost stays.
+
+    python benchmarks/profiler_cost.py --tiny
+
+prints instead what the profiler adds to tiny kernels, from the device measurement
+``sample_traces/profiler_inflation-h200.json`` (``capture/profiler_inflation.py``): host time per
+eager launch, GPU time per queued kernel and per kernel in a CUDA graph, unprofiled against
+profiled, and the in-graph cost beyond the reported eager duration that the cuda-graphs
+estimate adds (``tracedx.analysis.findings.GRAPH_GPU_GAP_US_PER_KERNEL``).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -75,5 +85,29 @@ def main() -> None:
         print(f"| {name} | {e:.0f} | {f_:.0f} | {f_ / e:.2f} | {e / ev:.2f} |")
 
 
+def tiny() -> None:
+    doc = json.loads((ROOT / "profiler_inflation-h200.json").read_text())
+    print(
+        "| elements | host per eager add_, us: unprofiled / profiled | reported kernel, us "
+        "| GPU per queued kernel, us: unprofiled / profiled | GPU per kernel in a graph, us: "
+        "unprofiled / profiled | in graph minus reported, us | graph replay host per kernel, us: "
+        "unprofiled / profiled |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in doc["tiny_kernels"]:
+        rep = r["eager_reported_kernel_us"]
+        print(
+            f"| {r['elements']:,} | {r['eager_host_us_per_op_unprofiled']:.2f} / "
+            f"{r['eager_host_us_per_op_profiled']:.2f} | {rep:.2f} | "
+            f"{r['queued_gpu_us_per_kernel_unprofiled']:.2f} / "
+            f"{r['queued_gpu_us_per_kernel_profiled']:.2f} | "
+            f"{r['graph_gpu_us_per_kernel_unprofiled']:.2f} / "
+            f"{r['graph_gpu_us_per_kernel_profiled']:.2f} | "
+            f"{r['graph_gpu_us_per_kernel_unprofiled'] - rep:+.2f} | "
+            f"{r['graph_replay_host_us_per_kernel_unprofiled']:.2f} / "
+            f"{r['graph_replay_host_us_per_kernel_profiled']:.2f} |"
+        )
+
+
 if __name__ == "__main__":
-    main()
+    tiny() if "--tiny" in sys.argv[1:] else main()

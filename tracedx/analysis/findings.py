@@ -60,9 +60,14 @@ the overhead-bound sample traces (``tracedx capture --time-unprofiled``, PyTorch
 # 1.41 us (add_loop-cudagraph, 500 kernels), 1.42 us (mlp_train-cudagraph, 29 kernels) in
 # sample_traces/.
 GRAPH_HOST_US_PER_KERNEL = 1.4
-# GPU-side gap between consecutive kernels of a graph replay, measured as (step - busy) / kernels
-# in the same traces: 0.62 us (add_loop), 0.48 us (decode), 0.59 us (mlp_train).
-GRAPH_GPU_GAP_US_PER_KERNEL = 0.55
+# What a kernel costs inside a graph replay beyond its reported eager duration, unprofiled (the
+# estimates are against unprofiled steps): median 0.46 us over the H200 measurements of kernels
+# of more than one element (sample_traces/graph_node_cost-sweep-h200.json, add_, sum, cumsum:
+# 0.37 to 0.73 us; profiler_inflation-h200.json, add_ of 128 to 1M elements: 0.44 to 0.53 us).
+# Under the profiler the same replays cost 0.5 to 0.9 us more per kernel (CUPTI records every
+# kernel of the graph; profiler_inflation-h200.json), so the gap read off profiled graph traces,
+# (step - busy) / kernels (0.62 us add_loop, 0.48 decode, 0.59 mlp_train), is not the one to use.
+GRAPH_GPU_GAP_US_PER_KERNEL = 0.46
 # A fused attention kernel reaches about half the dense peak (FlashAttention-2, Dao 2023,
 # reports 50-73% of peak on A100 forward).
 FUSED_ATTENTION_EFFICIENCY = 0.5
@@ -363,7 +368,7 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     """Replay the step's kernels as one CUDA graph: launch gaps and Python between ops go away.
 
     H' = host time of ops that launch nothing (+ DataLoader) + 1.4 us x kernels (graph replay
-    host cost); G' = busy + 0.55 us x kernels (in-graph gaps); both measured on H200 traces
+    host cost); G' = busy + 0.46 us x kernels (in-graph gaps); both measured on an H200
     (see the constants). Syncs stay.
     """
     if m.kernels < 2 or m.graph_replays >= 1:
@@ -447,20 +452,35 @@ def remove_host_sync(m: StepModel, sync_ops: list[str]) -> Finding | None:
     )
 
 
-def dataloader_workers(m: StepModel) -> Finding | None:
-    """Load batches in worker processes: the main process no longer spends DataLoader time."""
+DATALOADER_WORKERS = 8
+"""Worker processes the dataloader-workers estimate assumes (``num_workers=8``, each on a free
+CPU core): a common setting, and the one of the sample pair. The trace records neither the
+cores nor what the user would choose, so the finding states it and the workers needed."""
+
+
+def dataloader_workers(m: StepModel, workers: int = DATALOADER_WORKERS) -> Finding | None:
+    """Load batches in ``workers`` worker processes instead of the main process.
+
+    The main process's DataLoader time per step D (profiler cost removed: D_u) is the time to
+    make one batch. W workers make W batches at once, so in steady state a batch is ready every
+    D_u / W; the main thread waits for one when that is longer than the rest of its step
+    (queueing: throughput of W parallel servers). So the main thread's host time becomes
+    max(H_rest, D_u / W). Assumed: each worker makes a batch as fast as the main process did
+    (PyTorch runs each worker with one intra-op thread; transforms that the main process ran on
+    several threads are slower there), and W free cores. With workers already running
+    (``dataloader_multiprocess``), the main thread's remaining DataLoader time is what goes.
+    """
     if m.dataloader_us <= 0.05 * m.step_us:
         return None
-    new = Change(host_us=-m.dataloader_us, host_events=-m.dataloader_events)
+    share = m.dataloader_us / m.step_us
     ev = [
         f"DataLoader __next__ on the main thread: {_ms(m.dataloader_us)} per step "
-        f"({m.dataloader_us / m.step_us:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
+        f"({share:.0%} of the step; the TensorBoard plugin's rule flags > 5%)"
     ]
-    deriv = (
-        "overlap: batches prepared by workers while the step runs; host time minus DataLoader time"
-    )
     title = "Use DataLoader workers (num_workers > 0, persistent_workers)"
     if m.dataloader_multiprocess:
+        new = Change(host_us=-m.dataloader_us, host_events=-m.dataloader_events)
+        deriv = "overlap: batches prepared by workers while the step runs; host time minus DataLoader time"
         # workers already run: the main thread waits for batches, or rebuilds them from the
         # workers' shared memory (pin_memory=True hands that to its own thread)
         title = "Add DataLoader workers, or pin_memory=True (workers already run)"
@@ -469,15 +489,33 @@ def dataloader_workers(m: StepModel) -> Finding | None:
             "(too few workers) or rebuilds them from shared memory (pin_memory=True moves that "
             "to its own thread)"
         )
-    return make_finding(
-        m,
-        "dataloader-workers",
-        title,
-        m.dataloader_us,
-        new,
-        deriv,
-        ev,
+        return make_finding(m, "dataloader-workers", title, m.dataloader_us, new, deriv, ev)
+    d_u = max(m.dataloader_us - m.tax_us * m.dataloader_events, 0.0)
+    gone = Change(host_us=-m.dataloader_us, host_events=-m.dataloader_events)
+    h_rest = max(
+        m.host_us - m.dataloader_us - m.tax_us * (m.host_events - m.dataloader_events), 0.0
     )
+    rest = apply(m, gone)
+    per_batch = d_u / workers
+    wait = max(per_batch - h_rest, 0.0)
+    new = Change(host_us=-m.dataloader_us + wait, host_events=-m.dataloader_events)
+    need = math.ceil(d_u / rest) if rest > 0 else workers
+    ev += [
+        f"one batch takes the main process {_ms(d_u)}"
+        + (" (profiler cost removed)" if m.tax_us else "")
+        + f"; {workers} workers make one every {_ms(per_batch)}, the rest of the step takes "
+        f"{_ms(rest)}",
+        f"hiding the DataLoader completely needs ~{need} workers (and as many free cores); "
+        f"with {workers} the step is ~{_ms(max(rest, apply(m, new)))}",
+    ]
+    deriv = (
+        f"throughput: {workers} workers (assumed, on {workers} free cores) each make a batch in "
+        "the main process's DataLoader time per step, so one is ready every D / "
+        f"{workers}; the main thread's host time -> max(rest of the host, D / {workers}); "
+        "assumes a one-thread worker (PyTorch's default) makes a batch as fast as the main "
+        "process did"
+    )
+    return make_finding(m, "dataloader-workers", title, m.dataloader_us, new, deriv, ev)
 
 
 def pinned_memory(
@@ -562,6 +600,8 @@ def torch_compile(
     chains: float,
     removed_host_us: float | None = None,
     python_us: float = 0.0,
+    no_gpu_us: float = 0.0,
+    no_gpu_events: float = 0.0,
 ) -> Finding | None:
     """Fuse chains of elementwise/reduction/normalization kernels (torch.compile / Inductor).
 
@@ -574,10 +614,16 @@ def torch_compile(
       ``removed_host_us`` per step (the host time per kernel of the ops that launched the
       chains, each at most the step's mean; see diagnosis._fusable_chains), else the step's
       mean host time per kernel; its recorded host events (and their profiler cost) go too.
-    - Python: the step's host time outside any op (``python_us``: module calls, framework code
-      between ops) goes in the share of the kernels that fuse away (kernels removed / kernels):
-      the compiled graph replaces the Python that issued them, and the kernels that stay are
-      launched by the compiled wrapper at about the cost the eager step paid for them.
+    - Python: the model's host time outside any op (``python_us``: module calls, framework
+      code between ops; the step less the optimizer and the DataLoader, see
+      diagnosis.compile_region_host) goes in the share of the kernels that fuse away (kernels
+      removed / kernels). Not all of it: Inductor's Python wrapper launches the kernels that
+      stay at about the cost the eager step paid for them, Python included (gpt2_decode,
+      unprofiled: 21.2 us per kernel eager, 20.6 us compiled).
+    - Ops that launch nothing inside the model and the autograd engine's own time per backward
+      node (``no_gpu_us``, with ``no_gpu_events`` recorded events): one compiled forward and one
+      compiled backward replace them, so they go (their events' profiler cost at most their
+      traced time).
     """
     if chains <= 0 or kernels_removed < 1:
         return None
@@ -585,14 +631,17 @@ def torch_compile(
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
     per_k = removed_host_us / kernels_removed
     py_removed = python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels else 0.0
-    removed_host_us += py_removed
+    removed_host_us += py_removed + no_gpu_us
+    # their recorded events go too, but never more profiler cost than their traced time
+    if m.tax_us > 0:
+        no_gpu_events = min(no_gpu_events, no_gpu_us / m.tax_us)
     h2 = m.host_us - removed_host_us
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
     new = Change(
         host_us=h2 - m.host_us,
         gpu_us=-chain_saved_us,
-        host_events=-kernels_removed * m.events_per_kernel,
+        host_events=-kernels_removed * m.events_per_kernel - no_gpu_events,
     )
     ev = [
         f"{chains:.0f} chain{'' if round(chains) == 1 else 's'} of back-to-back elementwise/reduction/normalization kernels per step, "
@@ -601,9 +650,12 @@ def torch_compile(
     deriv = (
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "
         f"{_ms(chain_us)} -> {_ms(chain_us - chain_saved_us)}); host saves {per_k:.1f} us per "
-        f"fused-away kernel and {_ms(py_removed)} of the step's {_ms(python_us)} of Python between "
-        "ops (its share of the kernels removed); GEMMs, attention and the optimizer stay; "
-        "assumes the kernels left cost the compiled wrapper what they cost eager"
+        f"fused-away kernel, {_ms(py_removed)} of the model's {_ms(python_us)} of Python between "
+        f"ops (its share of the kernels removed) and {_ms(no_gpu_us)} of ops that launch nothing "
+        "and of the autograd engine's own time per backward node (one compiled forward and "
+        "backward replace them)"
+        + "; GEMMs, attention and the optimizer stay; assumes the kernels left cost the "
+        "compiled wrapper what they cost eager"
     )
     region = chain_us + removed_host_us
     return make_finding(
