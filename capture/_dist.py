@@ -1,5 +1,5 @@
 """Helpers shared by the distributed workload scripts (``ddp_mlp.py``, ``fsdp2_transformer.py``,
-``tp_mlp.py``); not a workload itself.
+``tp_mlp.py``, ``allreduce_busbw.py``); not a workload itself.
 
 Each script runs under ``torchrun --nproc-per-node N``: NCCL on CUDA GPUs (one process per
 GPU, ``LOCAL_RANK`` picks the device), gloo on CPU. Under ``tracedx capture`` the training loop
@@ -13,14 +13,27 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 
-def parser(description: str, steps: int = 30) -> argparse.ArgumentParser:
-    """Options every distributed workload has: steps, timing, device, straggler injection."""
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """Options every distributed script has: the device and the seed."""
     p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parser(
+    description: str, steps: int = 30, sizes: tuple[str, ...] = ()
+) -> argparse.ArgumentParser:
+    """Options every distributed workload has: steps, timing, device, straggler injection;
+    and one integer option per name in ``sizes`` (``"d_model"`` -> ``--d-model``, default
+    None: the script's size for the device)."""
+    p = base_parser(description)
     p.add_argument("--steps", type=int, default=steps, help="training steps to run")
     p.add_argument(
         "--time-steps",
@@ -28,8 +41,6 @@ def parser(description: str, steps: int = 30) -> argparse.ArgumentParser:
         default=20,
         help="steps timed (the last ones); the steps before them are warm-up",
     )
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--straggler-rank", type=int, default=None, help="the rank that does extra work per step"
     )
@@ -40,7 +51,55 @@ def parser(description: str, steps: int = 30) -> argparse.ArgumentParser:
         help="extra host work per step on --straggler-rank, in ms (a busy Python loop before "
         "the forward)",
     )
+    for name in sizes:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     return p
+
+
+@dataclass
+class Run:
+    """One rank of a started job (:func:`start`): its options, device, rank and world size."""
+
+    args: argparse.Namespace
+    device: torch.device
+    rank: int
+    world: int
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def autocast(self):
+        """bf16 autocast on CUDA, a no-op on CPU."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.gpu)
+
+    def mesh(self, **kw):
+        """A 1-D device mesh over all ranks (``torch.distributed.device_mesh``)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device.type, (self.world,), **kw)
+
+    def train_and_report(self, name: str, opt, loss_fn, **info) -> None:
+        """:func:`train`, then :func:`report_timing` (``info`` plus the straggler options),
+        then :func:`finish`."""
+        timer = train(self.args, self.device, self.rank, opt, loss_fn)
+        report_timing(
+            name,
+            timer,
+            self.rank,
+            self.world,
+            **info,
+            straggler=self.args.straggler_rank,
+            host_ms=self.args.host_ms,
+        )
+        finish()
+
+
+def start(p: argparse.ArgumentParser) -> Run:
+    """Parse the options and join the job (:func:`init`)."""
+    args = p.parse_args()
+    device, rank, world = init(args)
+    return Run(args, device, rank, world)
 
 
 def init(args: argparse.Namespace) -> tuple[torch.device, int, int]:

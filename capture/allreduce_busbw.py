@@ -13,23 +13,20 @@ bandwidths in GB/s = 1e9 bytes/s).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 import torch.distributed as dist
-from _dist import init, sync
+from _dist import base_parser, finish, init, sync
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--min-mb", type=float, default=1.0)
     p.add_argument("--max-mb", type=float, default=None)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file for the curve (rank 0 writes it)")
     args = p.parse_args()
     device, rank, world = init(args)
@@ -81,8 +78,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
         print(args.out, flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -17,16 +17,13 @@ times (median, min, max of the last ``--time-steps`` steps, synchronized at each
 from __future__ import annotations
 
 import torch
-from _dist import finish, init, parser, report_timing, train
+from _dist import parser, start
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0], steps=30)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--batch", type=int, default=None)
+    p = parser(__doc__.splitlines()[0], steps=30, sizes=("width", "layers", "batch"))
     p.add_argument(
         "--batch-scale",
         type=float,
@@ -36,9 +33,8 @@ def main() -> None:
     p.add_argument(
         "--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb (default 25)"
     )
-    args = p.parse_args()
-    device, rank, world = init(args)
-    gpu = device.type == "cuda"
+    run = start(p)
+    args, device, gpu = run.args, run.device, run.gpu
     width = args.width or (4096 if gpu else 256)
     depth = args.layers or (6 if gpu else 3)
     batch = args.batch or (256 if gpu else 32)
@@ -53,32 +49,26 @@ def main() -> None:
         bucket_cap_mb=args.bucket_cap_mb,
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    straggler = rank == args.straggler_rank
+    straggler = run.rank == args.straggler_rank
     n = int(round(batch * args.batch_scale)) if straggler else batch
-    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
+    gen = torch.Generator(device="cpu").manual_seed(1000 + run.rank)
     x = torch.randn(n, width, generator=gen).to(device)
     y = torch.randn(n, width, generator=gen).to(device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu)
 
     def loss_fn() -> torch.Tensor:
-        with amp:
+        with run.autocast():
             return nn.functional.mse_loss(model(x), y)
 
-    timer = train(args, device, rank, opt, loss_fn)
-    report_timing(
+    run.train_and_report(
         "ddp_mlp",
-        timer,
-        rank,
-        world,
+        opt,
+        loss_fn,
         width=width,
         layers=depth,
         batch=n,
         bucket_cap_mb=args.bucket_cap_mb,
-        straggler=args.straggler_rank,
-        host_ms=args.host_ms,
         batch_scale=args.batch_scale,
     )
-    finish()
 
 
 if __name__ == "__main__":

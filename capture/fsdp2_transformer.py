@@ -19,7 +19,7 @@ unprofiled step times (median, min, max of the last ``--time-steps`` steps).
 from __future__ import annotations
 
 import torch
-from _dist import finish, init, parser, report_timing, train
+from _dist import parser, start
 from torch import nn
 
 
@@ -38,26 +38,22 @@ class Block(nn.Module):
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0], steps=30)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--d-model", type=int, default=None)
+    p = parser(__doc__.splitlines()[0], steps=30, sizes=("layers", "d_model"))
     p.add_argument(
         "--no-prefetch", action="store_true", help="no explicit forward/backward prefetch"
     )
     p.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False")
-    args = p.parse_args()
-    device, rank, world = init(args)
-    from torch.distributed.device_mesh import init_device_mesh
+    run = start(p)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    gpu = device.type == "cuda"
+    args, gpu = run.args, run.gpu
     d = args.d_model or (1024 if gpu else 128)
     depth = args.layers or (8 if gpu else 2)
     heads = 16 if gpu else 4
     batch, seq = (8, 512) if gpu else (4, 64)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = run.mesh()
     blocks = nn.ModuleList(Block(d, heads) for _ in range(depth))
-    model = nn.Sequential(*blocks, nn.Linear(d, d)).to(device)
+    model = nn.Sequential(*blocks, nn.Linear(d, d)).to(run.device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if gpu else MixedPrecisionPolicy()
     reshard = not args.no_reshard
     for b in blocks:
@@ -70,22 +66,17 @@ def main() -> None:
             if i > 0:
                 b.set_modules_to_backward_prefetch([blocks[i - 1]])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
-    x = torch.randn(batch, seq, d, generator=gen).to(device)
-    timer = train(args, device, rank, opt, lambda: model(x).float().pow(2).mean())
-    report_timing(
+    gen = torch.Generator(device="cpu").manual_seed(1000 + run.rank)
+    x = torch.randn(batch, seq, d, generator=gen).to(run.device)
+    run.train_and_report(
         "fsdp2_transformer",
-        timer,
-        rank,
-        world,
+        opt,
+        lambda: model(x).float().pow(2).mean(),
         layers=depth,
         d_model=d,
         prefetch=not args.no_prefetch,
         reshard_after_forward=reshard,
-        straggler=args.straggler_rank,
-        host_ms=args.host_ms,
     )
-    finish()
 
 
 if __name__ == "__main__":

@@ -16,57 +16,39 @@ fp32. Run plainly, each rank prints its unprofiled step times (median, min, max 
 from __future__ import annotations
 
 import torch
-from _dist import finish, init, parser, report_timing, train
+from _dist import parser, start
 from torch import nn
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0], steps=30)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--d-model", type=int, default=None)
-    args = p.parse_args()
-    device, rank, world = init(args)
-    from torch.distributed.device_mesh import init_device_mesh
+    run = start(parser(__doc__.splitlines()[0], steps=30, sizes=("layers", "d_model")))
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
 
-    gpu = device.type == "cuda"
+    args, gpu = run.args, run.gpu
     d = args.d_model or (4096 if gpu else 256)
     depth = args.layers or (4 if gpu else 2)
     batch, seq = (16, 512) if gpu else (8, 32)
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
     blocks = []
     for _ in range(depth):
         blocks += [nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)]
-    model = nn.Sequential(*blocks).to(device)
+    model = nn.Sequential(*blocks).to(run.device)
     plan = {}
     for i in range(depth):
         plan[str(3 * i)] = ColwiseParallel()
         plan[str(3 * i + 2)] = RowwiseParallel()
-    parallelize_module(model, mesh, plan)
+    parallelize_module(model, run.mesh(mesh_dim_names=("tp",)), plan)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(7)).to(device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu)
+    x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(7)).to(run.device)
 
     def loss_fn() -> torch.Tensor:
-        with amp:
+        with run.autocast():
             return model(x).float().pow(2).mean()
 
-    timer = train(args, device, rank, opt, loss_fn)
-    report_timing(
-        "tp_mlp",
-        timer,
-        rank,
-        world,
-        layers=depth,
-        d_model=d,
-        straggler=args.straggler_rank,
-        host_ms=args.host_ms,
-    )
-    finish()
+    run.train_and_report("tp_mlp", opt, loss_fn, layers=depth, d_model=d)
 
 
 if __name__ == "__main__":

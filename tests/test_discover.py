@@ -197,3 +197,85 @@ def test_synthetic_steps_are_noted():
         [("/j/a.json", _meta(0, 2)), ("/j/b.json", _meta(1, 2, steps_synthetic=True))]
     )
     assert any("rank 1 has no ProfilerStep ranges" in n for n in rs.notes)
+
+
+# --- what belongs to one job (check_one_job, run by resolve_ranks) ---
+
+
+def _rank(r, world=2):
+    return _meta(r, world, pg_config=[{"pg_name": "0", "pg_size": world, "ranks": [0, 1]}])
+
+
+def _single():
+    return {"rank": None, "world_size": None, "steps": [1, 2], "device_name": "NVIDIA H200"}
+
+
+def _refusal(entries, collectives):
+    with pytest.raises(TraceError) as e:
+        resolve_ranks(entries, collectives=collectives)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_two_jobs_beside_single_traces_are_refused_naming_each():
+    """The layout of sample_traces/: two 2-rank job folders and single-GPU traces."""
+    entries = [
+        ("s/a-balanced/rank0.json.gz", _rank(0)),
+        ("s/a-balanced/rank1.json.gz", _rank(1)),
+        ("s/b-straggler/rank0.json.gz", _rank(0)),
+        ("s/b-straggler/rank1.json.gz", _rank(1)),
+        ("s/matmul.json.gz", _single()),
+        ("s/decode.json.gz", _single()),
+        ("s/add.json.gz", _single()),
+    ]
+    assert _refusal(entries, [60, 60, 60, 60, 0, 0, 0]) == (
+        "s/ holds 2 jobs (a-balanced/, b-straggler/) and 3 single-GPU traces; diagnose one "
+        "job's folder, or one trace"
+    )
+
+
+def test_two_jobs_alone_and_rank_folders():
+    """Two runs side by side, each rank in its own rank{N}/ folder: the job is the folder above."""
+    entries = [
+        (f"/d/{run}/rank{r}/trace.json", _meta(r, 2)) for run in ("run1", "run2") for r in (0, 1)
+    ]
+    assert _refusal(entries, None) == (
+        "/d/ holds 2 jobs (run1/, run2/); diagnose one job's folder, or one trace"
+    )
+
+
+def test_one_job_beside_a_single_trace_is_refused():
+    entries = [
+        ("/d/job/rank0.json", _rank(0)),
+        ("/d/job/rank1.json", _rank(1)),
+        ("/d/cpu.json", {"rank": None, "world_size": None, "steps": [1]}),
+    ]
+    assert _refusal(entries, [3, 3, 0]) == (
+        "/d/ holds 1 job (job/) and 1 single-process trace; diagnose one job's folder, or one trace"
+    )
+    # without the collective counts, a trace that says nothing is not known to be single
+    assert resolve_ranks(entries).ranks == (0, 1, 2)
+
+
+def test_single_traces_only_are_not_one_job():
+    entries = [("/d/a.json", _single()), ("/d/b.json", _single())]
+    assert _refusal(entries, [0, 0]) == (
+        "these 2 traces share no collective and no distributedInfo: they are not one job; "
+        "diagnose each alone"
+    )
+    # one trace is the one-rank case, and ranks without distributedInfo are a job by their
+    # collectives
+    assert resolve_ranks(entries[:1], collectives=[0]).ranks == (0,)
+    rs = resolve_ranks([("/d/rank0.json", _meta()), ("/d/rank1.json", _meta())], collectives=[4, 4])
+    assert rs.ranks == (0, 1)
+
+
+def test_incomplete_folders_stay_one_job_with_a_duplicate_note():
+    """run1/ and run2/ each hold rank 0 only: not two whole jobs, so one job whose rank 0 has
+    two files (the duplicate note), not a refusal."""
+    rs = resolve_ranks(
+        [("/j/run2/r.json", _rank(0)), ("/j/run1/r.json", _rank(0)), ("/j/x.json", _rank(1))],
+        collectives=[5, 5, 5],
+    )
+    assert rs.ranks == (0, 1) and rs.left_out == (0,)
+    assert "rank 0 has 2 files" in rs.notes[0]

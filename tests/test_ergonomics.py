@@ -77,7 +77,8 @@ def test_diagnosis_card_has_verdict_step_busy_idle_and_fixes(add_loop):
     )
     rec = [f for f in add_loop.findings if f.recommended][:3]
     for f in rec:
-        assert f"<code>{f.fix}</code>: <b>{f.estimated_speedup:.2f}x</b>" in h
+        per = " per sample" if f.batch_factor else ""  # larger-batch: per sample
+        assert f"<code>{f.fix}</code>: <b>{f.estimated_speedup:.2f}x{per}</b>" in h
     assert "<script" not in h and len(h) < 5000
 
 
@@ -134,10 +135,12 @@ def test_job_diagnosis_repr_card_and_formats(tmp_path):
     assert r.startswith(
         f"<JobDiagnosis: {len(d['ranks'])} ranks, {len(d['steps']['numbers'])} steps"
     )
-    assert f"{d['regime'].upper()}, bottleneck: {d['bottleneck']}" in r.splitlines()[1]
+    # a CPU-only job: no regime, the bottleneck and its straggler
+    verdict = "no regime (no GPU activity), bottleneck: load imbalance: straggler rank 1"
+    assert d["regime"] is None and verdict in r.splitlines()[1]
     assert f"step {d['steps']['step_time_ms']:.3f} ms" in r
     h = jd._repr_html_()
-    assert "tracedx-verdict" in h and d["regime"].upper() in h and "<script" not in h
+    assert "tracedx-verdict" in h and verdict in h and "<script" not in h
     for f in [f for f in d["findings"] if f["recommended"]][:3]:
         assert f"<code>{f['fix']}</code>: <b>{f['estimated_speedup']:.2f}x</b>" in h
     from tracedx.report.job import render_markdown, render_text
@@ -217,9 +220,10 @@ def test_diff_fail_if_slower_and_regression(tmp_path):
     r = CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "40"])
     assert r.exit_code == 1
     assert any(ln.startswith("REGRESSION: AFTER is 50.0% slower") for ln in r.stdout.splitlines())
-    assert [ln for ln in r.stderr.splitlines() if "FAIL" in ln] == [
-        "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> "
-        "0.150 ms), over --fail-if-slower 40%"
+    # one message, wrapped to 100 columns with its continuation indented
+    assert r.stderr.splitlines() == [
+        "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> 0.150 ms), over",
+        "    --fail-if-slower 40%",
     ]
     assert (
         CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "60"]).exit_code

@@ -702,3 +702,126 @@ def test_collective_groups_show_per_collective_bytes_and_totals_in_all():
     r0 = d["ranks"][0]
     assert r0["wait_total_ms"] == 10.0 and "wait_ms" not in r0
     assert "<td>default_pg [0, 1]</td>" in jd.to_html()
+
+
+# --- every figure's scope; CPU-only jobs; the straggler block -------------------------------
+
+
+def test_step_line_says_how_each_figure_is_a_median():
+    """T is, per step, the median over ranks, then the median over steps: with step times
+    rank 0 (1000, 1000, 4000) and rank 1 (3000, 1200, 1000) us the per-step medians (2 ranks:
+    the mean) are 2000, 1100, 2500, so T = 2000 us, outside both ranks' own medians (1000 and
+    1200 us): the line must say which median it is. Compute: rank medians 500 and 700 us, the
+    median rank's 600 us = 30% of T; load balance mean / max = 600 / 700 = 0.86."""
+    times = {0: (1000, 1000, 4000), 1: (3000, 1200, 1000)}
+    comp = {0: (500, 500, 800), 1: (600, 700, 900)}
+    ss = []
+    for r in (0, 1):
+        st, cl = [], []
+        for k in range(3):
+            t0 = k * 10_000.0
+            st.append(sb.step(k, start=t0, time=times[r][k], compute=comp[r][k], comm=100))
+            cl.append(sb.coll(k, t0 + times[r][k] - 100, 100, seq=k))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    assert jd.typical["step_us"] == 2000.0
+    assert jd.ranks["step_time_us"].to_list() == [1000.0, 1200.0]
+    ev = jd.evidence
+    assert ev[1] == (
+        "step 2.000 ms: per step the median over ranks, then the median over steps; the ranks' "
+        "own median steps 1.000 to 1.200 ms (spread 10.0% of the step)"
+    )
+    assert ev[2].startswith(
+        "the median rank's step (per figure, the median over ranks of each rank's median over "
+        "its steps): compute 30%, "
+    )
+    assert (
+        ev[3] == "load balance 0.86: mean / max over ranks of each rank's median compute per step"
+    )
+    assert not any("median over ranks;" in e for e in ev)
+    t = jd.to_text()
+    assert "RANKS (each rank's median per step; last in: of all its collectives, those it" in t
+    assert "FIXES (Amdahl against the job's step T = 2.000 ms)" in t
+
+
+def _cpu_only(ss: list) -> list:
+    """The summaries as a trace without GPU activity has them: GPU columns null, no kernels."""
+    for s in ss:
+        s.steps = s.steps.with_columns(
+            pl.lit(None, pl.Float64).alias(c) for c in ("gpu_busy_us", "idle_us", *sb.IDLE)
+        )
+        s.meta["device_name"] = None
+    return ss
+
+
+@pytest.mark.parametrize(
+    "compute, comm, bottleneck, line",
+    [
+        (
+            800,
+            200,
+            "CPU compute",
+            "compute on the CPU 0.800 ms is longer than the exposed "
+            "communication 0.200 ms (median rank)",
+        ),
+        (
+            300,
+            700,
+            "communication",
+            "exposed communication 0.700 ms (transfer 0.700 + wait "
+            "0.000 ms) is at least as long as compute 0.300 ms (median rank)",
+        ),
+    ],
+)
+def test_cpu_only_job_gets_no_regime(compute, comm, bottleneck, line):
+    """Two gloo ranks on the CPU (no GPU activity in either trace), equal work: no regime (the
+    regimes describe a GPU; before, 'compute-bound' or 'bandwidth-bound' with a device line),
+    the bottleneck from the host timeline, and the single-trace diagnosis' words for it."""
+    ss = []
+    for r in (0, 1):
+        st = [sb.step(k, start=k * 5000.0, time=1000, compute=compute, comm=comm) for k in range(6)]
+        cl = [sb.coll(k, k * 5000.0 + compute, comm, seq=k) for k in range(6)]
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(_cpu_only(ss)))
+    assert jd.regime is None and jd.bottleneck == bottleneck
+    assert jd.ranks["regime"].to_list() == [None, None]
+    assert jd.evidence[0].startswith("no GPU activity in the ranks' traces: no regime can be named")
+    assert jd.evidence[-1] == line
+    assert not any("device work" in e or "GPU idle" in e for e in jd.evidence)
+    head = jd.to_text().splitlines()[2]
+    assert head == f"JOB VERDICT: no regime (no GPU activity), bottleneck: {bottleneck}"
+    assert f"bottleneck: {bottleneck}" in repr(jd).splitlines()[1]
+
+
+def test_cpu_only_straggler_block_is_who_how_often_effect_cause():
+    """Rank 1 (CPU, no GPU) spends 600 us more per step outside communication than rank 0, of
+    which 100 us is compute, over 10 steps: it waits least in all 10 (p = 2^-10 < 0.01 / 2);
+    rank 0 waits 600 us of a 2000 us step exposed (30.0%). The block is four lines (who and
+    how often with p, effect, cause); the 'last at' count (the RANKS table's 'last in') and the
+    compute comparison are gone from it."""
+    ss = []
+    for r in (0, 1):
+        st, cl = [], []
+        for k in range(10):
+            t0 = k * 5000.0
+            if r == 0:  # 900 compute + 300 host, then 600 wait + 200 transfer
+                st.append(sb.step(k, start=t0, time=2000, compute=900, comm=800))
+                cl.append(sb.coll(k, t0 + 1200, 800, seq=k))
+            else:  # 1000 compute + 800 host, then 200 transfer
+                st.append(sb.step(k, start=t0, time=2000, compute=1000, comm=200))
+                cl.append(sb.coll(k, t0 + 1800, 200, seq=k))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(_cpu_only(ss)))
+    s = jd.straggler
+    assert (s.rank, s.cause, s.excess_us) == (1, "host work", 600.0)  # (2000-200) - (2000-800)
+    assert jd.regime is None and jd.bottleneck == "load imbalance"
+    assert s.evidence == [
+        "rank 1 paced 10 of 10 steps (it waited least in each): binomial p = 0.00098 against a "
+        "50% chance per step, under 0.01 / 2 ranks",
+        "effect: the other ranks wait 30.0% of the step exposed (median over them of each one's "
+        "median per step)",
+        "cause host work: per step its time outside communication is 0.600 ms longer than the "
+        "median peer's, 0.500 ms of it outside compute (host time before the collectives)",
+    ]
+    assert jd.evidence[-3:] == s.evidence
+    assert jd.ranks["bottleneck"].to_list() == ["load imbalance (waits for rank 1)", "host work"]

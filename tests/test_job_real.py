@@ -17,7 +17,8 @@ def test_gloo_cpu_ddp_pair_is_communication_bound():
     assert len(files) == 2
     jd = diagnose_job(load_job(files, progress=False))
     assert jd.job.ranks == [0, 1] and jd.typical["step_us"] > 0
-    assert jd.regime == "bandwidth-bound" and jd.bottleneck == "communication"
+    # CPU only: no regime (the regimes describe a GPU), communication the bottleneck
+    assert jd.regime is None and jd.bottleneck == "communication"
     assert jd.straggler is None
     assert jd.ranks["regime"].n_unique() == 1 and jd.ranks["bottleneck"].n_unique() == 1
     t = jd.typical
@@ -39,9 +40,12 @@ def test_gloo_balanced_sample_is_communication_bound():
     assert exposed > t["compute_us"]
     assert jd.straggler is None
     # CPU compute differs between the two ranks on the shared 2-core VM it was captured on
-    # (load balance 0.71): the bottleneck is then 'load imbalance' (diffuse), else communication
-    assert jd.regime == "bandwidth-bound"
+    # (load balance 0.71): the bottleneck is then 'load imbalance' (diffuse), else
+    # communication; no GPU activity, so no regime and no device line
+    assert jd.regime is None
     assert jd.bottleneck in ("communication", "load imbalance")
+    assert jd.evidence[0].startswith("no GPU activity in the ranks' traces")
+    assert not any("device work" in e for e in jd.evidence)
 
 
 def test_c16_nccl_pair_one_verdict():
@@ -95,3 +99,25 @@ def test_gloo_host_straggler_sample_names_rank_1_for_host_work():
     assert jd.straggler.cause == "host work"
     bal = next(f for f in jd.findings if f.fix == "balance-ranks")
     assert bal.estimated_speedup > 1.5
+
+
+def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path):
+    """sample_traces/ in small: the two gloo job folders beside a single-GPU trace were read as
+    one job of 3 ranks (two of them duplicates); now one line naming what is there, exit 2."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from tracedx.cli import main
+
+    s = ROOT / "sample_traces"
+    for job in ("ddp_mlp-gloo-balanced", "ddp_mlp-gloo-host-straggler"):
+        shutil.copytree(s / job, tmp_path / job)
+    shutil.copy(s / "matmul-bf16.json.gz", tmp_path)
+    r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"tracedx: error: {tmp_path}/ holds 2 jobs (ddp_mlp-gloo-balanced/, "
+        "ddp_mlp-gloo-host-straggler/) and 1 single-GPU trace; diagnose one job's folder, or "
+        "one trace"
+    ]

@@ -184,8 +184,9 @@ def test_tracedx_reads_the_annotated_trace_as_the_original(small):
 def check_chrome_trace(doc: dict) -> None:
     """What the Trace Event Format and Perfetto's JSON importer need of the added events:
     known phases, integer pid/tid on a process no original event uses, finite times, named
-    threads, and on every thread slices that nest (none starts inside another and ends after
-    it)."""
+    threads, ids inside the uint32 range it keeps, and on every thread slices that nest (none
+    starts inside another and ends after it), also once in the importer's integer nanoseconds
+    (``CoerceToTs``: ts and dur each truncated from ``double * 1000``)."""
     events = doc["traceEvents"]
     ours = added(doc)
     pid = ours[0]["pid"]
@@ -195,6 +196,7 @@ def check_chrome_trace(doc: dict) -> None:
     assert not theirs & {e["tid"] for e in ours if e["name"] == "thread_name"}
     names = thread_names(doc)
     per_thread: dict[tuple, list] = {}
+    per_thread_ns: dict[tuple, list] = {}
     for e in ours:
         assert e["ph"] in ("X", "i", "M") and isinstance(e["pid"], int)
         assert isinstance(e["tid"], int) and isinstance(e["name"], str)
@@ -202,12 +204,15 @@ def check_chrome_trace(doc: dict) -> None:
         if e["ph"] == "M":
             continue
         assert math.isfinite(e["ts"]) and (e["pid"], e["tid"]) in names
+        assert 0 <= e["pid"] <= 2**32 - 1 and 0 <= e["tid"] <= 2**32 - 1
         if e["ph"] == "X":
             assert math.isfinite(e["dur"]) and e["dur"] >= 0
             per_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+            ns = int(e["ts"] * 1000.0), int(e["ts"] * 1000.0) + int(e["dur"] * 1000.0)
+            per_thread_ns.setdefault((e["pid"], e["tid"]), []).append(ns)
         else:
             assert e["s"] == "t"
-    for spans in per_thread.values():
+    for spans in [*per_thread.values(), *per_thread_ns.values()]:
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert start >= end  # our tracks hold no nested slices: each lane is disjoint
@@ -237,6 +242,27 @@ def test_free_ids_are_above_every_integer_pid_and_tid():
     evs = [{"pid": 3, "tid": 900}, {"pid": "CPU functions", "tid": "x"}, {"pid": 70}, {}]
     assert free_ids(evs) == (71, 902)
     assert free_ids([]) == (1, 2)
+
+
+def test_added_ids_stay_in_the_range_perfetto_keeps(tmp_path):
+    """Perfetto's JSON importer reads pid and tid as uint32 and drops one past 2^32 - 1 (the
+    event goes to the thread tid = pid): above a 64-bit thread id the added tracks would all
+    land on one thread, their slices no longer nested."""
+    from tracedx.report.perfetto import ID_MAX, TID_ROOM
+
+    assert free_ids([{"pid": 7, "tid": 2**40}]) == (8, 9)  # 2^40: dropped by Perfetto anyway
+    # no room above the largest tid: the lowest free run of TID_ROOM ids below it
+    assert free_ids([{"pid": 5, "tid": ID_MAX - 10}, {"pid": 5, "tid": 3}]) == (6, 6)
+    # 3 .. 2 + TID_ROOM is the first free run long enough
+    assert free_ids([{"pid": 1, "tid": v} for v in (1, 2, 3 + TID_ROOM, ID_MAX)]) == (2, 3)
+    doc = read(small_trace(tmp_path / "t.json"))
+    doc["traceEvents"].append(
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2**40, "args": {"name": "big"}}
+    )
+    (tmp_path / "big.json").write_text(json.dumps(doc))
+    out = annotate(tmp_path / "big.json", tmp_path / "big.annotated.json").path
+    ids = {(e["pid"], e["tid"]) for e in added(read(out))}
+    assert ids and all(0 <= v <= ID_MAX for i in ids for v in i)
 
 
 @pytest.mark.parametrize(

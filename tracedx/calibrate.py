@@ -231,18 +231,25 @@ def run_calibration(path: str | os.PathLike, quick: bool = False) -> dict:
 
     Raises :class:`CalibrationError` (no torch or GPU) and ``OSError`` (cannot write).
     """
+    from tracedx.console import fit_to
+
     print(
-        "tracedx: calibrating (copy bandwidth, matmul per dtype, launch cost) ...",
+        fit_to(
+            "tracedx: calibrating (copy bandwidth, matmul per dtype, launch cost) ...", sys.stderr
+        ),
         file=sys.stderr,
         flush=True,
     )
     result = calibrate(quick=quick)
     write_calibration(result, path)
     mm = result["matmul_tflops"]
-    print(
+    line = (
         f"tracedx: {result['device_name']}: copy {result['copy_bandwidth_gbs'] / 1e3:.2f} TB/s; "
         f"matmul TFLOP/s bf16 {mm['bf16']:.0f}, fp16 {mm['fp16']:.0f}, tf32 {mm['tf32']:.0f}, "
-        f"fp32 {mm['fp32']:.1f}; launch {result['launch_overhead_us']:.1f} us/op",
+        f"fp32 {mm['fp32']:.1f}; launch {result['launch_overhead_us']:.1f} us/op"
+    )
+    print(
+        fit_to(line, sys.stderr),
         file=sys.stderr,
         flush=True,
     )

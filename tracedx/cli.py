@@ -13,6 +13,7 @@ import sys
 import click
 
 from tracedx import __version__
+from tracedx.console import columns, fit
 from tracedx.errors import TraceError
 from tracedx.report.safe import term
 
@@ -20,9 +21,28 @@ from tracedx.report.safe import term
 _ERROR_CHARS = 1000
 
 
-def _say(message: str) -> None:
-    """One line on stderr, escaped (paths and trace text may hold control characters)."""
-    click.echo(term(message, _ERROR_CHARS), err=True)
+HELP_MAX_WIDTH = 120
+"""``--help`` uses the terminal's width up to this many columns (prose wider than that reads
+poorly); 100 when stdout is not a terminal."""
+
+
+def _say(message: str, error: bool = False) -> None:
+    """One message on stderr, escaped (paths and trace text may hold control characters) and
+    fitted to stderr's width (:func:`tracedx.console.columns`): continuation lines are
+    indented, so the first line is the only one that starts with ``tracedx``. An ``error``
+    (exit 2, or an internal error) is fitted only on a terminal: elsewhere (a CI log, ``2>&1 |
+    grep``) it stays the one line that the exit codes promise."""
+    text = term(message, _ERROR_CHARS)
+    if not error or _isatty(sys.stderr):
+        text = fit(text, columns(sys.stderr))
+    click.echo(text, err=True)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 _NOTES: list[str] = []
@@ -32,12 +52,19 @@ it fails, so an error stays one line."""
 
 def _flush_notes() -> None:
     for msg in _NOTES:
-        click.echo(f"tracedx: {msg}", err=True)
+        _say(f"tracedx: {msg}")
     _NOTES.clear()
 
 
 class _Group(click.Group):
-    """Turns TraceError into one line on stderr and exit status 2."""
+    """Turns TraceError into one message on stderr and exit status 2; help fits the terminal."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        if parent is None:  # subcommands' contexts inherit the widths
+            width = min(columns(sys.stdout), HELP_MAX_WIDTH)
+            extra.setdefault("terminal_width", width)
+            extra.setdefault("max_content_width", width)
+        return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context):
         _NOTES.clear()
@@ -49,7 +76,7 @@ class _Group(click.Group):
             _flush_notes()
             raise
         except TraceError as e:
-            _say(f"tracedx: error: {e}")
+            _say(f"tracedx: error: {e}", error=True)
             ctx.exit(e.exit_code)
         except BrokenPipeError:
             # the reader of our output went away (`| head`): not an error of ours
@@ -67,7 +94,8 @@ class _Group(click.Group):
             msg = term(" ".join(str(e).split()), 300)
             _say(
                 f"tracedx: internal error: {type(e).__name__}: {msg} (a tracedx bug; please "
-                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)"
+                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)",
+                error=True,
             )
             ctx.exit(1)
 
@@ -107,9 +135,26 @@ _no_cache_option = click.option(
 )
 
 
+def _one_trace(path: str, expects: str, instead: str) -> None:
+    """Raise a TraceError saying what the command ``expects`` and what to run ``instead`` when
+    ``path`` is a directory or an unmatched glob (a job's traces), not a trace file."""
+    if os.path.isdir(path):
+        what = "a directory"
+    elif any(c in path for c in "*?[") and not os.path.exists(path):
+        what = "a pattern"
+    else:
+        return
+    raise TraceError(f"{path} is {what}; {expects} ({instead})")
+
+
 def _load(path, repair, no_cache, status=None):
     """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
     go to stderr."""
+    if str(path).endswith(".py") and os.path.isfile(path):
+        raise TraceError(
+            f"{path} is a Python script, not a trace: `tracedx capture {path}` runs it under "
+            "torch.profiler and writes its trace"
+        )
     progress = status.reading(path) if status else None
     if no_cache:
         from tracedx.trace import load
@@ -127,24 +172,28 @@ def _analysis_options(f):
             "--device",
             "device_name",
             default=None,
+            metavar="NAME",
             help="GPU to take peaks for (overrides the trace's).",
         ),
         click.option(
             "--peak-tflops",
             type=float,
             default=None,
+            metavar="TFLOPS",
             help="Override the peak dense TFLOP/s (used for every dtype).",
         ),
         click.option(
             "--bandwidth-gbs",
             type=float,
             default=None,
+            metavar="GBS",
             help="Override the device memory bandwidth in GB/s.",
         ),
         click.option(
             "--calibration",
             # checked by tracedx.files (one line, exit 2), not by click (a usage block)
             default=None,
+            metavar="FILE",
             help="A file written by `tracedx calibrate` (preferred over the datasheet).",
         ),
         click.option(
@@ -242,11 +291,7 @@ def _spinner(message: str, quiet: bool = False):
 
 def _width() -> int:
     """The text report's width: the terminal's when stdout is one, else 100 columns."""
-    if sys.stdout.isatty():
-        import shutil
-
-        return max(shutil.get_terminal_size().columns, 60)
-    return 100
+    return columns(sys.stdout)
 
 
 def _load_and_diagnose(
@@ -311,6 +356,7 @@ def _load_and_diagnose(
     "--workers",
     type=click.IntRange(min=1),
     default=None,
+    metavar="N",
     help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -351,10 +397,9 @@ def diagnose(
             raise TraceError("cannot check --max-step-ms: the trace has no step time")
         if st["ms"] > max_step_ms:
             over = st["ms"] - max_step_ms
-            click.echo(
+            _say(
                 f"tracedx: FAIL: the {st['basis']} median step is {st['ms']:.3f} ms, "
-                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}",
-                err=True,
+                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}"
             )
             click.get_current_context().exit(1)
 
@@ -399,12 +444,15 @@ def _job_options(analysis: dict) -> dict:
     metavar="DIR",
     help="Folder for the trace (<script>-<time>.json.gz).",
 )
-@click.option("--steps", type=int, default=5, show_default=True, help="Active steps to record.")
+@click.option(
+    "--steps", type=int, default=5, show_default=True, metavar="N", help="Active steps to record."
+)
 @click.option(
     "--warmup",
     type=int,
     default=1,
     show_default=True,
+    metavar="N",
     help="Steps with the profiler warming up before recording.",
 )
 @click.option(
@@ -412,6 +460,7 @@ def _job_options(analysis: dict) -> dict:
     type=int,
     default=1,
     show_default=True,
+    metavar="N",
     help="Steps to skip first (the first step, setup included, is never recorded).",
 )
 @click.option("--with-stack", is_flag=True, help="Record Python stacks (file and line of ops).")
@@ -434,6 +483,16 @@ def _job_options(analysis: dict) -> dict:
     is_flag=True,
     help="Record allocator events ([memory]): peak memory per step and larger-batch headroom.",
 )
+@click.option(
+    "--fallback-seconds",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="S",
+    help="Until the active window (or for the whole run of a script without step markers), "
+    "record at most S seconds, and stop once the process has grown by 2 GiB; what was recorded "
+    "is written (0: no time limit).",
+)
 @click.option("--diagnose", "then_diagnose", is_flag=True, help="Diagnose the trace once written.")
 def capture(
     script,
@@ -446,6 +505,7 @@ def capture(
     time_unprofiled,
     marker,
     profile_memory,
+    fallback_seconds,
     then_diagnose,
 ):
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
@@ -465,14 +525,15 @@ def capture(
         time_unprofiled=time_unprofiled,
         marker=marker,
         profile_memory=profile_memory,
+        fallback_seconds=fallback_seconds,
     )
     if then_diagnose and result.path is not None:
         try:
             main(["diagnose", str(result.path)], standalone_mode=False)
         except TraceError as e:
-            _say(f"tracedx: error: {e}")
+            _say(f"tracedx: error: {e}", error=True)
         except Exception as e:  # diagnosis problems never hide the capture's own status
-            _say(f"tracedx: diagnose failed: {e}")
+            _say(f"tracedx: diagnose failed: {e}", error=True)
     click.get_current_context().exit(result.exit_code)
 
 
@@ -507,7 +568,15 @@ def calibrate(out_file, quick):
 )
 @_analysis_options
 def report(trace_path, out_path, **analysis):
-    """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE."""
+    """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE.
+
+    TRACE is one trace file; for a job's traces, `tracedx diagnose DIR --html FILE`.
+    """
+    _one_trace(
+        trace_path,
+        "tracedx report takes one trace file",
+        f"for a job's traces: `tracedx diagnose {trace_path} --html {out_path}`",
+    )
     with _spinner(f"reading {trace_path}") as status:
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
         status.update(f"writing {out_path}")
@@ -522,13 +591,16 @@ def report(trace_path, out_path, **analysis):
     "--output",
     "out_path",
     default=None,
+    metavar="PATH",
     help="The annotated trace to write (gzip when it ends in .gz) [default: annotated.json.gz]; "
     "for a job's traces, the folder for one annotated trace per rank [default: annotated].",
 )
 @_analysis_options
 def annotate(trace_paths, out_path, **analysis):
-    """Write TRACE with what tracedx found on extra tracks, for the Perfetto UI: steps and
-    their verdict, idle gaps by cause, host syncs with their Python line, fusable chains.
+    """Write TRACE with what tracedx found laid on its timeline, for the Perfetto UI.
+
+    Extra tracks hold the steps and their verdict, idle gaps by cause, host syncs with their
+    Python line and fusable chains; the original events are kept as they are.
 
     Several traces (files, a directory or a quoted glob) are a job: each rank's trace is
     written to the -o folder, with its waits inside collectives on a track of its own.
@@ -590,10 +662,20 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
 )
 def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache, fail_pct):
-    """Re-measure: BEFORE against AFTER, and BEFORE's estimate for the fix against the result.
+    """Re-measure: BEFORE against AFTER, and the fix's estimate against what it achieved.
+
+    BEFORE and AFTER are two trace files of one program, before and after a fix; BEFORE's
+    Amdahl estimate for the fix (given by --fix, else inferred) is checked against the
+    measured speedup.
 
     Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
     """
+    for path in (before_path, after_path):
+        _one_trace(
+            path,
+            "tracedx diff compares two trace files",
+            f"for a job's traces: `tracedx diagnose {path}`",
+        )
     from tracedx.analysis.diff import diff as run_diff
     from tracedx.report.diff_report import render as render_diff
 
@@ -603,7 +685,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         if status:
             status.update("comparing")
         td = run_diff(before, after, fix=fix)
-    click.echo(render_diff(td, fmt), nl=False)
+    click.echo(render_diff(td, fmt, width=_width()), nl=False)
     if html_path:
         from tracedx.report.diff_html import write_diff_html
 
@@ -614,9 +696,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         if c["basis"] is None:
             raise TraceError("cannot check --fail-if-slower: a side has no step time")
         if c["slower_pct"] > fail_pct:
-            click.echo(
-                f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%", err=True
-            )
+            _say(f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%")
             click.get_current_context().exit(1)
 
 

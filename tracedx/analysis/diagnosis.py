@@ -81,6 +81,9 @@ class Diagnosis(Presentable):
         regime, bottleneck, evidence: the verdict and the numbers that decided it.
         findings: fixes in the order a person would apply them (``findings.order_findings``).
         notes: things the user must know (no steps, profiler overhead, unknown device, ...).
+        comm_by_step: per analysed step, compute and communication of the primary device
+            (:func:`tracedx.analysis.comm.comm_compute_by_step`); None when the trace has no
+            communication kernel. Computed once: the rank summary reads it too.
     """
 
     trace: Trace
@@ -105,6 +108,7 @@ class Diagnosis(Presentable):
     model: fx.StepModel | None
     notes: list[str] = field(default_factory=list)
     decode: dict[str, Any] | None = None
+    comm_by_step: pl.DataFrame | None = None
 
     _present = {
         "repr": "tracedx.report.card:diagnosis_repr",
@@ -642,8 +646,15 @@ def diagnose(
     regime, bottleneck, evidence = _verdict(
         trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=host_op
     )
+    comm_by_step = (
+        comm_compute_by_step(trace, chosen, primary)
+        if kinds.filter(pl.col("kind") == "communication").height
+        else None
+    )
     found = (
-        _findings(trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n)
+        _findings(
+            trace, chosen, model, kinds, memcpy, ops_tbl, spec, primary, wp, sites, n, comm_by_step
+        )
         if model
         else []
     )
@@ -715,6 +726,7 @@ def diagnose(
         model=model,
         notes=notes,
         decode=decode,
+        comm_by_step=comm_by_step,
     )
 
 
@@ -1245,7 +1257,9 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, primary, w, sites, n):
+def _findings(
+    trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, primary, w, sites, n, comm_by_step
+):
     out: list[fx.Finding | None] = []
     idle_fraction = float(w["idle_fraction"].median() or 0.0)
     out.append(fx.cuda_graphs(m))
@@ -1307,8 +1321,8 @@ def _findings(trace, steps, m: fx.StepModel, kinds, memcpy, ops_tbl, spec, prima
         cast = autocast_cast_bytes(trace, steps) / n
         out += _math_findings(m, ops_tbl, spec, n, cast)
     comm = kinds.filter(pl.col("kind") == "communication")
-    if comm.height:
-        exposed = _exposed_comm(trace, steps, primary)
+    if comm.height and comm_by_step is not None:
+        exposed = float(comm_by_step["exposed_comm_us"].sum())
         out.append(
             fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
         )
@@ -1349,11 +1363,6 @@ def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
         f"this trace is {job}: {what} include waiting for the other ranks to arrive, which only "
         "their traces can split from the transfer itself (diagnose all the ranks' traces together)"
     )
-
-
-def _exposed_comm(trace: Trace, steps: list[int], device: int) -> float:
-    """Communication not covered by compute over ``steps`` (us; :mod:`.comm`)."""
-    return float(comm_compute_by_step(trace, steps, device)["exposed_comm_us"].sum())
 
 
 # fp32 -> bf16 cast kernels: read 4 bytes and write 2 per element (and back, for a gradient)

@@ -625,14 +625,18 @@ class TraceDiff(Presentable):
             return {"basis": None, "speedup": None, "slower_pct": None, "regression": False,
                     "summary": "no step time to compare"}  # fmt: skip
         slower = 100.0 * (1.0 / x - 1.0)
-        per = " per sample" if p.batch_scale else ""
-        how = f"{basis} median step {b:.3f} -> {a:.3f} ms{per}"
+        # the batch grew: the speedup is per sample; the step times are the steps' own
+        k = p.batch_scale
+        per = " per sample" if k else ""
+        how = f"{basis} median step {b:.3f} -> {a:.3f} ms" + (
+            f" with {k:g}x the samples" if k else ""
+        )
         if slower >= 100:
-            summary = f"AFTER is {1 / x:.2f}x slower (+{slower:.0f}% step time; {how})"
+            summary = f"AFTER is {1 / x:.2f}x slower{per} (+{slower:.0f}% step time{per}; {how})"
         elif slower > 0:
-            summary = f"AFTER is {slower:.1f}% slower ({1 / x:.2f}x the time; {how})"
+            summary = f"AFTER is {slower:.1f}% slower{per} ({1 / x:.2f}x the time; {how})"
         else:
-            summary = f"AFTER is {x:.2f}x faster ({-slower:.1f}% less time; {how})"
+            summary = f"AFTER is {x:.2f}x faster{per} ({-slower:.1f}% less time{per}; {how})"
         return {
             "basis": basis,
             "speedup": _r(x),

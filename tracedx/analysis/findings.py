@@ -228,6 +228,10 @@ class Finding:
     requires: str | None = None
     """A fix to apply first for this one to work as estimated (cuda-graphs needs the host
     syncs gone to capture the step as one graph)."""
+    batch_factor: float | None = None
+    """larger-batch only: the batch grows this many times, so ``estimated_step_ms`` is the time
+    per sample times today's batch (ms per today's batch of samples, comparable with the step
+    it is against), and the larger step itself takes ``batch_factor`` times that."""
 
     def to_dict(self) -> dict:
         s = self.local_speedup
@@ -239,6 +243,10 @@ class Finding:
             "local_speedup_unbounded": math.isinf(s),
             "estimated_speedup": round(self.estimated_speedup, 3),
             "estimated_step_ms": round(self.estimated_step_ms, 4),
+            # ms per today's batch of samples: the step time for every fix but larger-batch,
+            # whose step holds batch_factor times the samples
+            "estimated_ms_per_batch": round(self.estimated_step_ms, 4),
+            "batch_factor": self.batch_factor,
             "derivation": self.derivation,
             "evidence": self.evidence,
             "recommended": self.recommended,
@@ -728,7 +736,7 @@ def larger_batch(
         "time per step stays; GPU time grows by kernel kind (optimizer and weight-sized kernels "
         "fixed, GEMMs by roofline position, the rest by bytes above a launch floor)"
     )
-    return make_finding(
+    f = make_finding(
         m,
         "larger-batch",
         f"Increase the batch size ({k:g}x) to fill the idle GPU",
@@ -737,6 +745,8 @@ def larger_batch(
         deriv,
         ev,
     )
+    f.batch_factor = k
+    return f
 
 
 def overlap_communication(m: StepModel, exposed_comm_us: float, comm_us: float) -> Finding | None:

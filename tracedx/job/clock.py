@@ -41,6 +41,7 @@ ARRIVAL_MARGIN = 3.0
 # implicit-sync collectives end within 4-566 us of each other (TraceLens' reference
 # nccl_summary_implicit_sync.csv, "skew in end time"; TraceLens docs, NCCL analyser).
 MAX_END_SKEW_US = 500.0
+EndGroup = list[tuple[int, str, float]]  # one collective: (rank, host, end time us) per member
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _mad(xs: list[float]) -> float:
     return MAD_SIGMA * median(abs(x - m) for x in xs)
 
 
-def _end_skews(groups: list[list[tuple[int, str, float]]], off: dict[str, float]) -> list[float]:
+def _end_skews(groups: list[EndGroup], off: dict[str, float]) -> list[float]:
     out = []
     for g in groups:
         e = [t - off.get(h, 0.0) for _, h, t in g]
@@ -118,9 +119,7 @@ def _end_skews(groups: list[list[tuple[int, str, float]]], off: dict[str, float]
     return out
 
 
-def _diffs(
-    groups: list[list[tuple[int, str, float]]], off: dict[str, float]
-) -> dict[str, list[float]]:
+def _diffs(groups: list[EndGroup], off: dict[str, float]) -> dict[str, list[float]]:
     """d_{c,h} per host over the collectives (end times corrected by ``off``)."""
     out: dict[str, list[float]] = {}
     for g in groups:
@@ -131,6 +130,100 @@ def _diffs(
         for h, ts in by.items():
             out.setdefault(h, []).append(median(ts) - m)
     return out
+
+
+def _end_groups(
+    members: pl.DataFrame, collectives: pl.DataFrame, host_of: dict[int, str]
+) -> list[EndGroup]:
+    """Per usable implicit-sync collective (ok or partial, >= 2 members), its members' end
+    times, in the members table's order."""
+    ok = collectives.filter(
+        pl.col("status").is_in(["ok", "partial"])
+        & pl.col("coll_type").is_in(SYNC_TYPES)
+        & (pl.col("members") >= 2)
+    )["coll_id"]
+    m = members.filter(pl.col("coll_id").is_in(ok.implode())).select(
+        "coll_id", "rank", "abs_end_us"
+    )
+    return [
+        [(r, host_of.get(r, "?"), e) for r, e in zip(g["rank"], g["abs_end_us"], strict=True)]
+        for _, g in m.group_by(["coll_id"], maintain_order=True)
+    ]
+
+
+def _hosts_table(
+    hosts: list[str],
+    host_of: dict[int, str],
+    theta: dict[str, float],
+    unc: dict[str, float],
+    spread: dict[str, float],
+    used: dict[str, int],
+    applied: dict[str, bool],
+) -> pl.DataFrame:
+    """:attr:`ClockEstimate.hosts`: one row per host, in ``hosts`` order."""
+    return pl.DataFrame(
+        {
+            "host": hosts,
+            "ranks": [
+                ", ".join(str(r) for r in sorted(r for r, x in host_of.items() if x == h))
+                for h in hosts
+            ],
+            "theta_us": [theta.get(h) for h in hosts],
+            "uncertainty_us": [unc.get(h) for h in hosts],
+            "spread_us": [spread.get(h) for h in hosts],
+            "collectives": [used.get(h, 0) for h in hosts],
+            "applied": [applied.get(h, False) for h in hosts],
+        },
+        schema={
+            "host": pl.Utf8,
+            "ranks": pl.Utf8,
+            "theta_us": pl.Float64,
+            "uncertainty_us": pl.Float64,
+            "spread_us": pl.Float64,
+            "collectives": pl.Int64,
+            "applied": pl.Boolean,
+        },
+    )
+
+
+def _offsets(cross: list[EndGroup], ref: str) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """theta_h (step 1 of the module docstring): the median over the collectives of host h's
+    end-time difference, relative to the reference host, refined once on the corrected end
+    times; and the corrected differences (d_{c,h} after the first pass)."""
+    d1 = _diffs(cross, {})
+    theta = {h: median(v) for h, v in d1.items()}
+    base = theta.get(ref, 0.0)
+    theta = {h: v - base for h, v in theta.items()}
+    d2 = _diffs(cross, theta)
+    resid = {h: median(v) for h, v in d2.items()}
+    base = resid.get(ref, 0.0)
+    return {h: theta[h] + resid[h] - base for h in theta}, d2
+
+
+def _uncertainty(
+    cross: list[EndGroup], theta: dict[str, float], ref: str, d2: dict[str, list[float]]
+) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
+    """Per host (step 2 of the module docstring): the spread of one collective's reading of
+    (host - reference) on corrected clocks (1.4826 MAD), the collectives read, and the
+    standard error of theta; returns ``(spread, used, unc)``."""
+    spread: dict[str, float] = {}
+    used: dict[str, int] = {}
+    unc: dict[str, float] = {}
+    for h in theta:
+        rel = []
+        for g in cross:
+            th = [t - theta[h] for _, x, t in g if x == h]
+            tr = [t - theta[ref] for _, x, t in g if x == ref]
+            if th and tr:
+                rel.append(median(th) - median(tr))
+        if h == ref:
+            spread[h], used[h] = 0.0, sum(1 for g in cross if any(x == ref for _, x, _ in g))
+        elif rel:
+            spread[h], used[h] = _mad(rel), len(rel)
+        else:
+            spread[h], used[h] = _mad(d2[h]), len(d2[h])
+        unc[h] = MEDIAN_SE * spread[h] / used[h] ** 0.5 if used[h] else 0.0
+    return spread, used, unc
 
 
 def estimate_offsets(
@@ -153,110 +246,40 @@ def estimate_offsets(
     hosts = sorted(
         set(host_of.values()), key=lambda h: min(r for r, x in host_of.items() if x == h)
     )
-    notes: list[str] = []
-    ok = collectives.filter(
-        pl.col("status").is_in(["ok", "partial"])
-        & pl.col("coll_type").is_in(SYNC_TYPES)
-        & (pl.col("members") >= 2)
-    )["coll_id"]
-    m = members.filter(pl.col("coll_id").is_in(ok.implode())).select(
-        "coll_id", "rank", "abs_end_us"
-    )
-    groups: list[list[tuple[int, str, float]]] = []
-    for (_cid,), g in m.group_by(["coll_id"], maintain_order=True):
-        groups.append(
-            [(r, host_of.get(r, "?"), e) for r, e in zip(g["rank"], g["abs_end_us"], strict=True)]
-        )
-    cross = [g for g in groups if len({h for _, h, _ in g}) >= 2]
-
-    spread: dict[str, float] = {}
-
-    def table(theta, unc, used, applied) -> pl.DataFrame:
-        return pl.DataFrame(
-            {
-                "host": hosts,
-                "ranks": [
-                    ", ".join(str(r) for r in sorted(r for r, x in host_of.items() if x == h))
-                    for h in hosts
-                ],
-                "theta_us": [theta.get(h) for h in hosts],
-                "uncertainty_us": [unc.get(h) for h in hosts],
-                "spread_us": [spread.get(h) for h in hosts],
-                "collectives": [used.get(h, 0) for h in hosts],
-                "applied": [applied.get(h, False) for h in hosts],
-            },
-            schema={
-                "host": pl.Utf8,
-                "ranks": pl.Utf8,
-                "theta_us": pl.Float64,
-                "uncertainty_us": pl.Float64,
-                "spread_us": pl.Float64,
-                "collectives": pl.Int64,
-                "applied": pl.Boolean,
-            },
-        )
-
+    groups = _end_groups(members, collectives, host_of)
     zero = {r: 0.0 for r in host_of}
     if len(hosts) == 1:
-        skews = _end_skews(groups, {})
-        med = median(skews) if skews else None
-        if source == "assumed" and med is not None and med > MAX_END_SKEW_US and len(host_of) > 1:
-            per = estimate_offsets(
-                members, collectives, summaries, {r: f"rank {r}" for r in host_of}
-            )
-            per.source = "per rank"
-            per.host_of = host_of
-            per.notes.insert(
-                0,
-                f"no hostnames, and the median end skew of the ranks' collectives is {med:.0f} us "
-                f"(> {MAX_END_SKEW_US:.0f} us): their clocks differ, so each rank's clock offset "
-                "is estimated on its own",
-            )
-            return per
-        if source == "assumed" and len(host_of) > 1:
-            notes.append(
-                "no hostnames in the file names: the ranks are taken to share one host's clock"
-                + (f" (median end skew {med:.1f} us)" if med is not None else "")
-            )
-        return ClockEstimate(
-            table({}, {}, {}, {}), host_of, zero, "one host", med, med, source, notes
-        )
-
+        return _one_host(members, collectives, summaries, host_of, hosts, groups, source)
+    cross = [g for g in groups if len({h for _, h, _ in g}) >= 2]
+    empty = _hosts_table(hosts, host_of, {}, {}, {}, {}, {})
     if not cross:
-        notes.append(
+        note = (
             f"{len(hosts)} hosts but no collective spans two of them: clock offsets cannot be "
             "estimated; timestamps across hosts are not compared"
         )
-        return ClockEstimate(
-            table({}, {}, {}, {}), host_of, zero, "clock-free", None, None, source, notes
-        )
+        return ClockEstimate(empty, host_of, zero, "clock-free", None, None, source, [note])
 
     ref = hosts[0]
-    d1 = _diffs(cross, {})
-    theta = {h: median(v) for h, v in d1.items()}
-    base = theta.get(ref, 0.0)
-    theta = {h: v - base for h, v in theta.items()}
-    d2 = _diffs(cross, theta)
-    resid = {h: median(v) for h, v in d2.items()}
-    base = resid.get(ref, 0.0)
-    theta = {h: theta[h] + resid[h] - base for h in theta}
-    # uncertainty: spread of one collective's reading of (host - reference), corrected clocks
-    unc: dict[str, float] = {}
-    used: dict[str, int] = {}
-    for h in theta:
-        rel = []
-        for g in cross:
-            th = [t - theta[h] for _, x, t in g if x == h]
-            tr = [t - theta[ref] for _, x, t in g if x == ref]
-            if th and tr:
-                rel.append(median(th) - median(tr))
-        if h == ref:
-            spread[h], used[h] = 0.0, sum(1 for g in cross if any(x == ref for _, x, _ in g))
-        elif rel:
-            spread[h], used[h] = _mad(rel), len(rel)
-        else:
-            spread[h], used[h] = _mad(d2[h]), len(d2[h])
-        unc[h] = MEDIAN_SE * spread[h] / used[h] ** 0.5 if used[h] else 0.0
+    theta, d2 = _offsets(cross, ref)
+    spread, used, unc = _uncertainty(cross, theta, ref, d2)
+
+    mode, off, before, after, note = _decide(cross, theta, unc, spread, ref, len(hosts))
+    applied = {h: h in off for h in theta} if mode == "corrected" else {}
+    offsets = {r: off.get(h, 0.0) for r, h in host_of.items()} if off else zero
+    table = _hosts_table(hosts, host_of, theta, unc, spread, used, applied)
+    return ClockEstimate(table, host_of, offsets, mode, before, after, source, [note])
+
+
+def _decide(
+    cross: list[EndGroup],
+    theta: dict[str, float],
+    unc: dict[str, float],
+    spread: dict[str, float],
+    ref: str,
+    n_hosts: int,
+) -> tuple[str, dict[str, float], float, float, str]:
+    """Steps 3 and 4 of the module docstring: which offsets to apply, checked against the end
+    skew. Returns ``(mode, offsets applied per host, end skew before, after, note)``."""
     applied = {
         h: h != ref and abs(theta[h]) > 3 * unc[h] and abs(theta[h]) > MIN_OFFSET_US for h in theta
     }
@@ -268,44 +291,63 @@ def estimate_offsets(
         f"largest {abs(theta[worst]):.0f} us on {worst} (+/- {unc[worst]:.1f} standard error; "
         f"spread {spread[worst]:.1f} us per collective)"
     )
-    if not off:
-        if any(abs(theta[h]) > MIN_OFFSET_US for h in theta):
-            notes.append(
-                f"host clock offsets are uncertain ({desc}): below 3 times their uncertainty, "
-                "not applied; timestamps across hosts are not compared (clock-free metrics only)"
-            )
-            mode = "clock-free"
-        else:
-            notes.append(
-                f"host clock offsets under {MIN_OFFSET_US:.0f} us ({desc}): not applied; a "
-                "collective's last arriver is read from its timestamps only when its arrival "
-                f"skew exceeds {ARRIVAL_MARGIN:g} x (|offset| + uncertainty), else from the "
-                "shortest kernel (clock-free)"
-            )
-            mode = "consistent"
-        return ClockEstimate(
-            table(theta, unc, used, {}), host_of, zero, mode, before, before, source, notes
+    if not off and any(abs(theta[h]) > MIN_OFFSET_US for h in theta):
+        note = (
+            f"host clock offsets are uncertain ({desc}): below 3 times their uncertainty, "
+            "not applied; timestamps across hosts are not compared (clock-free metrics only)"
         )
+        return "clock-free", {}, before, before, note
+    if not off:
+        note = (
+            f"host clock offsets under {MIN_OFFSET_US:.0f} us ({desc}): not applied; a "
+            "collective's last arriver is read from its timestamps only when its arrival "
+            f"skew exceeds {ARRIVAL_MARGIN:g} x (|offset| + uncertainty), else from the "
+            "shortest kernel (clock-free)"
+        )
+        return "consistent", {}, before, before, note
     if after >= before:
-        notes.append(
+        note = (
             f"host clock offsets ({desc}) do not reduce the median end skew of cross-host "
             f"collectives ({before:.0f} -> {after:.0f} us): not applied, clock-free metrics only"
         )
-        return ClockEstimate(
-            table(theta, unc, used, {}), host_of, zero, "clock-free", before, before, source, notes
-        )
-    notes.append(
-        f"host clock offsets corrected on {len(off)} of {len(hosts)} hosts ({desc}); median "
+        return "clock-free", {}, before, before, note
+    note = (
+        f"host clock offsets corrected on {len(off)} of {n_hosts} hosts ({desc}); median "
         f"end skew of cross-host collectives {before:.0f} -> {after:.0f} us"
     )
-    offsets = {r: off.get(h, 0.0) for r, h in host_of.items()}
-    return ClockEstimate(
-        table(theta, unc, used, applied),
-        host_of,
-        offsets,
-        "corrected",
-        before,
-        after,
-        source,
-        notes,
-    )
+    return "corrected", off, before, after, note
+
+
+def _one_host(
+    members: pl.DataFrame,
+    collectives: pl.DataFrame,
+    summaries: list,
+    host_of: dict[int, str],
+    hosts: list[str],
+    groups: list[EndGroup],
+    source: str,
+) -> ClockEstimate:
+    """The estimate when every rank is on one host: no offset, the raw end skew checked; with
+    hosts only assumed and a median end skew over ``MAX_END_SKEW_US``, one clock per rank."""
+    skews = _end_skews(groups, {})
+    med = median(skews) if skews else None
+    if source == "assumed" and med is not None and med > MAX_END_SKEW_US and len(host_of) > 1:
+        per = estimate_offsets(members, collectives, summaries, {r: f"rank {r}" for r in host_of})
+        per.source = "per rank"
+        per.host_of = host_of
+        per.notes.insert(
+            0,
+            f"no hostnames, and the median end skew of the ranks' collectives is {med:.0f} us "
+            f"(> {MAX_END_SKEW_US:.0f} us): their clocks differ, so each rank's clock offset "
+            "is estimated on its own",
+        )
+        return per
+    notes = []
+    if source == "assumed" and len(host_of) > 1:
+        notes.append(
+            "no hostnames in the file names: the ranks are taken to share one host's clock"
+            + (f" (median end skew {med:.1f} us)" if med is not None else "")
+        )
+    zero = {r: 0.0 for r in host_of}
+    empty = _hosts_table(hosts, host_of, {}, {}, {}, {}, {})
+    return ClockEstimate(empty, host_of, zero, "one host", med, med, source, notes)

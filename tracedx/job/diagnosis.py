@@ -21,6 +21,14 @@ and when no straggler is named but the exposed wait is >= 2 % of the step with l
 under 0.9, the bottleneck is ``load imbalance`` (diffuse). Every rank gets the job's verdict
 (ranks doing the same work cannot contradict each other), except a straggler, which gets its
 cause, and in a job with a straggler the others' bottleneck is waiting for it.
+
+The regimes describe a GPU: a job with no GPU activity in any rank (CPU ranks on gloo) gets no
+regime, as one CPU-only trace gets none; its bottleneck comes from the same rules on the host
+timelines (rule 4 becomes ``CPU compute``).
+
+Scopes: the job's step T is, per step, the median over ranks, then the median over steps; every
+other typical figure is the median rank's: the median over ranks of each rank's median over its
+steps (the ``ranks`` table).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from tracedx.analysis.findings import Finding
 from tracedx.analysis.kernels import kind_expr
 from tracedx.job import findings as jf
 from tracedx.job.clock import ClockEstimate, estimate_offsets
+from tracedx.job.discover import check_one_job
 from tracedx.job.match import match_collectives
 from tracedx.job.metrics import collective_metrics, load_balance, rank_step_metrics
 from tracedx.job.straggler import MIN_EFFECT, Straggler, StragglerResult, find_straggler
@@ -253,9 +262,9 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     The result does not depend on the order of ``job.summaries``. A job of one rank gets the
     same tables, with waits unknown (null): one trace cannot split waiting from transfer.
 
-    Raises :class:`~tracedx.errors.TraceError` when several traces share no collective and
-    none says it is part of a larger job (``meta.world_size`` > 1): unrelated single-rank
-    traces are not one job.
+    Raises :class:`~tracedx.errors.TraceError` when the summaries are not one job
+    (:func:`tracedx.job.discover.check_one_job`: single-rank traces that share no collective
+    and no ``distributedInfo``, several jobs, or single traces beside a job).
     """
     if not isinstance(job, Job):
         job = Job(list(job))
@@ -267,43 +276,75 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     colls, members = collective_metrics(matched, clock, ss)
     steps = rank_step_metrics(ss, members)
     notes += _rank_notes(ss) + matched.notes + clock.notes
-
-    # the typical step: T per step is the median over ranks; T the median over steps
-    T = None
-    if steps.height:
-        per_step = steps.group_by("step").agg(pl.col("step_time_us").median())
-        T = _med(per_step["step_time_us"].to_list())
     ranks = _ranks_table(job, steps, clock)
-
-    def typ(c: str) -> float | None:
-        return _med(ranks[c].to_list()) if c in ranks.columns else None
-
-    U, E, X = typ("compute_us"), typ("exposed_wait_us"), typ("exposed_transfer_us")
-    idle, M, Z = typ("idle_us"), typ("transfer_us"), typ("exposed_unsplit_us")
-    us = [u for u in (ranks["compute_us"].to_list() if "compute_us" in ranks.columns else [])]
-    lb = load_balance(us)
-    umax = max((u for u in us if u is not None), default=None)
-    typical = {
-        "step_us": T,
-        "compute_us": U,
-        "exposed_wait_us": E,
-        "exposed_transfer_us": X,
-        "exposed_unsplit_us": Z,
-        "idle_us": idle,
-        "transfer_us": M,
-        "load_balance": lb,
-        "communication_efficiency": umax / T if umax is not None and T else None,
-        "parallel_efficiency": lb * umax / T if lb is not None and umax is not None and T else None,
-    }
-
+    typical = _typical(steps, ranks)
+    T = typical["step_us"]
     st = (
         find_straggler(colls, members, steps, ss, T)
         if colls.height and T
         else StragglerResult(None, pl.DataFrame(), None, "no matched collectives")
     )
     strag = st.straggler
+    found = _job_findings(typical, ranks, colls, strag)
+    regime, bott, ev = _verdict(job, ranks, typical, strag, st, matched.groups, clock)
+    ranks = _with_rank_verdicts(ranks, job, regime, bott, strag)
+    notes += _single_rank_notes(ss, ranks)
+    return JobDiagnosis(
+        job=job,
+        ranks=ranks,
+        steps=steps,
+        collectives=colls,
+        members=members,
+        groups=matched.groups,
+        clock=clock,
+        regime=regime,
+        bottleneck=bott,
+        evidence=ev,
+        straggler=strag,
+        straggler_test=st,
+        findings=found,
+        typical=typical,
+        notes=notes,
+    )
 
-    # findings
+
+def _typical(steps: pl.DataFrame, ranks: pl.DataFrame) -> dict[str, Any]:
+    """The typical rank's step (:attr:`JobDiagnosis.typical`, us). T: per step the median
+    over ranks, then the median over steps; the other figures: the median over ranks of each
+    rank's median over its steps (:func:`_ranks_table`)."""
+    T = None
+    if steps.height:
+        per_step = steps.group_by("step").agg(pl.col("step_time_us").median())
+        T = _med(per_step["step_time_us"].to_list())
+
+    def typ(c: str) -> float | None:
+        return _med(ranks[c].to_list()) if c in ranks.columns else None
+
+    us = ranks["compute_us"].to_list() if "compute_us" in ranks.columns else []
+    lb = load_balance(us)
+    umax = max((u for u in us if u is not None), default=None)
+    return {
+        "step_us": T,
+        "compute_us": typ("compute_us"),
+        "exposed_wait_us": typ("exposed_wait_us"),
+        "exposed_transfer_us": typ("exposed_transfer_us"),
+        "exposed_unsplit_us": typ("exposed_unsplit_us"),
+        "idle_us": typ("idle_us"),
+        "transfer_us": typ("transfer_us"),
+        "load_balance": lb,
+        "communication_efficiency": umax / T if umax is not None and T else None,
+        "parallel_efficiency": lb * umax / T if lb is not None and umax is not None and T else None,
+    }
+
+
+def _job_findings(
+    typical: dict[str, Any], ranks: pl.DataFrame, colls: pl.DataFrame, strag: Straggler | None
+) -> list[Finding]:
+    """``balance-ranks`` (with a straggler) and ``overlap-communication`` (with exposed
+    transfer), best first."""
+    T, X = typical["step_us"], typical["exposed_transfer_us"]
+    U, E = typical["compute_us"], typical["exposed_wait_us"]
+    M, Z = typical["transfer_us"], typical["exposed_unsplit_us"]
     found: list[Finding] = []
     if T and strag is not None:
         peer_w = _med(
@@ -326,9 +367,14 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         if f:
             found.append(f)
     found.sort(key=lambda f: -f.estimated_speedup)
+    return found
 
-    # the verdict
-    regime, bott, ev = _verdict(job, ranks, typical, strag, st, matched.groups, clock)
+
+def _with_rank_verdicts(
+    ranks: pl.DataFrame, job: Job, regime: str | None, bott: str | None, strag: Straggler | None
+) -> pl.DataFrame:
+    """``ranks`` with each rank's ``regime`` and ``bottleneck``: the job's, except the
+    straggler's (its cause) and, with a straggler, the others' bottleneck (waiting for it)."""
     per_regime, per_bott = [], []
     for r in ranks["rank"].to_list():
         if strag is not None and r == strag.rank:
@@ -340,9 +386,15 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         else:
             per_regime.append(regime)
             per_bott.append(bott)
-    ranks = ranks.with_columns(
+    return ranks.with_columns(
         regime=pl.Series(per_regime, dtype=pl.Utf8), bottleneck=pl.Series(per_bott, dtype=pl.Utf8)
     )
+
+
+def _single_rank_notes(ss: list, ranks: pl.DataFrame) -> list[str]:
+    """A note when the ranks' one-rank verdicts differ (each is read from one trace), and for
+    a job of one rank of a larger job, that its communication includes waiting."""
+    notes = []
     singles = {
         (a, b)
         for a, b in zip(ranks["single_rank_regime"], ranks["single_rank_bottleneck"], strict=True)
@@ -366,26 +418,10 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         if ws and int(ws) > 1:
             notes.append(
                 f"one rank of {article(ws)} {ws}-rank job: its communication time includes "
-                "waiting for "
-                "peers; the other ranks' traces are needed to split waiting from transfer"
+                "waiting for peers; the other ranks' traces are needed to split waiting from "
+                "transfer"
             )
-    return JobDiagnosis(
-        job=job,
-        ranks=ranks,
-        steps=steps,
-        collectives=colls,
-        members=members,
-        groups=matched.groups,
-        clock=clock,
-        regime=regime,
-        bottleneck=bott,
-        evidence=ev,
-        straggler=strag,
-        straggler_test=st,
-        findings=found,
-        typical=typical,
-        notes=notes,
-    )
+    return notes
 
 
 def article(n) -> str:
@@ -396,25 +432,12 @@ def article(n) -> str:
 
 
 def _check_one_job(ss: list) -> None:
-    if len(ss) < 2:
-        return
-    if any(s.colls is not None and s.colls.height for s in ss):
-        return
-    if any(_int(s.meta.get("world_size")) > 1 for s in ss):
-        return
-    from tracedx.errors import TraceError
-
-    raise TraceError(
-        f"these {len(ss)} traces share no collective and no distributedInfo: they are not one "
-        "job; diagnose each alone"
+    """The check of :func:`tracedx.job.discover.check_one_job` on the summaries (a Job built
+    in Python, not by ``load_job``, which makes it already)."""
+    check_one_job(
+        [(str(s.meta.get("path") or f"rank{s.meta['rank']}"), s.meta) for s in ss],
+        [s.colls.height if s.colls is not None else None for s in ss],
     )
-
-
-def _int(v) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _rank_notes(ss: list) -> list[str]:
@@ -444,7 +467,10 @@ def _span(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _cause_regime(s: Straggler, job: Job) -> str:
+def _cause_regime(s: Straggler, job: Job) -> str | None:
+    """The straggler's regime: that of its cause; none without GPU activity."""
+    if not has_gpu_activity(job.summaries):
+        return None
     if s.host_side:
         return "overhead-bound"
     if s.cause == "link":
@@ -461,7 +487,90 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
     T = typ["step_us"]
     if not T or not job.summaries:
         return None, None, ["no analysed steps: no verdict"]
-    ev = []
+    gpu = has_gpu_activity(job.summaries)
+    ev = [_layout_line(job, groups, clock), *_step_lines(ranks, typ, gpu)]
+    if not gpu:
+        ev.insert(0, NO_GPU_EVIDENCE)
+    if strag is not None:
+        ev += strag.evidence
+        return _cause_regime(strag, job), "load imbalance", ev
+    if st.reason and len(job.summaries) > 1:
+        ev.append(f"no straggler: {st.reason}")
+    regime, bott, line = _rule(job, typ, gpu)
+    ev.append(line)
+    E, lb = typ["exposed_wait_us"], typ["load_balance"]
+    if E is not None and E / T >= MIN_EFFECT and lb is not None and lb < LB_DIFFUSE:
+        bott = "load imbalance"
+        ev.append(
+            f"diffuse imbalance: exposed wait {E / T:.0%} of the step and load balance "
+            f"{lb:.2f} < {LB_DIFFUSE}, but no single rank paces the others"
+        )
+    return regime, bott, ev
+
+
+# the single-trace diagnosis' words for a capture without a GPU (no regime can be named)
+NO_GPU_EVIDENCE = (
+    "no GPU activity in the ranks' traces: no regime can be named from these traces (they ran "
+    "on the CPU); the bottleneck is read from the ranks' host timelines"
+)
+
+
+def has_gpu_activity(summaries: list) -> bool:
+    """Whether any rank's trace has GPU activity: a summary of a trace without any has GPU
+    columns that are all null in its ``steps`` table (docs/multirank.md)."""
+
+    def gpu_free(s) -> bool:
+        st = s.steps
+        return (
+            st is not None
+            and st.height > 0
+            and "gpu_busy_us" in st.columns
+            and st["gpu_busy_us"].null_count() == st.height
+        )
+
+    return not summaries or not all(gpu_free(s) for s in summaries)
+
+
+def _rule(job: Job, typ: dict[str, Any], gpu: bool) -> tuple[str | None, str, str]:
+    """Rules 2-4 of the module docstring (no straggler): ``(regime, bottleneck, evidence)``;
+    without GPU activity no regime, the bottleneck by the same rules on the host timeline."""
+    T = typ["step_us"]
+    U, E, X, gi = (
+        typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
+    )
+    Z = typ.get("exposed_unsplit_us")
+    comm_x = (X or 0.0) + (E or 0.0) + (Z or 0.0)
+    wait_idle = (gi or 0.0) + (E or 0.0)
+    if wait_idle / T >= IDLE_BOUND:
+        what = "GPU idle or waiting for peers" if gpu else "waiting for peers"
+        return (
+            "overhead-bound" if gpu else None,
+            _idle_bottleneck(_idle_medians(job)),
+            f"{what} {wait_idle / T:.0%} of the step: the host side binds",
+        )
+    if comm_x > 0 and 0.5 * ((U or 0.0) + comm_x) <= comm_x:
+        return (
+            "bandwidth-bound" if gpu else None,
+            "communication",
+            f"exposed communication {comm_x / 1e3:.3f} ms (transfer {(X or 0) / 1e3:.3f} + wait "
+            f"{(E or 0) / 1e3:.3f}"
+            + (f" + not split {Z / 1e3:.3f}" if Z else "")
+            + f" ms) is at least as long as compute {(U or 0) / 1e3:.3f} ms (median rank)",
+        )
+    if not gpu:
+        return (
+            None,
+            "CPU compute",
+            f"compute on the CPU {(U or 0) / 1e3:.3f} ms is longer than the exposed "
+            f"communication {comm_x / 1e3:.3f} ms (median rank)",
+        )
+    verdicts = [_device_verdict(s) for s in job.summaries]
+    (regime, bott), _ = Counter(verdicts).most_common(1)[0]
+    return regime, bott, f"device work of the ranks: {regime} ({bott})"
+
+
+def _layout_line(job: Job, groups: pl.DataFrame, clock: ClockEstimate) -> str:
+    """The ranks, their hosts and the process groups, in one line."""
     hosts = len(set(clock.host_of.values()))
     kinds = Counter(
         (r["pg_desc"] or (f"group {r['pg_name']}" if r["pg_name"] else "unnamed"), r["group_size"])
@@ -480,56 +589,40 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
         if clock.source in ("hostname", "gpus_per_node")
         else "(hosts unknown: no hostnames)"
     )
-    ev.append(
-        f"{len(job.summaries)} rank{'s' if len(job.summaries) != 1 else ''} {where}"
-        + (f"; process groups: {pgs}" if pgs else "")
-    )
+    n = len(job.summaries)
+    return f"{n} rank{'s' if n != 1 else ''} {where}" + (f"; process groups: {pgs}" if pgs else "")
+
+
+def _step_lines(ranks: pl.DataFrame, typ: dict[str, Any], gpu: bool) -> list[str]:
+    """The typical step and what it is made of, each figure with its scope (over which ranks
+    and steps it is a median): T is per step the median over ranks, then the median over
+    steps (:func:`_typical`); the parts, the median rank: the median over ranks of each rank's
+    median over its steps."""
+    T = typ["step_us"]
     st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
-    spread = (max(st_col) - min(st_col)) / T if len(st_col) else 0.0
+    step = f"step {T / 1e3:.3f} ms: per step the median over ranks, then the median over steps"
+    if len(st_col) > 1:
+        lo, hi = min(st_col), max(st_col)
+        step += (
+            f"; the ranks' own median steps {lo / 1e3:.3f} to {hi / 1e3:.3f} ms (spread "
+            f"{(hi - lo) / T:.1%} of the step)"
+        )
     U, E, X, gi = (
         typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
     )
-    ev.append(
-        f"step {T / 1e3:.3f} ms (median over ranks; spread {spread:.1%}): compute {_pct(U, T)}, "
-        f"exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}, GPU idle {_pct(gi, T)} "
-        "(median rank)"
-    )
+    parts = f"compute {_pct(U, T)}, exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}"
+    parts += f", GPU idle {_pct(gi, T)}" if gpu else ""
+    out = [
+        step,
+        "the median rank's step (per figure, the median over ranks of each rank's median "
+        f"over its steps): {parts} of the step",
+    ]
     if typ["load_balance"] is not None:
-        ev.append(f"load balance (mean / max compute over ranks) {typ['load_balance']:.2f}")
-    if strag is not None:
-        ev += strag.evidence
-        return _cause_regime(strag, job), "load imbalance", ev
-    if st.reason and len(job.summaries) > 1:
-        ev.append(f"no straggler: {st.reason}")
-    idle = _idle_medians(job)
-    Z = typ.get("exposed_unsplit_us")
-    comm_x = (X or 0.0) + (E or 0.0) + (Z or 0.0)
-    wait_idle = (gi or 0.0) + (E or 0.0)
-    if wait_idle / T >= IDLE_BOUND:
-        regime, bott = "overhead-bound", _idle_bottleneck(idle)
-        ev.append(
-            f"GPU idle or waiting for peers {wait_idle / T:.0%} of the step: the host side binds"
+        out.append(
+            f"load balance {typ['load_balance']:.2f}: mean / max over ranks of each rank's "
+            "median compute per step"
         )
-    elif comm_x > 0 and 0.5 * ((U or 0.0) + comm_x) <= comm_x:
-        regime, bott = "bandwidth-bound", "communication"
-        ev.append(
-            f"exposed communication {comm_x / 1e3:.3f} ms (transfer {(X or 0) / 1e3:.3f} + wait "
-            f"{(E or 0) / 1e3:.3f}"
-            + (f" + not split {Z / 1e3:.3f}" if Z else "")
-            + f" ms) is at least as long as compute {(U or 0) / 1e3:.3f} ms"
-        )
-    else:
-        verdicts = [_device_verdict(s) for s in job.summaries]
-        (regime, bott), _ = Counter(verdicts).most_common(1)[0]
-        ev.append(f"device work of the ranks: {regime} ({bott})")
-    lb = typ["load_balance"]
-    if E is not None and E / T >= MIN_EFFECT and lb is not None and lb < LB_DIFFUSE:
-        bott = "load imbalance"
-        ev.append(
-            f"diffuse imbalance: exposed wait {E / T:.0%} of the step and load balance "
-            f"{lb:.2f} < {LB_DIFFUSE}, but no single rank paces the others"
-        )
-    return regime, bott, ev
+    return out
 
 
 def _idle_medians(job: Job) -> dict[str, float]:

@@ -7,7 +7,9 @@ default-group ``record_param_comms``, ``world_size``, ``steps``) and decides the
 the rank of a file that says nothing comes from its name (:func:`rank_from_filename`), and every
 irregularity is a note, never a silent drop: two files of one rank, missing ranks, files that
 disagree about the world size, ranks that cover different ``ProfilerStep`` numbers (the job is
-analysed on the common ones), a file whose rank cannot be told.
+analysed on the common ones), a file whose rank cannot be told. Before that,
+:func:`check_one_job` decides that the files are one job at all: a folder of single-GPU traces,
+two runs side by side, or single traces beside a job are refused in one line that names them.
 
 File-name layouts, with their sources:
 
@@ -39,6 +41,7 @@ from tracedx.errors import TraceError
 
 __all__ = [
     "RankSet",
+    "check_one_job",
     "expand_inputs",
     "is_url",
     "rank_from_filename",
@@ -198,13 +201,20 @@ def _as_int(v) -> int | None:
 
 
 def resolve_ranks(
-    entries: Sequence[tuple[str, Mapping]], unreadable: Sequence[str] = ()
+    entries: Sequence[tuple[str, Mapping]],
+    unreadable: Sequence[str] = (),
+    *,
+    collectives: Sequence[int | None] | None = None,
 ) -> RankSet:
     """Decide the job's ranks from ``(path, meta)`` pairs, one per readable trace.
 
     ``unreadable``: the paths of traces that could not be read; a missing rank that one of
     their file names carries (:func:`rank_from_filename`) is said to be unreadable, not
-    without a trace.
+    without a trace. ``collectives``: per entry, how many collectives its summary holds
+    (None: unknown), which tells a single trace from a rank (:func:`check_one_job`).
+
+    Raises :class:`~tracedx.errors.TraceError` when the entries are not one job
+    (:func:`check_one_job`: several jobs, or single traces, alone or beside a job).
 
     ``meta`` is a ``RankSummary.meta`` (keys ``rank``, ``rank_source``, ``world_size``,
     ``steps``, ``steps_synthetic``; missing keys read as unknown). A file's rank is
@@ -222,8 +232,37 @@ def resolve_ranks(
       covers, and a note says which; a rank whose steps are tracedx's own split (no
       ``ProfilerStep`` ranges) is noted, since its step numbers only count steps.
     """
+    check_one_job(entries, collectives)
     order = sorted(range(len(entries)), key=lambda i: (str(entries[i][0]), i))
     notes: list[str] = []
+    rank_of, source_of, unknown = _told_ranks(entries, order)
+    world_size, note = _world_size(entries, order)
+    notes += [note] if note else []
+    if unknown:
+        notes += _assume_ranks(entries, unknown, rank_of, source_of, world_size)
+    index, left_out, dup_notes = _first_per_rank(entries, order, rank_of)
+    notes += dup_notes
+    ranks = tuple(sorted(index))
+    notes += _missing_notes(ranks, world_size, unreadable)
+    common, step_notes = _common_steps(entries, index, ranks)
+    notes += step_notes
+    return RankSet(
+        ranks=ranks,
+        index=index,
+        paths={r: str(entries[index[r]][0]) for r in ranks},
+        sources={r: source_of[index[r]] for r in ranks},
+        world_size=world_size,
+        steps=tuple(sorted(common)),
+        left_out=tuple(sorted(left_out)),
+        notes=tuple(notes),
+    )
+
+
+def _told_ranks(
+    entries: Sequence[tuple[str, Mapping]], order: list[int]
+) -> tuple[dict[int, int], dict[int, str], list[int]]:
+    """The ranks the files tell (their meta, else their name): ``(rank_of, source_of,
+    unknown)``, keyed by input position; ``unknown``: positions whose rank cannot be told."""
     rank_of: dict[int, int] = {}
     source_of: dict[int, str] = {}
     unknown: list[int] = []
@@ -238,58 +277,80 @@ def resolve_ranks(
             rank_of[i], source_of[i] = r, "file name"
         else:
             unknown.append(i)
+    return rank_of, source_of, unknown
 
-    # world size: the traces' value(s)
+
+def _world_size(
+    entries: Sequence[tuple[str, Mapping]], order: list[int]
+) -> tuple[int | None, str | None]:
+    """The job's world size (the most common value the traces give, the larger on a tie;
+    None when none does) and a note when they disagree."""
     sizes: dict[int, list[str]] = {}
     for i in order:
         ws = _as_int(entries[i][1].get("world_size"))
         if ws is not None and ws > 0:
             sizes.setdefault(ws, []).append(str(entries[i][0]))
-    world_size = None
-    if sizes:
-        counts = Counter({ws: len(files) for ws, files in sizes.items()})
-        world_size = max(counts, key=lambda ws: (counts[ws], ws))
-        if len(sizes) > 1:
-            listed = "; ".join(
-                f"{ws} in {', '.join(sizes[ws])}" for ws in sorted(sizes, key=lambda w: -counts[w])
-            )
-            notes.append(
-                f"the traces disagree about the world size ({listed}): the job is taken as "
-                f"{world_size} ranks; are these files from one job?"
-            )
+    if not sizes:
+        return None, None
+    counts = Counter({ws: len(files) for ws, files in sizes.items()})
+    world_size = max(counts, key=lambda ws: (counts[ws], ws))
+    if len(sizes) == 1:
+        return world_size, None
+    listed = "; ".join(
+        f"{ws} in {', '.join(sizes[ws])}" for ws in sorted(sizes, key=lambda w: -counts[w])
+    )
+    return world_size, (
+        f"the traces disagree about the world size ({listed}): the job is taken as "
+        f"{world_size} ranks; are these files from one job?"
+    )
 
-    # files whose rank cannot be told
-    if unknown:
-        if len(entries) == 1:
-            rank_of[unknown[0]], source_of[unknown[0]] = 0, "file order"
+
+def _assume_ranks(
+    entries: Sequence[tuple[str, Mapping]],
+    unknown: list[int],
+    rank_of: dict[int, int],
+    source_of: dict[int, str],
+    world_size: int | None,
+) -> list[str]:
+    """Give each file whose rank cannot be told the lowest rank no other file has (a missing
+    rank of the world size first), in ``rank_of``/``source_of``; the note that says so (none
+    for a lone file, which is rank 0)."""
+    if len(entries) == 1:
+        rank_of[unknown[0]], source_of[unknown[0]] = 0, "file order"
+        return []
+    taken = set(rank_of.values())
+    free = [r for r in range(world_size or 0) if r not in taken]
+    nxt = 0
+    assumed = []
+    for i in unknown:
+        if free:
+            r = free.pop(0)
         else:
-            taken = set(rank_of.values())
-            free = [r for r in range(world_size or 0) if r not in taken]
-            nxt = 0
-            assumed = []
-            for i in unknown:
-                if free:
-                    r = free.pop(0)
-                else:
-                    while nxt in taken:
-                        nxt += 1
-                    r = nxt
-                taken.add(r)
-                rank_of[i], source_of[i] = r, "file order"
-                assumed.append(f"{entries[i][0]} as rank {r}")
-            notes.append(
-                f"the rank of {_plural(len(unknown), 'file')} cannot be told (no "
-                "distributedInfo, no record_param_comms Rank, no rank in the file name): "
-                f"taken in file-name order, {'; '.join(assumed)}; per-rank results for "
-                f"{'it' if len(unknown) == 1 else 'them'} may be attributed to the wrong rank"
-            )
+            while nxt in taken:
+                nxt += 1
+            r = nxt
+        taken.add(r)
+        rank_of[i], source_of[i] = r, "file order"
+        assumed.append(f"{entries[i][0]} as rank {r}")
+    return [
+        f"the rank of {_plural(len(unknown), 'file')} cannot be told (no "
+        "distributedInfo, no record_param_comms Rank, no rank in the file name): "
+        f"taken in file-name order, {'; '.join(assumed)}; per-rank results for "
+        f"{'it' if len(unknown) == 1 else 'them'} may be attributed to the wrong rank"
+    ]
 
-    # duplicates: the first file by path is analysed
+
+def _first_per_rank(
+    entries: Sequence[tuple[str, Mapping]], order: list[int], rank_of: dict[int, int]
+) -> tuple[dict[int, int], list[int], list[str]]:
+    """Per rank the first of its files by path: ``(index, left_out, notes)``, a note per rank
+    with several files."""
     by_rank: dict[int, list[int]] = {}
     for i in order:
         by_rank.setdefault(rank_of[i], []).append(i)
     index: dict[int, int] = {}
     left_out: list[int] = []
+    notes: list[str] = []
     for r in sorted(by_rank):
         files = by_rank[r]
         index[r] = files[0]
@@ -301,41 +362,55 @@ def resolve_ranks(
                 f"{others} (left out); give one file per rank (two runs or two profiling "
                 "windows in one folder?)"
             )
-    ranks = tuple(sorted(index))
+    return index, left_out, notes
 
-    # missing ranks
-    if world_size is not None:
-        missing = [r for r in range(world_size) if r not in index]
-        outside = [r for r in ranks if r >= world_size]
-        bad = {rank_from_filename(p) for p in unreadable} - {None}
-        lost = [r for r in missing if r in bad]
-        missing = [r for r in missing if r not in bad]
-        if lost:
+
+def _missing_notes(
+    ranks: tuple[int, ...], world_size: int | None, unreadable: Sequence[str]
+) -> list[str]:
+    """Notes on the ranks of the world size with no trace (or an unreadable one), ranks
+    outside it, and, with no world size, gaps between the ranks present."""
+    notes: list[str] = []
+    if world_size is None:
+        if len(ranks) > 1 and ranks != tuple(range(ranks[0], ranks[0] + len(ranks))):
+            gaps = [r for r in range(ranks[0], ranks[-1]) if r not in ranks]
             notes.append(
-                f"{_plural(len(lost), 'rank')} of the {world_size} in the job "
-                f"{'is' if len(lost) == 1 else 'are'} unreadable (rank {_ranges(lost)}: its "
-                f"trace could not be read): the job is analysed on {_plural(len(ranks), 'rank')}"
+                f"the traces do not give the world size, and rank {_ranges(gaps)} "
+                f"{'is' if len(gaps) == 1 else 'are'} absent between the ranks present "
+                f"({_ranges(ranks)}): possibly missing"
             )
-        if missing:
-            notes.append(
-                f"{_plural(len(missing), 'rank')} of the {world_size} in the job "
-                f"{'has' if len(missing) == 1 else 'have'} no trace (rank "
-                f"{_ranges(missing)}): the job is analysed on {_plural(len(ranks), 'rank')}, "
-                "and a straggler among the missing ones cannot be seen"
-            )
-        if outside:
-            notes.append(
-                f"rank {_ranges(outside)} is outside the world size {world_size} the traces give"
-            )
-    elif ranks and len(ranks) > 1 and ranks != tuple(range(ranks[0], ranks[0] + len(ranks))):
-        gaps = [r for r in range(ranks[0], ranks[-1]) if r not in index]
+        return notes
+    missing = [r for r in range(world_size) if r not in ranks]
+    outside = [r for r in ranks if r >= world_size]
+    bad = {rank_from_filename(p) for p in unreadable} - {None}
+    lost = [r for r in missing if r in bad]
+    missing = [r for r in missing if r not in bad]
+    if lost:
         notes.append(
-            f"the traces do not give the world size, and rank {_ranges(gaps)} "
-            f"{'is' if len(gaps) == 1 else 'are'} absent between the ranks present "
-            f"({_ranges(ranks)}): possibly missing"
+            f"{_plural(len(lost), 'rank')} of the {world_size} in the job "
+            f"{'is' if len(lost) == 1 else 'are'} unreadable (rank {_ranges(lost)}: its "
+            f"trace could not be read): the job is analysed on {_plural(len(ranks), 'rank')}"
         )
+    if missing:
+        notes.append(
+            f"{_plural(len(missing), 'rank')} of the {world_size} in the job "
+            f"{'has' if len(missing) == 1 else 'have'} no trace (rank "
+            f"{_ranges(missing)}): the job is analysed on {_plural(len(ranks), 'rank')}, "
+            "and a straggler among the missing ones cannot be seen"
+        )
+    if outside:
+        notes.append(
+            f"rank {_ranges(outside)} is outside the world size {world_size} the traces give"
+        )
+    return notes
 
-    # steps
+
+def _common_steps(
+    entries: Sequence[tuple[str, Mapping]], index: Mapping[int, int], ranks: tuple[int, ...]
+) -> tuple[frozenset[int], list[str]]:
+    """The ``ProfilerStep`` numbers every analysed rank covers, and notes when the ranks
+    cover different ones or some have only tracedx's own step split."""
+    notes: list[str] = []
     step_sets = {r: _steps(entries[index[r]][1]) for r in ranks}
     known = {r: s for r, s in step_sets.items() if s is not None}
     common: frozenset[int] = frozenset.intersection(*known.values()) if known else frozenset()
@@ -362,16 +437,7 @@ def resolve_ranks(
             f"rank {_ranges(synthetic)} has no ProfilerStep ranges: its steps are tracedx's "
             "own split of the trace, so its step numbers only count steps"
         )
-    return RankSet(
-        ranks=ranks,
-        index=index,
-        paths={r: str(entries[index[r]][0]) for r in ranks},
-        sources={r: source_of[index[r]] for r in ranks},
-        world_size=world_size,
-        steps=tuple(sorted(common)),
-        left_out=tuple(sorted(left_out)),
-        notes=tuple(notes),
-    )
+    return common, notes
 
 
 def _steps(meta: Mapping) -> frozenset[int] | None:
@@ -387,3 +453,103 @@ def _group_by_value(d: Mapping[int, frozenset[int]]) -> dict[frozenset[int], lis
     for r in sorted(d):
         groups.setdefault(d[r], []).append(r)
     return groups
+
+
+def _is_single(meta: Mapping, collectives: int | None) -> bool:
+    """Whether a trace is of one process, not a rank of a job: no ``distributedInfo`` world
+    size above 1, no process group of several ranks, and no collective (``collectives`` None:
+    unknown, then it cannot be told and the trace is taken as a rank)."""
+    ws = _as_int(meta.get("world_size"))
+    if ws is not None and ws > 1:
+        return False
+    for pg in meta.get("pg_config") or ():
+        size = _as_int(pg.get("pg_size")) if isinstance(pg, Mapping) else None
+        if size is not None and size > 1:
+            return False
+    return collectives == 0
+
+
+def _job_folder(path: str) -> str:
+    """The folder that holds a rank's trace as part of its job: the trace's folder, or the
+    one above when that folder is the rank's own (``rank3/trace.json``)."""
+    folder = os.path.dirname(path) or "."
+    return (os.path.dirname(folder) or ".") if _RANK_RE.search(os.path.basename(folder)) else folder
+
+
+def _complete(group: list[tuple[str, Mapping]]) -> bool:
+    """Whether the traces of one folder and world size are a whole job by themselves: each
+    tells its rank, no rank twice, and the ranks are 0..N-1 (N the world size, else the
+    number of traces), N >= 2."""
+    ranks = []
+    for path, meta in group:
+        r = _as_int(meta.get("rank"))
+        r = r if r is not None and r >= 0 else rank_from_filename(path)
+        if r is None:
+            return False
+        ranks.append(r)
+    n = _as_int(group[0][1].get("world_size")) or len(ranks)
+    return n >= 2 and sorted(ranks) == list(range(n))
+
+
+def _common(paths: Sequence[str]) -> str | None:
+    """The longest common folder of ``paths``; None when there is none (absolute and
+    relative paths mixed)."""
+    try:
+        return os.path.commonpath(paths)
+    except ValueError:
+        return None
+
+
+def check_one_job(
+    entries: Sequence[tuple[str, Mapping]], collectives: Sequence[int | None] | None = None
+) -> None:
+    """Raise unless ``(path, meta)`` entries are the traces of one job (or one trace).
+
+    ``collectives``: per entry, its number of collectives (None, or a None item: unknown).
+    A trace is a rank of a job when its ``distributedInfo`` world size or a process group of
+    its ``pg_config`` has more than one rank, or it has collectives (else it is a single
+    trace: :func:`_is_single`). The ranks are one job unless their folders (a rank's own
+    ``rank{N}/`` folder counted as its parent) and world sizes split them into two rank sets
+    or more that are each whole (:func:`_complete`): two runs side by side. Two files of one
+    rank that do not split that way stay one job (:func:`resolve_ranks` notes the duplicate).
+
+    Raises :class:`~tracedx.errors.TraceError` (one line, exit 2 in the CLI) for several
+    single traces, several jobs, or single traces mixed with a job, naming what was found.
+    """
+    if len(entries) < 2:
+        return
+    counts = list(collectives) if collectives is not None else [None] * len(entries)
+    singles = [e for e, n in zip(entries, counts, strict=True) if _is_single(e[1], n)]
+    ranks = [e for e, n in zip(entries, counts, strict=True) if not _is_single(e[1], n)]
+    if not ranks:
+        raise TraceError(
+            f"these {len(entries)} traces share no collective and no distributedInfo: they are "
+            "not one job; diagnose each alone"
+        )
+    groups: dict[tuple[str, int | None], list[tuple[str, Mapping]]] = {}
+    for path, meta in sorted(ranks, key=lambda e: str(e[0])):
+        key = (_job_folder(str(path)), _as_int(meta.get("world_size")))
+        groups.setdefault(key, []).append((str(path), meta))
+    whole = sum(1 for g in groups.values() if _complete(g))
+    jobs = list(groups.values()) if whole >= 2 else [[(str(p), m) for p, m in ranks]]
+    if len(jobs) == 1 and not singles:
+        return
+    top = _common([os.path.dirname(str(p)) or "." for p, _ in entries])
+    names = [_job_name(job, top) for job in jobs]
+    found = f"{_plural(len(jobs), 'job')} ({', '.join(names)})"
+    if singles:
+        gpu = all(m.get("device_name") for _, m in singles)
+        kind = "single-GPU" if gpu else "single-process"
+        found += f" and {len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
+    where = "the inputs hold" if not top else f"{'this folder' if top == '.' else top + '/'} holds"
+    raise TraceError(f"{where} {found}; diagnose one job's folder, or one trace")
+
+
+def _job_name(job: list[tuple[str, Mapping]], top: str | None) -> str:
+    """A job as the refusal names it: its folder relative to ``top`` when its traces share
+    one below it, else its first file names."""
+    folder = _common([_job_folder(p) for p, _ in job])
+    if folder and top and os.path.normpath(folder) != os.path.normpath(top):
+        return os.path.relpath(folder, top) + "/"
+    files = [os.path.relpath(p, top) if top else p for p, _ in job]
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")

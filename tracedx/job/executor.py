@@ -362,11 +362,13 @@ def map_ranks(
                 continue
         tasks.append((i, (path, options, store, name)))
     if reused:
-        print(
+        from tracedx.console import fit_to
+
+        msg = (
             f"tracedx: reused {reused} of {len(paths)} rank summaries from {store} "
-            "(traces unchanged since; not read again)",
-            file=sys.stderr,
+            "(traces unchanged since; not read again)"
         )
+        print(fit_to(msg, sys.stderr), file=sys.stderr)
 
     def done(i: int, outcome) -> None:
         kind, payload = outcome

@@ -57,7 +57,8 @@ def balance_ranks(
         return None
     ev = [
         f"rank {rank} ({cause}) spends {_ms(excess_us)} more per step than the median peer "
-        f"before the collectives; the others wait {_ms(peer_wait_us)} per step exposed (median)",
+        f"before the collectives; the other ranks wait {_ms(peer_wait_us)} per step exposed "
+        "(median over them)",
         f"saving min(excess, wait) = {_ms(gain)} per step",
     ]
     if host_side:

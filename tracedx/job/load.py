@@ -100,7 +100,11 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
     for path, note in bad:
         text = note if note and str(path) in note else f"{path}: {note}"
         notes.append(f"left out, cannot be read: {text}; the other ranks are analysed")
-    rs = resolve_ranks([(p, s.meta) for p, s in good], [str(p) for p, _ in bad])
+    rs = resolve_ranks(
+        [(p, s.meta) for p, s in good],
+        [str(p) for p, _ in bad],
+        collectives=[_collectives(s) for _, s in good],
+    )
     summaries = []
     for r in rs.ranks:
         path, s = good[rs.index[r]]
@@ -109,6 +113,12 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
         summaries.append(_with(s, meta, rs.steps))
     notes += rs.notes
     return job_class(summaries=summaries, notes=notes)
+
+
+def _collectives(summary) -> int | None:
+    """How many collectives a summary holds (None for a stand-in without the table)."""
+    colls = getattr(summary, "colls", None)
+    return colls.height if isinstance(colls, pl.DataFrame) else None
 
 
 def _with(summary, meta: dict, steps: tuple[int, ...]):

@@ -179,17 +179,23 @@ def arrival_table(collectives: pl.DataFrame, members: pl.DataFrame) -> pl.DataFr
         m.filter(pl.col("wait_us").is_not_null())
         .group_by("step", "rank")
         .agg(w=pl.col("wait_us").mean())
-        .sort("step", "w", "rank")
+        .group_by("step")
+        .agg(
+            rank=pl.col("rank").sort_by("w", "rank").first(),
+            least=pl.col("w").min(),
+            runner_up=pl.col("w").sort().slice(1, 1).first(),
+        )
+        # a step is paced by the rank that waited strictly least (a tie names no rank)
+        .filter(pl.col("runner_up").is_null() | (pl.col("least") < pl.col("runner_up")))
+        .group_by("rank")
+        .agg(last=pl.len().cast(pl.Int64))
     )
-    winner: dict[int, int] = {}
-    for (k,), g in paced.group_by(["step"], maintain_order=True):
-        ws = g["w"].to_list()
-        if len(ws) == 1 or ws[0] < ws[1]:
-            winner[int(k)] = int(g["rank"][0])
-    ks = [sum(1 for w in winner.values() if w == r) for r in per["rank"].to_list()]
-    pv = [binomial_sf(k, n, p) for k, n, p in zip(ks, per["steps"], per["chance"], strict=True)]
+    per = per.join(paced, on="rank", how="left").with_columns(pl.col("last").fill_null(0))
+    pv = [
+        binomial_sf(k, n, p)
+        for k, n, p in zip(per["last"], per["steps"], per["chance"], strict=True)
+    ]
     return per.with_columns(
-        last=pl.Series(ks, dtype=pl.Int64),
         p_value=pl.Series(pv, dtype=pl.Float64),
     ).with_columns(
         consistency=pl.when(pl.col("steps") > 0)
@@ -221,14 +227,18 @@ def find_straggler(
     wait = _per_rank_median(steps, "exposed_wait_us")
     peers = [w for q, w in wait.items() if q != r]
     effect = median(peers) / step_us if peers and step_us else None
+    # the evidence of a named straggler, one line each: who and how often with the p-value,
+    # the effect, then (from _cause) the cause
     ev = [
-        f"rank {r} paced {best['last']} of {best['steps']} steps (it waited least; "
-        f"chance {best['chance']:.0%} per step; binomial over steps p = "
-        f"{best['p_value']:.2g}, threshold {P_VALUE:g} / {arr.height} ranks = {alpha:.2g}); "
-        f"last at {best['last_collectives']} of its {best['collectives']} collectives"
+        f"rank {r} paced {best['last']} of {best['steps']} steps (it waited least in each): "
+        f"binomial p = {best['p_value']:.2g} against a {best['chance']:.0%} chance per step, "
+        f"under {P_VALUE:g} / {arr.height} ranks"
     ]
     if effect is not None:
-        ev.append(f"the other ranks' median exposed wait is {effect:.1%} of the step")
+        ev.append(
+            f"effect: the other ranks wait {effect:.1%} of the step exposed (median over them of "
+            "each one's median per step)"
+        )
     reason = None
     if best["steps"] < MIN_STEPS:
         reason = (
@@ -379,33 +389,49 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
     top_host = max(host, key=host.get) if host else None
     top_dh = host.get(top_host, 0.0) if top_host else 0.0
     shapes = _shape_diffs(r, summaries)
-    idle = f"GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms" if gpu else "no GPU timeline"
-    ev = [
-        f"rank {r} per step: compute {u_s / 1e3:.3f} ms vs {u_p / 1e3:.3f} ms on the median peer "
-        f"({ratio:.2f}x), {idle}; excess {excess / 1e3:.3f} ms"
-    ]
     work = u_s - u_p
+    peer_ms = f"{u_s / 1e3:.3f} vs {u_p / 1e3:.3f} ms on the median peer"
     if shapes and work > 0:
-        ev.append("its op input shapes differ from its peers': " + "; ".join(shapes[:3]))
-        return "data shapes", ev, excess, False
+        return (
+            "data shapes",
+            [
+                "cause data shapes: its op input shapes differ from its peers' ("
+                + "; ".join(shapes[:3])
+                + f"); its compute per step is {peer_ms}"
+            ],
+            excess,
+            False,
+        )
     if not gpu and excess > 0 and excess - max(work, 0.0) >= max(work, 0.0):
-        ev.append(
-            f"its step holds {(excess - max(work, 0.0)) / 1e3:.3f} ms more than the median peer's "
-            "outside communication and compute: host time before the collectives"
+        return (
+            "host work",
+            [
+                f"cause host work: per step its time outside communication is "
+                f"{excess / 1e3:.3f} ms longer than the median peer's, "
+                f"{(excess - max(work, 0.0)) / 1e3:.3f} ms of it outside compute (host time "
+                "before the collectives)"
+            ],
+            excess,
+            True,
         )
-        return "host work", ev, excess, True
+    gpu_compute = f"cause GPU compute: its compute per step is {peer_ms} ({ratio:.2f}x)"
     if ratio >= COMPUTE_RATIO and work >= top_dh:
-        ev.append(_kernel_excess(r, summaries))
-        return "GPU compute", [e for e in ev if e], excess, False
+        kernel = _kernel_excess(r, summaries)
+        return "GPU compute", [gpu_compute + (f"; {kernel}" if kernel else "")], excess, False
     if top_host and top_dh > 0 and top_dh >= 0.5 * excess:
-        ev.append(
-            f"its GPU idles {top_dh / 1e3:.3f} ms per step longer than the median peer's for "
-            f"{top_host} (single-rank idle cause)"
+        line = (
+            f"cause {top_host}: per step its GPU idles {top_dh / 1e3:.3f} ms longer than the "
+            "median peer's, in gaps the single-rank timeline puts down to that cause"
         )
-        return top_host, ev, excess, True
+        return top_host, [line], excess, True
     if ratio >= COMPUTE_RATIO:
-        return "GPU compute", ev, excess, False
-    return "unknown", ev, excess, False
+        return "GPU compute", [gpu_compute], excess, False
+    idle = f"GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms" if gpu else "no GPU timeline"
+    line = (
+        f"cause unknown: per step it spends {excess / 1e3:.3f} ms more than the median peer "
+        f"(compute {peer_ms}, {idle}), none of the causes tested explains it"
+    )
+    return "unknown", [line], excess, False
 
 
 def _kernel_excess(r: int, summaries: list) -> str:

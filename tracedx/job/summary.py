@@ -454,7 +454,9 @@ def summarize(trace, diagnosis=None) -> RankSummary:
     d = diagnosis if diagnosis is not None else diagnose(trace)
     device = d.primary_device
     steps = list(d.steps)
-    metrics = comm_compute_by_step(trace, steps, device)
+    metrics = d.comm_by_step  # computed once, by the diagnosis, when it has communication
+    if metrics is None:
+        metrics = comm_compute_by_step(trace, steps, device)
     steps_t = _steps_table(d, device, metrics)
     colls, left_out = _colls_table(trace, steps, device)
     notes = list(d.notes)

@@ -69,11 +69,12 @@ def _fixes(d: dict) -> list[dict]:
 
 def diagnosis_repr(diag) -> str:
     from tracedx.report.json import diagnosis_dict
+    from tracedx.report.text import speedup_label
 
     d = diagnosis_dict(diag)
     st = d["steps"]
     dev = _t(d["trace"]["device_name"] or "unknown device")
-    fixes = ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in _fixes(d))
+    fixes = ", ".join(f"{f['fix']} {speedup_label(f)}" for f in _fixes(d))
     lines = [
         f"<Diagnosis of {_name(d['trace']['path'])}: {dev}, {_steps_label(st)}>",
         f"  {_verdict(d)}",
@@ -102,9 +103,11 @@ def _card(title: str, subtitle: str, verdict: str, rows: list[tuple[str, str]], 
 def _fix_list(fixes: list[dict], against: str) -> str:
     if not fixes:
         return "<p>No fix is worth 5% or more.</p>"
+    from tracedx.report.text import estimate_label, speedup_label
+
     items = "".join(
-        f"<li><code>{_e(f['fix'])}</code>: <b>{f['estimated_speedup']:.2f}x</b> -> "
-        f"{f['estimated_step_ms']:.3f} ms per step. {_e(f['title'])}</li>"
+        f"<li><code>{_e(f['fix'])}</code>: <b>{_e(speedup_label(f))}</b> -> "
+        f"{_e(estimate_label(f))}. {_e(f['title'])}</li>"
         for f in fixes
     )
     return (
@@ -222,12 +225,9 @@ def diff_card(td) -> str:
 
 
 def _job_verdict(d: dict) -> str:
-    if not d["regime"]:
-        return "no verdict (see the notes)"
-    b, s = d["bottleneck"], d["straggler"]
-    if s:
-        b = f"{b}: straggler rank {s['rank']} ({s['cause']})"
-    return f"{d['regime'].upper()}, bottleneck: {b}"
+    from tracedx.report.job import verdict_line
+
+    return verdict_line(d, "no verdict (see the notes)")
 
 
 def _job_head(d: dict) -> str:

@@ -17,15 +17,18 @@ import plotly.graph_objects as go
 import polars as pl
 
 from tracedx.analysis.timeline import CAUSES
-from tracedx.report.diff_report import TOP, _chg, _num, _ratio, _weak, _x, diff_dict
-from tracedx.report.figures import (
-    CAUSE_COLORS,
-    CAUSE_PATTERNS,
-    _hatch,
-    _kind_color,
-    _layout,
-    esc,
+from tracedx.report.diff_report import (
+    TOP,
+    _chg,
+    _estimate,
+    _num,
+    _ratio,
+    _weak,
+    _x,
+    diff_dict,
+    graph_note,
 )
+from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
 from tracedx.report.text import short_name
@@ -42,11 +45,17 @@ SIDES = ("before", "after")
 def estimate_figure(td) -> go.Figure:
     """Step times (ms, median) of BEFORE, BEFORE's Amdahl estimate after the fix, and AFTER,
     one bar per clock: traced, and unprofiled where both traces carry it. The estimate is drawn
-    on the clock it is against (BEFORE's unprofiled step when it has one, else traced)."""
+    on the clock it is against (BEFORE's unprofiled step when it has one, else traced). When
+    AFTER's batch grew (larger-batch), every bar is per BEFORE's batch of samples: AFTER's step
+    divided by the growth, like the estimate."""
     d = diff_dict(td)
     p = d["prediction"]
+    k = p.get("batch_scale")
     title = "Estimate against achieved (median step time, ms)"
     rows = ["BEFORE", f"estimate: {esc(d['fix'])}", "AFTER (achieved)"]
+    if k:
+        title = "Estimate against achieved (ms per BEFORE's batch of samples)"
+        rows[2] = f"AFTER (achieved; its step / {k:g})"
     against = d["before"]["estimates_against"]
     fig = go.Figure()
     for clock, before, after, color in (
@@ -56,6 +65,8 @@ def estimate_figure(td) -> go.Figure:
         est = p["estimated_step_ms"] if against == clock else None
         if before is None and after is None:
             continue
+        if k and after is not None:
+            after = after / k
         vals = [before, est, after]
         fig.add_trace(
             go.Bar(
@@ -77,7 +88,8 @@ def estimate_figure(td) -> go.Figure:
     top = max([v for t in fig.data for v in t.x if v is not None] or [1.0])
     fig.update_layout(barmode="group")
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="step time (ms)", range=[0, top * 1.2])
+    unit = "ms per BEFORE's batch" if k else "step time (ms)"
+    fig.update_xaxes(title=unit, range=[0, top * 1.2])
     return _layout(fig, title, 300)
 
 
@@ -104,39 +116,20 @@ def sides_figure(td) -> go.Figure:
     x = ["BEFORE", "AFTER"]
     kinds = [k for k in d["kind_changes"] if k["before_us"] or k["after_us"]]
     for k in sorted(kinds, key=lambda k: -(k["before_us"] + k["after_us"])):
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=[k["before_us"] / 1e3, k["after_us"] / 1e3],
-                name=esc(k["kind"]),
-                marker_color=_kind_color(k["kind"]),
-                hovertemplate=f"{esc(k['kind'])}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
-            )
-        )
+        name = esc(k["kind"])
+        hover = f"{name}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>"
+        ys = [k["before_us"] / 1e3, k["after_us"] / 1e3]
+        fig.add_trace(kind_bar(x, ys, k["kind"], hover, name))
     idle = [_per_step_idle(td.before), _per_step_idle(td.after)]
     for c in CAUSES:
         ys = [i.get(c, 0.0) / 1e3 for i in idle]
         if any(ys):
-            fig.add_trace(
-                go.Bar(
-                    x=x,
-                    y=ys,
-                    name=f"idle: {c}",
-                    marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
-                    hovertemplate=f"idle, {c}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>",
-                )
-            )
+            hover = f"idle, {c}: %{{y:.3f}} ms per step<extra>%{{x}}</extra>"
+            fig.add_trace(idle_bar(x, ys, c, hover))
     p = d["prediction"]
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=[p["before_step_ms"], p["after_step_ms"]],
-            mode="markers",
-            name="step time (median)",
-            marker={"symbol": "line-ew", "size": 60, "line": {"width": 3, "color": "#000"}},
-            hovertemplate="step time %{y:.3f} ms<extra>%{x}</extra>",
-        )
-    )
+    ys = [p["before_step_ms"], p["after_step_ms"]]
+    hover = "step time %{y:.3f} ms<extra>%{x}</extra>"
+    fig.add_trace(step_marker(x, ys, "step time (median)", hover, 60))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="ms per step")
     return _layout(fig, "Where the time goes, BEFORE and AFTER", 460)
@@ -152,7 +145,7 @@ def _prediction(d: dict) -> str:
     f = p["finding"]
     est = _x(p["estimated_speedup"])
     if f:
-        est += f" → {p['estimated_step_ms']:.3f} ms (f = {f['fraction']:.0%})"
+        est = f"{_estimate(p, f).replace(' -> ', ' → ')} (f = {f['fraction']:.0%})"
         if not f["recommended"]:
             est += " [not recommended: &lt; 5%]"
     ach = []
@@ -226,8 +219,11 @@ def _changes(d: dict) -> str:
             f"<td class='n'>{o['change_us'] / 1e3:+.3f}</td></tr>"
             for o in ops
         )
+        note = graph_note(d)
         out.append(
-            "<h3>Ops whose device time changed most</h3><div class='scroll'><table id='op-changes'>"
+            "<h3>Ops whose device time changed most</h3>"
+            + (f"<p class='dim'>{e(note)}.</p>" if note else "")
+            + "<div class='scroll'><table id='op-changes'>"
             "<thead><tr><th>op</th><th>BEFORE ms</th><th>AFTER ms</th><th>change ms</th></tr>"
             f"</thead><tbody>{rows}</tbody></table></div>"
         )

@@ -11,9 +11,10 @@ import math
 from typing import Any
 
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
+from tracedx.console import WIDTH, fit
 from tracedx.report.json import _clean
 from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
-from tracedx.report.text import fit, short_name
+from tracedx.report.text import estimate_label, short_name, speedup_label
 
 SCHEMA = "tracedx.diff/1"
 TOP = 8
@@ -120,6 +121,32 @@ def _step_line(d: dict) -> str:
     return ("REGRESSION: " if c["regression"] else "STEP: ") + c["summary"]
 
 
+def _estimate(p: dict, f: dict, unit: str = " ms") -> str:
+    """The prediction's estimate with its scope (:func:`~tracedx.report.text.estimate_label`):
+    per step, or for larger-batch per sample and per today's batch."""
+    if p["estimated_speedup"] is None:
+        return "n/a"
+    est = {
+        "estimated_speedup": p["estimated_speedup"],
+        "estimated_step_ms": p["estimated_step_ms"],
+        "batch_factor": f.get("batch_factor"),
+    }
+    return f"{speedup_label(est)} -> {estimate_label(est, unit)}"
+
+
+def graph_note(d: dict) -> str | None:
+    """Why op times fall to zero on a side that replays CUDA graphs (None when neither does):
+    a replayed kernel is launched by ``cudaGraphLaunch``, not by the op that recorded it."""
+    m = next((m for m in d["metrics"] if m["metric"] == "graph launches"), None)
+    sides = [s.upper() for s in ("before", "after") if m and (m[s] or 0) > 0]
+    if not sides:
+        return None
+    return (
+        f"{' and '.join(sides)} replay{'s' if len(sides) == 1 else ''} CUDA graphs: a graph's "
+        "kernels have no launching op there, so op times count only kernels outside graphs"
+    )
+
+
 def _prediction_lines(d: dict) -> list[str]:
     p = d["prediction"]
     out = []
@@ -131,20 +158,22 @@ def _prediction_lines(d: dict) -> list[str]:
     if f:
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
         out.append(
-            f"  estimate     {_x(p['estimated_speedup'])} -> {p['estimated_step_ms']:.3f} ms per step "
-            f"(BEFORE's Amdahl estimate, f = {f['fraction']:.0%}){rec}"
+            f"  estimate     {_estimate(p, f)} (BEFORE's Amdahl estimate, f = {f['fraction']:.0%}){rec}"
         )
     else:
         out.append("  estimate     none")
+    # the batch grew: speedups per sample, from the steps' own times
+    k = p.get("batch_scale")
+    per, more = (" per sample", f" with {k:g}x the samples") if k else ("", "")
     if p["achieved_speedup_traced"] is not None:
         out.append(
-            f"  achieved     {_x(p['achieved_speedup_traced'])} traced "
-            f"({p['before_step_ms']:.3f} -> {p['after_step_ms']:.3f} ms, median step)"
+            f"  achieved     {_x(p['achieved_speedup_traced'])}{per} traced "
+            f"({p['before_step_ms']:.3f} -> {p['after_step_ms']:.3f} ms, median step{more})"
         )
     if p["achieved_speedup_unprofiled"] is not None:
         out.append(
-            f"  achieved     {_x(p['achieved_speedup_unprofiled'])} unprofiled "
-            f"({p['before_unprofiled_ms']:.3f} -> {p['after_unprofiled_ms']:.3f} ms, median step)"
+            f"  achieved     {_x(p['achieved_speedup_unprofiled'])}{per} unprofiled "
+            f"({p['before_unprofiled_ms']:.3f} -> {p['after_unprofiled_ms']:.3f} ms, median step{more})"
         )
     rs = []
     if p["estimate_over_achieved_traced"] is not None:
@@ -157,8 +186,9 @@ def _prediction_lines(d: dict) -> list[str]:
     return out
 
 
-def render_text(td) -> str:
-    """The terminal report: the prediction check first, then the side-by-side tables."""
+def render_text(td, width: int = WIDTH) -> str:
+    """The terminal report, wrapped to ``width`` columns: the prediction check first, then the
+    side-by-side tables."""
     d = safe_strings(diff_dict(td))
     b, a = d["before"], d["after"]
     out = [f"tracedx diff · {term(b['path'], HEADER_CHARS)} -> {term(a['path'], HEADER_CHARS)}"]
@@ -197,6 +227,8 @@ def render_text(td) -> str:
     if ops:
         out.append("")
         out.append("OPS WHOSE DEVICE TIME CHANGED MOST (per step)")
+        if note := graph_note(d):
+            out.append(f"  ({note})")
         for o in ops:
             out.append(
                 f"  {short_name(o['name'], 36):<36} {_us(o['before_us']):>11} -> {_us(o['after_us']):>11}  "
@@ -223,7 +255,7 @@ def render_text(td) -> str:
         out.append(f"  next fixes (Amdahl estimate against AFTER's {a['estimates_against']} step):")
         for i, f in enumerate(nf[:3], 1):
             out.append(
-                f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms  {f['title']}"
+                f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)}  {f['title']}"
             )
     else:
         out.append("  no further fix worth 5% or more")
@@ -231,7 +263,7 @@ def render_text(td) -> str:
         out.append("")
         out.append("NOTES")
         out += [f"  - {n}" for n in d["notes"]]
-    return fit("\n".join(out)) + "\n"
+    return fit("\n".join(out), width) + "\n"
 
 
 def render_markdown(td) -> str:
@@ -250,7 +282,12 @@ def render_markdown(td) -> str:
     out += [
         f"- {md_text(c['fix'])}{_weak(c)}: {md_text(c['evidence'])}" for c in d["candidates"][:3]
     ]
-    out += ["", "| estimate | achieved (traced) | achieved (unprofiled) | est/achieved | verdict |"]
+    per = " per sample" if p.get("batch_scale") else ""  # the batch grew (larger-batch)
+    out += [
+        "",
+        f"| estimate{per} | achieved{per} (traced) | achieved{per} (unprofiled) | est/achieved "
+        "| verdict |",
+    ]
     out.append("|---|---|---|---|---|")
     rat = ", ".join(
         f"{_ratio(v)} {k}"
@@ -280,6 +317,8 @@ def render_markdown(td) -> str:
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
+        if note := graph_note(d):
+            out += [md_text(f"{note}."), ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
         for o in ops:
             out.append(
@@ -303,7 +342,7 @@ def render_markdown(td) -> str:
     ]
     for f in d["new_findings"][:3]:
         out.append(
-            f"- `{f['fix']}`: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms ({md_text(f['title'])})"
+            f"- `{f['fix']}`: {speedup_label(f)} -> {md_text(estimate_label(f))} ({md_text(f['title'])})"
         )
     if not d["new_findings"]:
         out.append("- no further fix worth 5% or more")
@@ -312,10 +351,11 @@ def render_markdown(td) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(td, fmt: str = "text") -> str:
-    """Render a TraceDiff as ``text``, ``json`` or ``md``. Raises ValueError for another format."""
+def render(td, fmt: str = "text", width: int | None = None) -> str:
+    """Render a TraceDiff as ``text`` (wrapped to ``width`` columns, 100 by default), ``json``
+    or ``md``. Raises ValueError for another format."""
     if fmt == "text":
-        return render_text(td)
+        return render_text(td, width or WIDTH)
     if fmt == "json":
         return render_json(td)
     if fmt == "md":

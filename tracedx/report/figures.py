@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from tracedx.analysis.kernels import KINDS, kind_expr
 from tracedx.analysis.timeline import CAUSES, sync_calls
 from tracedx.devices import PEAK_KEYS
-from tracedx.report.text import short_name
+from tracedx.report.text import estimate_label, short_name, speedup_label
 
 __all__ = [
     "all_figures",
@@ -637,6 +637,32 @@ def _kind_color(kind: str) -> str:
     return KIND_COLORS.get(kind, KIND_COLORS["other"])
 
 
+def kind_bar(x: list, y: list, kind: str, hover: str, name: str | None = None) -> go.Bar:
+    """One stacked bar trace of device time of a kernel ``kind`` (or memcpy, memset), in its
+    palette colour; ``name`` (the legend's, default ``kind``) and ``hover`` as drawn."""
+    return go.Bar(
+        x=x, y=y, name=kind if name is None else name, marker_color=_kind_color(kind),
+        hovertemplate=hover,
+    )  # fmt: skip
+
+
+def idle_bar(x: list, y: list, cause: str, hover: str) -> go.Bar:
+    """One stacked bar trace of GPU idle time of a ``cause``: its colour, hatched with its
+    pattern (the causes read apart in greyscale too), named ``idle: cause``."""
+    return go.Bar(
+        x=x, y=y, name=f"idle: {cause}", hovertemplate=hover,
+        marker={"color": CAUSE_COLORS[cause], "pattern": _hatch(CAUSE_PATTERNS[cause])},
+    )  # fmt: skip
+
+
+def step_marker(x: list, y: list, name: str, hover: str, size: int, symbol: str = "line-ew"):
+    """A black horizontal line over each stacked bar at ``y`` (a step time, ms)."""
+    return go.Scatter(
+        x=x, y=y, mode="markers", name=name, hovertemplate=hover,
+        marker={"symbol": symbol, "size": size, "line": {"width": 3, "color": "#000"}},
+    )  # fmt: skip
+
+
 def _bars(
     fig: go.Figure, df: pl.DataFrame, row: str, legend: str, color: str, pattern: str = ""
 ) -> None:
@@ -731,48 +757,21 @@ def breakdown_figure(diag) -> go.Figure:
     for p in parts:
         d = dict(gpu.filter(pl.col("part") == p).select("step", "ms").rows())
         ys = [d.get(s, 0.0) for s in w["step"].to_list()]
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=ys,
-                name=p,
-                marker_color=_kind_color(p),
-                hovertemplate=f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        hover = f"step %{{x}}<br>{p}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(kind_bar(labels, ys, p, hover), row=1, col=1)
     ic = diag.idle_causes.filter(pl.col("device") == diag.primary_device)
     for c in [c for c in CAUSES if c in set(ic["cause"].to_list())]:
         d = dict(ic.filter(pl.col("cause") == c).select("step", "idle_us").rows())
         ys = [d.get(s, 0.0) / 1e3 for s in w["step"].to_list()]
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=ys,
-                name=f"idle: {c}",
-                marker={"color": CAUSE_COLORS[c], "pattern": _hatch(CAUSE_PATTERNS[c])},
-                hovertemplate=f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        hover = f"step %{{x}}<br>idle, {c}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(idle_bar(labels, ys, c, hover), row=1, col=1)
     for col, name, sym in (
         ("step_time_us", "step time", "line-ew"),
         ("gpu_busy_us", "GPU busy", "line-ew-open"),
     ):
-        fig.add_trace(
-            go.Scatter(
-                x=labels,
-                y=[None if v is None else v / 1e3 for v in w[col].to_list()],
-                mode="markers",
-                name=name,
-                marker={"symbol": sym, "size": 28, "line": {"width": 3, "color": "#000"}},
-                hovertemplate=f"step %{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        ys = [None if v is None else v / 1e3 for v in w[col].to_list()]
+        hover = f"step %{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>"
+        fig.add_trace(step_marker(labels, ys, name, hover, 28, sym), row=1, col=1)
     fig.add_trace(
         go.Bar(
             x=labels,
@@ -800,7 +799,8 @@ def breakdown_figure(diag) -> go.Figure:
 def fixes_figure(diag) -> go.Figure:
     """One pair of bars per finding: the step the estimates are against (the unprofiled median
     when the trace carries one, else the traced median) and the Amdahl estimate of the step
-    time after the fix (ms), best fix on top; fixes worth less than 5% are drawn pale."""
+    time after the fix (ms), best fix on top; fixes worth less than 5% are drawn pale. For
+    larger-batch the bar is the time per today's batch of samples (its step holds more)."""
     title = "What each fix is worth (Amdahl estimate of the step time, ms)"
     found = diag.findings
     if not found or diag.model is None:
@@ -815,7 +815,7 @@ def fixes_figure(diag) -> go.Figure:
                 f"<b>{esc(f.title)}</b>",
                 f"f = {f.fraction:.0%} of the step, s = "
                 + ("∞" if math.isinf(f.local_speedup) else f"{f.local_speedup:.2f}x"),
-                f"1/((1-f)+f/s) = {f.estimated_speedup:.2f}x -> {f.estimated_step_ms:.3f} ms",
+                f"1/((1-f)+f/s) = {speedup_label(f.to_dict())} -> {estimate_label(f.to_dict())}",
                 hover_name(f.derivation, 90),
             ]
         )
@@ -849,7 +849,10 @@ def fixes_figure(diag) -> go.Figure:
     )
     fig.update_layout(barmode="group")
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="step time (ms)", range=[0, cur * 1.15])
+    unit = "step time (ms)"
+    if any(f.batch_factor for f in found):
+        unit += "; larger-batch: ms per today's batch of samples"
+    fig.update_xaxes(title=unit, range=[0, cur * 1.15])
     return _layout(fig, title, max(260, 120 + 56 * len(found)))
 
 

@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 
 from tracedx.report.figures import all_figures, fmt_shapes, num
 from tracedx.report.json import diagnosis_dict
-from tracedx.report.text import short_name
+from tracedx.report.text import estimate_label, short_name, speedup_label
 
 OP_TABLE_ROWS = 200
 """The op table lists at most this many op groups (the largest by device time)."""
@@ -128,8 +128,8 @@ def _top_fixes(d: dict) -> str:
             rows.append(
                 f"<tr><td>{i}</td><td><code>{e(f['fix'])}</code><br>{e(f['title'])}"
                 f"<details><summary>how</summary><p>{e(f['derivation'])}</p><ul>{ev}</ul>"
-                f"</details></td><td class='n'><b>{f['estimated_speedup']:.2f}x</b></td>"
-                f"<td class='n'>{f['estimated_step_ms']:.3f} ms</td>"
+                f"</details></td><td class='n'><b>{e(speedup_label(f))}</b></td>"
+                f"<td class='n'>{e(estimate_label(f))}</td>"
                 f"<td class='n'>{f['fraction']:.0%}</td><td class='n'>{s}</td></tr>"
             )
         ref = d.get("estimates_against") or {}
@@ -141,18 +141,18 @@ def _top_fixes(d: dict) -> str:
         out = (
             f"<h3>Top fixes (Amdahl estimate against {e(against)})</h3>"
             "<table class='fixes'><thead><tr><th>#</th><th>fix</th><th>whole step</th>"
-            "<th>step after</th><th>f</th><th>s</th></tr></thead>"
+            "<th>time after</th><th>f</th><th>s</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"
         )
         more = rec[3:]
         if more:
             out += "<p>More: " + ", ".join(
-                f"<code>{e(f['fix'])}</code> {f['estimated_speedup']:.2f}x" for f in more
+                f"<code>{e(f['fix'])}</code> {e(speedup_label(f))}" for f in more
             )
             out += "</p>"
     if rest:
         out += "<p class='dim'>Not worth it (&lt; 5%): " + ", ".join(
-            f"<code>{e(f['fix'])}</code> {f['estimated_speedup']:.2f}x" for f in rest
+            f"<code>{e(f['fix'])}</code> {e(speedup_label(f))}" for f in rest
         )
         out += "</p>"
     return out

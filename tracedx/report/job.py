@@ -67,7 +67,9 @@ def collective_groups(jd) -> pl.DataFrame:
             link_gbs=pl.col("link_gbs").first(),
             busbw_fraction=pl.col("busbw_fraction").median(),
         )
-        .sort("transfer_total_us", descending=True)
+        .sort(  # ties (groups of one shape) in group order: the same document every run
+            "transfer_total_us", "pg_key", "coll_type", descending=[True, False, False]
+        )
     )
 
 
@@ -129,6 +131,25 @@ def _f(v, fmt: str = ".3f", unit: str = " ms") -> str:
     return "n/a" if v is None else f"{v:{fmt}}{unit}"
 
 
+def verdict_line(d: dict, none: str = "no regime (see below)") -> str:
+    """The job's verdict in one line from :func:`job_dict`'s document: ``REGIME, bottleneck:
+    B`` (with the straggler and its cause); a job without GPU activity has a bottleneck but no
+    regime; ``none`` when there is neither."""
+    b, s = d["bottleneck"], d["straggler"]
+    if s:
+        b = f"{b}: straggler rank {s['rank']} ({s['cause']})"
+    if d["regime"]:
+        return f"{d['regime'].upper()}, bottleneck: {b}"
+    return f"no regime (no GPU activity), bottleneck: {b}" if b else none
+
+
+def _rank_verdict(r: dict) -> str:
+    regime, bott = r.get("regime"), r.get("bottleneck")
+    if regime:
+        return f"{regime} ({bott or 'n/a'})"
+    return bott or "n/a"
+
+
 def render_text(jd) -> str:
     """The terminal report: verdict, evidence, ranks (median per step), collectives per process
     group, fixes."""
@@ -142,18 +163,13 @@ def render_text(jd) -> str:
         head += f" · {len(nums)} step{'s' if len(nums) != 1 else ''} ({nums[0]}..{nums[-1]})"
     out.append(head)
     out.append("")
-    if d["regime"]:
-        b = d["bottleneck"]
-        if d["straggler"]:
-            s = d["straggler"]
-            b = f"{b}: straggler rank {s['rank']} ({s['cause']})"
-        out.append(f"JOB VERDICT: {d['regime'].upper()}, bottleneck: {b}")
-    else:
-        out.append("JOB VERDICT: no regime (see below)")
+    out.append(f"JOB VERDICT: {verdict_line(d)}")
     for e in d["evidence"]:
         out.append(f"  - {e}")
     out.append("")
-    out.append("RANKS (median per step)")
+    out.append(
+        "RANKS (each rank's median per step; last in: of all its collectives, those it was last at)"
+    )
     out.append(
         f"  {'rank':>4} {'host':<12} {'step ms':>9} {'compute':>9} {'exp.wait':>9} "
         f"{'exp.xfer':>9} {'overlap':>8} {'last in':>8}  verdict"
@@ -167,7 +183,7 @@ def render_text(jd) -> str:
             f"{_f(r.get('step_time_ms'), '.3f', ''):>9} {_f(r.get('compute_ms'), '.3f', ''):>9} "
             f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>9} "
             f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>9} {ov:>8} {last:>8}  "
-            f"{r.get('regime') or 'n/a'} ({r.get('bottleneck') or 'n/a'})"
+            f"{_rank_verdict(r)}"
         )
     if len(shown) < n:
         out.append(
@@ -201,7 +217,7 @@ def render_text(jd) -> str:
                     f"{' applied' if h['applied'] else ''}"
                 )
     out.append("")
-    out.append("FIXES (Amdahl against the job's step)")
+    out.append(f"FIXES (Amdahl against the job's step T = {_f(st['step_time_ms'])})")
     if not d["findings"]:
         out.append("  none")
     for i, f in enumerate(d["findings"], 1):
@@ -243,10 +259,7 @@ def render_markdown(jd) -> str:
     """The job report as Markdown: verdict, a per-rank table, fixes, notes."""
     d = job_dict(jd)
     out = [f"# tracedx job report ({len(d['ranks'])} ranks)", ""]
-    b = d["bottleneck"]
-    if d["straggler"]:
-        b = f"{b}: straggler rank {d['straggler']['rank']} ({d['straggler']['cause']})"
-    out.append(f"**Verdict:** {d['regime'] or 'none'}, bottleneck: {b}")
+    out.append(f"**Verdict:** {verdict_line(d, 'none')}")
     out.append("")
     out += [f"- {e}" for e in d["evidence"]]
     out += [
@@ -258,7 +271,7 @@ def render_markdown(jd) -> str:
         out.append(
             f"| {r['rank']} | {r.get('host') or ''} | {_f(r.get('step_time_ms'), '.3f', '')} | "
             f"{_f(r.get('compute_ms'), '.3f', '')} | {_f(r.get('exposed_wait_ms'), '.3f', '')} | "
-            f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {r.get('regime')} ({r.get('bottleneck')}) |"
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {_rank_verdict(r)} |"
         )
     out += ["", "## Fixes", ""]
     for f in d["findings"] or []:

@@ -145,6 +145,11 @@ def ranks_figure(jd) -> go.Figure:
 
 def _verdict(d: dict, jd) -> str:
     head = regime_head(d["regime"], d["bottleneck"])
+    if not d["regime"] and d["bottleneck"]:  # no GPU activity: a bottleneck, no regime
+        head = (
+            "<span class='regime none'>NO REGIME</span> <span class='bott'>no GPU activity; "
+            f"bottleneck: <b>{e(d['bottleneck'])}</b></span>"
+        )
     st = d["steps"]
     kpis = [
         ("ranks", str(len(d["ranks"]))),

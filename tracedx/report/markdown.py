@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tracedx.report.json import diagnosis_dict
 from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
-from tracedx.report.text import _unplaced
+from tracedx.report.text import _unplaced, estimate_label, speedup_label
 
 
 def render_markdown(diag) -> str:
@@ -39,14 +39,14 @@ def render_markdown(diag) -> str:
         "",
         "## Fixes",
         "",
-        "| fix | f | s | estimated speedup | estimated step (ms) | recommended |",
+        "| fix | f | s | estimated speedup | estimated time | recommended |",
         "|---|---|---|---|---|---|",
     ]
     for f in d["findings"]:
         s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.2f}"
         out.append(
-            f"| `{f['fix']}` | {f['fraction']:.2f} | {s} | {f['estimated_speedup']:.2f}x | "
-            f"{f['estimated_step_ms']:.3f} | {'yes' if f['recommended'] else 'no (< 5%)'} |"
+            f"| `{f['fix']}` | {f['fraction']:.2f} | {s} | {speedup_label(f)} | "
+            f"{estimate_label(f)} | {'yes' if f['recommended'] else 'no (< 5%)'} |"
         )
     if d["ops"]:
         out += [

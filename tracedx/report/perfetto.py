@@ -5,7 +5,7 @@ with every original event and top-level key copied through byte for byte, in ord
 validated JSON kept as its own bytes: ``msgspec.Raw``, so a 1 GB trace is never built as Python
 objects), and events
 appended on tracks of their own: one new process (``pid`` above every pid of the trace, its
-threads' tids above every tid, named
+threads' tids above every tid, both inside the uint32 range Perfetto keeps (:func:`free_ids`), named
 ``tracedx: findings`` by a ``process_name`` metadata event) whose threads (``thread_name``
 metadata) are
 
@@ -40,6 +40,7 @@ import msgspec
 import polars as pl
 
 from tracedx.errors import TraceError, TraceFormatError
+from tracedx.report.text import speedup_label
 from tracedx.trace.events import ANNOTATION_CAT
 from tracedx.trace.source import read_bytes
 
@@ -184,7 +185,7 @@ def _step_slices(diag) -> tuple[list[dict], list[dict]]:
                     "bottleneck": d["bottleneck"],
                     "evidence": d["evidence"],
                     "top_fixes": [
-                        f"{f['fix']}: {f['estimated_speedup']:.2f}x ({f['title']})"
+                        f"{f['fix']}: {speedup_label(f)} ({f['title']})"
                         for f in d["findings"]
                         if f["recommended"]
                     ][:5],
@@ -322,16 +323,50 @@ def annotation_events(
     return tracks.events
 
 
+ID_MAX = 2**32 - 1
+"""The largest pid or tid Perfetto's JSON importer keeps: it reads them as uint32, and a pid
+or tid outside 0..2^32-1 is dropped (the event lands on pid 0, or on the thread tid = pid),
+which would pile every added track onto one thread (``CoerceToUint32`` in the trace
+processor's ``src/trace_processor/importers/json/json_utils.cc``)."""
+
+TID_ROOM = 1 << 16
+"""Consecutive tids kept free for the added tracks (one a track lane)."""
+
+
 def free_ids(events: list) -> tuple[int, int]:
-    """A pid and a first tid that no event of the trace uses: one above the largest integer
-    pid, and one above the largest integer tid or pid (Perfetto's importer names threads by
-    tid alone, so the added threads' tids must be new to the whole trace)."""
+    """A pid and a first tid that no event of the trace uses, inside Perfetto's range
+    (:data:`ID_MAX`): one above the largest integer pid, and one above the largest integer
+    tid or pid, with :data:`TID_ROOM` tids free after it (Perfetto's importer names threads by
+    tid alone, so the added threads' tids must be new to the whole trace). Ids past the range
+    (64-bit thread ids) do not count: Perfetto drops them; when the ids above the largest
+    are past the range, the lowest free ones are taken."""
 
-    def ints(key: str) -> list[int]:
-        return [v for e in events if isinstance(e, dict) and isinstance(v := e.get(key), int)]
+    def ints(key: str) -> set[int]:
+        return {
+            v
+            for e in events
+            if isinstance(e, dict) and isinstance(v := e.get(key), int) and 0 <= v <= ID_MAX
+        }
 
-    pids, tids = ints("pid"), ints("tid")
-    return max(pids, default=0) + 1, max([*pids, *tids], default=0) + 2
+    pids = ints("pid")
+    tids = pids | ints("tid")
+    pid = max(pids, default=0) + 1
+    if pid > ID_MAX:
+        pid = _first_gap(pids, 1)
+    tid = max(tids, default=0) + 2
+    if tid + TID_ROOM > ID_MAX:
+        tid = _first_gap(tids, TID_ROOM)
+    return pid, tid
+
+
+def _first_gap(used: set[int], room: int) -> int:
+    """The lowest id >= 1 followed by ``room`` ids (itself included) none of which is used."""
+    start = 1
+    for v in sorted(used):
+        if v - start >= room:
+            break
+        start = max(start, v + 1)
+    return start
 
 
 @dataclass
@@ -429,4 +464,5 @@ __all__ = [
     "annotation_events",
     "collective_wait_slices",
     "free_ids",
+    "ID_MAX",
 ]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import re
-import textwrap
 
 import polars as pl
 
 from tracedx.analysis.ops import HOST_DEVICE_COPY
+from tracedx.console import WIDTH, fit
 from tracedx.report.json import diagnosis_dict
 from tracedx.report.safe import HEADER_CHARS, safe_strings, term
 
@@ -46,37 +45,26 @@ def short_name(name: str, width: int = 48) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-WIDTH = 100
-"""Columns of the text report where the terminal's width is unknown (not a TTY)."""
-
 # evidence lines the WHERE THE TIME GOES section shows with their scope: not repeated
 _SHOWN_BELOW = ("idle by cause", "device time by kind")
-_ITEM = re.compile(r"^(\s*)(- |\d+\. |[A-Za-z][A-Za-z ]{2,13}(?=  ))")
 
 
-def fit(text: str, width: int = WIDTH) -> str:
-    """Wrap every line longer than ``width`` at spaces; continuation lines are indented under
-    the line's text (after a ``- `` or ``1. `` bullet, or a row label). A word longer than the
-    width (a kernel name) is left whole on its own line."""
-    out: list[str] = []
-    for line in text.split("\n"):
-        if len(line) <= width:
-            out.append(line)
-            continue
-        m = _ITEM.match(line)
-        lead = len(line) - len(line.lstrip())
-        if m and m.group(2).strip() and not m.group(2)[0].isalpha():
-            hang = len(m.group(1)) + len(m.group(2))
-        elif m:  # a row label: "  step time      12.3 ms ..."
-            hang = len(line) - len(line[m.end() :].lstrip())
-        else:
-            hang = lead + 4
-        hang = min(hang, width // 2)
-        out += textwrap.wrap(
-            line, width, subsequent_indent=" " * hang, break_long_words=False,
-            break_on_hyphens=False,
-        ) or [line]  # fmt: skip
-    return "\n".join(out)
+def speedup_label(f: dict) -> str:
+    """A finding's (dict) estimated speedup: ``7.88x``; ``2.00x per sample`` for larger-batch,
+    whose step holds more samples (its speedup is in throughput, not in step time)."""
+    per = " per sample" if f.get("batch_factor") else ""
+    return f"{f['estimated_speedup']:.2f}x{per}"
+
+
+def estimate_label(f: dict, unit: str = " ms") -> str:
+    """A finding's (dict) estimated time with its scope: ``0.167 ms per step``; for larger-batch
+    ``0.658 ms per today's batch; the 2x step 1.316 ms``: the time per sample times today's
+    batch, comparable with the step it is against, then the larger step's own time."""
+    k = f.get("batch_factor")
+    ms = f.get("estimated_ms_per_batch", f["estimated_step_ms"])
+    if k:
+        return f"{ms:.3f}{unit} per today's batch; the {k:g}x step {k * ms:.3f}{unit}"
+    return f"{ms:.3f}{unit} per step"
 
 
 def _shape_tag(shapes) -> str:
@@ -172,17 +160,25 @@ def _render(diag, width: int) -> str:
             f"{s['blocked_us'] / n / 1e3:.3f} ms (mean per step)"
         )
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
-    if tops:
+    if tops and not d["trace"]["devices"]:  # no GPU: device columns would be all zeros
         n = max(st["count"], 1)
+        w = max(40, min(60, width - 12))  # the op column takes the width the numbers leave
+        out += ["", "HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)"]
+        out.append(f"  {'op':<{w}} {'host ms':>9}")
+        for t in tops:
+            out.append(f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f}")
+    elif tops:
+        n = max(st["count"], 1)
+        w = max(40, min(80, width - 48))
         out.append("")
         out.append("CPU VS DEVICE TIME (top-level ops, mean per step)")
         out.append(
-            f"  {'op':<40} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
+            f"  {'op':<{w}} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
         )
         for t in tops:
             per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
             out.append(
-                f"  {short_name(t['name'], 40):<40} {t['host_time_us'] / n / 1e3:>9.3f} "
+                f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f} "
                 f"{t['device_time_us'] / n / 1e3:>10.3f} {_per(t['kernels'] / n):>8} {per:>15}"
             )
     ops = d["ops"][:6]
@@ -245,9 +241,7 @@ def _render(diag, width: int) -> str:
         out.append("  none worth 5% or more")
     for i, f in enumerate(rec[:3], 1):
         s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.1f}x"
-        out.append(
-            f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms per step"
-        )
+        out.append(f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)}")
         out.append(f"     {f['title']}")
         out.append(
             f"     acts on f = {f['fraction']:.0%} of the step, local speedup s = {s}: 1/((1-f)+f/s)"
@@ -256,14 +250,11 @@ def _render(diag, width: int) -> str:
         for e in f["evidence"][:3]:
             out.append(f"     - {e}")
     if len(rec) > 3:
-        out.append(
-            "  more: " + ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in rec[3:])
-        )
+        out.append("  more: " + ", ".join(f"{f['fix']} {speedup_label(f)}" for f in rec[3:]))
     low = [f for f in d["findings"] if not f["recommended"]]
     if low:
         out.append(
-            "  not worth it (< 5%): "
-            + ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in low)
+            "  not worth it (< 5%): " + ", ".join(f"{f['fix']} {speedup_label(f)}" for f in low)
         )
     notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
     if notes:
@@ -274,4 +265,4 @@ def _render(diag, width: int) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["render_text", "short_name", "pl"]
+__all__ = ["estimate_label", "render_text", "short_name", "speedup_label", "pl"]

@@ -253,9 +253,38 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
     ``meta_source`` says where a row's metadata came from: ``kernel``, ``record_param_comms``
     (by External id), ``record_param_comms open`` (open at the launch), ``annotation``, or null.
     """
-    from tracedx.trace.link import assign_step
+    k = _with_metadata(_comm_kernels(kernels), comm_args)
+    k = k.with_columns(tid=pl.lit(None, pl.Int64), host_side=pl.lit(False))
+    out = pl.concat(
+        [
+            k.with_columns(coll_type=pl.lit(None, pl.Utf8)).select(list(SCHEMA)),
+            _gloo_rows(comm_args, steps)
+            .with_columns(coll_type=pl.lit(None, pl.Utf8))
+            .select(list(SCHEMA)),
+        ],
+        how="vertical_relaxed",
+    ).cast(SCHEMA)
+    names = [n for n in out["collective_name"].unique().to_list() if n is not None]
+    out = out.with_columns(
+        coll_type=pl.col("collective_name").replace_strict(
+            {n: coll_type(n) for n in names}, default="unknown", return_dtype=pl.Utf8
+        )
+    )
+    # a label's inputs are this rank's: the output has as many elements only where the
+    # operation keeps the size (an all-gather's output is n times its input, n unknown here)
+    return out.with_columns(
+        out_nelems=pl.when(
+            (pl.col("meta_source") == "annotation")
+            & pl.col("coll_type").is_in(list(SAME_SIZE_TYPES))
+        )
+        .then(pl.col("in_nelems"))
+        .otherwise(pl.col("out_nelems"))
+    ).sort("start_us", "device", "stream", "tid", nulls_last=True, maintain_order=True)
 
-    k = (
+
+def _comm_kernels(kernels: pl.DataFrame) -> pl.DataFrame:
+    """The communication kernels of ``Trace.kernels``, with a row index ``_i``."""
+    return (
         kernels.filter(is_comm_kernel(kernels))
         .select(
             "device",
@@ -272,7 +301,11 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
         )
         .with_row_index("_i")
     )
-    ca = comm_args
+
+
+def _metadata_candidates(k: pl.DataFrame, ca: pl.DataFrame) -> list[pl.DataFrame]:
+    """Per source, in order of preference (the module docstring), the metadata it gives each
+    kernel row (``_i``, :data:`META_COLUMNS`, ``meta_source``)."""
     own = (
         ca.filter(pl.col("source") == "kernel")
         .select(
@@ -288,7 +321,6 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
         (pl.col("source") == "cpu_op") & (pl.col("collective_name").str.to_lowercase() != "wait")
     )
     ann = ca.filter((pl.col("source") == "annotation") & ~pl.col("name").str.starts_with("gloo:"))
-    # metadata candidates per kernel row, in order of preference
     cands = [
         k.with_columns(_corr=pl.col("correlation").fill_null(-1))
         .join(own, on=["device", "stream", "start_us", "_corr"], how="inner")
@@ -313,8 +345,19 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
         )
     if ann.height:
         cands.append(_metadata_in_force(k, ann, "launch_tid", "launch_start_us", "annotation"))
-    # field by field, the first source that has it (``Rank`` and the global rank layout are
-    # written on the op only); meta_source names the best source found
+    return cands
+
+
+def _with_metadata(k: pl.DataFrame, comm_args: pl.DataFrame) -> pl.DataFrame:
+    """``k`` (:func:`_comm_kernels`) with :data:`META_COLUMNS` and ``meta_source``: field by
+    field, the first source that has it (``Rank`` and the global rank layout are written on
+    the op only); ``meta_source`` names the best source found."""
+    if k.height == 0:
+        return k.with_columns(
+            *(pl.lit(None, SCHEMA[m]).alias(m) for m in META_COLUMNS),
+            meta_source=pl.lit(None, pl.Utf8),
+        )
+    cands = _metadata_candidates(k, comm_args)
     meta = (
         pl.concat(
             [
@@ -329,20 +372,18 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
             *(pl.col(m).drop_nulls().first() for m in META_COLUMNS),
             pl.col("meta_source").first(),
         )
-        if k.height
-        else None
     )
-    if meta is not None:
-        k = k.join(meta, on="_i", how="left")
-    else:
-        k = k.with_columns(
-            *(pl.lit(None, SCHEMA[m]).alias(m) for m in META_COLUMNS),
-            meta_source=pl.lit(None, pl.Utf8),
-        )
-    k = k.with_columns(tid=pl.lit(None, pl.Int64), host_side=pl.lit(False))
+    return k.join(meta, on="_i", how="left")
 
-    gloo = ca.filter((pl.col("source") == "annotation") & pl.col("name").str.starts_with("gloo:"))
-    host = assign_step(
+
+def _gloo_rows(comm_args: pl.DataFrame, steps) -> pl.DataFrame:
+    """One row per host-side gloo collective (its ``gloo:<op>`` annotation), step assigned."""
+    from tracedx.trace.link import assign_step
+
+    gloo = comm_args.filter(
+        (pl.col("source") == "annotation") & pl.col("name").str.starts_with("gloo:")
+    )
+    return assign_step(
         gloo.select(
             pl.lit(None, pl.Int64).alias("device"),
             pl.lit(None, pl.Int64).alias("stream"),
@@ -358,26 +399,3 @@ def build_collectives(kernels: pl.DataFrame, comm_args: pl.DataFrame, steps) -> 
         steps,
         "start_us",
     ).with_columns(host_side=pl.lit(True), meta_source=pl.lit("annotation"))
-    out = pl.concat(
-        [
-            k.with_columns(coll_type=pl.lit(None, pl.Utf8)).select(list(SCHEMA)),
-            host.with_columns(coll_type=pl.lit(None, pl.Utf8)).select(list(SCHEMA)),
-        ],
-        how="vertical_relaxed",
-    ).cast(SCHEMA)
-    names = [n for n in out["collective_name"].unique().to_list() if n is not None]
-    out = out.with_columns(
-        coll_type=pl.col("collective_name").replace_strict(
-            {n: coll_type(n) for n in names}, default="unknown", return_dtype=pl.Utf8
-        )
-    )
-    # a label's inputs are this rank's: the output has as many elements only where the
-    # operation keeps the size (an all-gather's output is n times its input, n unknown here)
-    return out.with_columns(
-        out_nelems=pl.when(
-            (pl.col("meta_source") == "annotation")
-            & pl.col("coll_type").is_in(list(SAME_SIZE_TYPES))
-        )
-        .then(pl.col("in_nelems"))
-        .otherwise(pl.col("out_nelems"))
-    ).sort("start_us", "device", "stream", "tid", nulls_last=True, maintain_order=True)
