@@ -212,7 +212,7 @@ def batch_model(
     # the fixed time summed in kernel order, one kernel after the other (as a loop would)
     fixed = float(np.cumsum(t[is_fixed])[-1]) if is_fixed.any() else 0.0
     kind = k["kk"].to_numpy()
-    is_gemm = ~is_fixed & np.isin(kind, ["gemm", "conv"])
+    is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
     is_scaled = ~is_fixed & ~is_gemm
     gemm = np.column_stack([t, fill, k["w"].fill_null(0.0).to_numpy()])[is_gemm]
     floor = (
