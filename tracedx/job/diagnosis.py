@@ -58,8 +58,10 @@ IDLE_BOUND = 0.5
 class Job:
     """A job: its ranks' summaries (sorted by rank) and the notes of discovery and loading.
 
-    ``summaries``: :class:`tracedx.job.summary.RankSummary` objects (``meta`` with ``rank``,
-    tables ``steps``, ``colls``, ``kernels``, ``opsig``); no raw events.
+    ``summaries``: :class:`tracedx.job.summary.HeldSummary` objects as :func:`tracedx.load_job`
+    gives them (or :class:`~tracedx.job.summary.RankSummary` objects built in Python: both have
+    ``meta`` with ``rank`` and the tables ``steps``, ``colls``, ``kernels``, ``opsig``); no raw
+    events.
     """
 
     summaries: list
