@@ -160,3 +160,15 @@ def test_steps_option():
         main, ["diagnose", str(case("C10_cpu_ranges_not_nested.json")), "--steps", "9..12"]
     )
     assert res.exit_code == 2 and "no such steps" in res.output
+
+
+def test_finding_ms_rounds_once_like_diff():
+    """An estimate of 0.16447 ms prints as 0.164 ms in diagnose as in diff: the JSON keeps 6
+    decimals (as diff's prediction does), so the text's 3 decimals are not a double rounding
+    (0.16447 -> 0.1645 -> 0.165)."""
+    from tracedx.analysis.findings import Finding
+    from tracedx.report.text import estimate_label
+
+    f = Finding("tf32", "t", 0.5, 2.0, 1.33, 0.164474765625, "d").to_dict()
+    assert f["estimated_step_ms"] == f["estimated_ms_per_batch"] == 0.164475
+    assert estimate_label(f) == "0.164 ms per step"

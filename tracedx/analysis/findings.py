@@ -242,10 +242,10 @@ class Finding:
             "local_speedup": None if math.isinf(s) else round(s, 3),
             "local_speedup_unbounded": math.isinf(s),
             "estimated_speedup": round(self.estimated_speedup, 3),
-            "estimated_step_ms": round(self.estimated_step_ms, 4),
+            "estimated_step_ms": round(self.estimated_step_ms, 6),
             # ms per today's batch of samples: the step time for every fix but larger-batch,
             # whose step holds batch_factor times the samples
-            "estimated_ms_per_batch": round(self.estimated_step_ms, 4),
+            "estimated_ms_per_batch": round(self.estimated_step_ms, 6),
             "batch_factor": self.batch_factor,
             "derivation": self.derivation,
             "evidence": self.evidence,
