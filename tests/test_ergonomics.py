@@ -96,8 +96,12 @@ def test_result_objects_render_every_format(add_loop, tmp_path):
 def test_trace_repr_is_short(add_loop):
     t = add_loop.trace
     r = repr(t)
-    assert len(r) < 300
+    assert len(r) < 300 and max(len(x) for x in r.splitlines()) <= 100
     assert f"{t.kernels.height:,} kernels" in r and "4 steps" in r and "NVIDIA H200" in r
+    flat = " ".join(r.split())
+    assert f"PyTorch {t.metadata['pytorch_version']}" in flat  # each figure says what it is
+    n = len(t.warnings)
+    assert (f"; {n} warning{'s' * (n != 1)} (see .warnings)" in flat) == (n > 0)
     assert "not diagnosed yet" in t._repr_html_()
 
 
@@ -105,7 +109,8 @@ def test_diff_repr_card_and_formats(add_loop, tmp_path):
     after = tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz")
     td = tracedx.diff(add_loop.trace, after)
     r = repr(td)
-    assert len(r) < 600 and "fix cuda-graphs" in r
+    assert len(r) < 600 and "fix cuda-graphs" in " ".join(r.split())
+    assert max(len(x) for x in r.splitlines()) <= 100  # wrapped, continuations indented
     h = td._repr_html_()
     assert "tracedx-verdict" in h and "AFTER is" in h
     assert td.to_text().startswith("tracedx diff")
@@ -131,7 +136,8 @@ def test_job_diagnosis_repr_card_and_formats(tmp_path):
     assert isinstance(jd, tracedx.JobDiagnosis)
     d = jd.to_dict()
     r = repr(jd)
-    assert len(r) < 800 and len(r.splitlines()) <= 6
+    assert len(r) < 800 and len(r.splitlines()) <= 7
+    assert max(len(x) for x in r.splitlines()) <= 100
     assert r.startswith(
         f"<JobDiagnosis: {len(d['ranks'])} ranks, {len(d['steps']['numbers'])} steps"
     )
