@@ -172,3 +172,34 @@ def test_finding_ms_rounds_once_like_diff():
     f = Finding("tf32", "t", 0.5, 2.0, 1.33, 0.164474765625, "d").to_dict()
     assert f["estimated_step_ms"] == f["estimated_ms_per_batch"] == 0.164475
     assert estimate_label(f) == "0.164 ms per step"
+
+
+def _cpu_trace(tmp_path, name, **top):
+    """Three CPU-only steps of 1 ms (one 0.5 ms op each), with ``top`` added to the document."""
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder(device_name=None)
+    for i in range(3):
+        b.step(i + 1, T0 + i * 1000.0, 1000.0)
+        b.op("aten::linear", T0 + i * 1000.0 + 100.0, 500.0)
+    b.top.update(top)
+    return tracedx.load(b.write(tmp_path / name))
+
+
+def test_unprofiled_notes_do_not_contradict_each_other(tmp_path):
+    """An implausible unprofiled timing (steps spread 400x) is said to be unusable, and no other
+    note then quotes it as the step's time."""
+    u = {"median": 0.5, "min": 0.01, "max": 4.0, "n": 10}
+    notes = diagnose(_cpu_trace(tmp_path, "a.json", tracedx={"unprofiled_step_ms": u})).notes
+    assert any("cannot be right" in n and "400x" in n for n in notes), notes
+    assert not any("the step also took" in n for n in notes), notes
+
+
+def test_rank_of_a_job_is_not_told_to_use_time_unprofiled(tmp_path):
+    """capture refuses --time-unprofiled under torchrun, so a rank's note says how else to time it."""
+    one = [n for n in diagnose(_cpu_trace(tmp_path, "one.json")).notes if "profiler slows" in n]
+    assert one and "tracedx capture --time-unprofiled" in one[0]
+    rank = _cpu_trace(tmp_path, "r0.json", distributedInfo={"backend": "gloo", "rank": 0,
+                                                          "world_size": 2})  # fmt: skip
+    notes = [n for n in diagnose(rank).notes if "profiler slows" in n]
+    assert notes and "--time-unprofiled" not in notes[0] and "plain torchrun run" in notes[0]

@@ -113,6 +113,7 @@ def test_diff_repr_card_and_formats(add_loop, tmp_path):
     assert max(len(x) for x in r.splitlines()) <= 100  # wrapped, continuations indented
     h = td._repr_html_()
     assert "tracedx-verdict" in h and "AFTER is" in h
+    assert "estimate against AFTER&#x27;s" in h and "the AFTER" not in h  # not "the AFTER's"
     assert td.to_text().startswith("tracedx diff")
     assert td.to_markdown().startswith("# tracedx diff")
     from tracedx.report.diff_html import render_diff_html

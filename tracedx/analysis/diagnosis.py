@@ -675,7 +675,7 @@ def diagnose(
     elif trace.inconsistent_timestamps and found:
         found = []
         notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
-    elif model is None and isinstance(unprof, dict) and unprof.get("median"):
+    elif model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
         notes.append(
             f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
             "capture); with no GPU activity there is no step model and no fix estimate"
@@ -687,9 +687,16 @@ def diagnose(
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
         )
     elif not implausible:
+        world = (trace.distributed_info or {}).get("world_size")
+        how = (
+            # capture refuses --time-unprofiled under torchrun
+            "a plain torchrun run with the script's own step timer times the step unprofiled"
+            if isinstance(world, int) and world > 1
+            else "`tracedx capture --time-unprofiled` also times the step unprofiled"
+        )
         notes.append(
             f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
-            "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
+            f"the traced step time; {how}"
         )
     if unprof is not None:
         summary["unprofiled_step_ms"] = (

@@ -96,8 +96,14 @@ def _fit(text: str) -> str:
     out = []
     for line in text.split("\n"):
         pad = " " * (len(line) - len(line.lstrip(" ")))
-        out += textwrap.wrap(line, REPR_WIDTH, initial_indent="", subsequent_indent=pad + "    ",
-                             break_long_words=False, break_on_hyphens=False) or [line]
+        out += textwrap.wrap(
+            line,
+            REPR_WIDTH,
+            initial_indent="",
+            subsequent_indent=pad + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]
     return "\n".join(out)
 
 
@@ -127,7 +133,8 @@ def _fix_list(fixes: list[dict], against: str) -> str:
         for f in fixes
     )
     return (
-        f"<div style='margin-top:0.4em'>Top fixes (Amdahl estimate against the {_e(against)} "
+        f"<div style='margin-top:0.4em'>Top fixes (Amdahl estimate against "
+        f"{'' if against.startswith('AFTER') else 'the '}{_e(against)} "
         f"step):</div><ol class='tracedx-fixes' style='margin-top:0.2em'>{items}</ol>"
     )
 
