@@ -175,13 +175,14 @@ def test_finding_ms_rounds_once_like_diff():
 
 
 def _cpu_trace(tmp_path, name, **top):
-    """Three CPU-only steps of 1 ms (one 0.5 ms op each), with ``top`` added to the document."""
+    """Three CPU-only steps of 1.0, 1.1 and 1.2 ms (one 0.5 ms op each), with ``top`` added to
+    the document."""
     from tests.tracebuilder import T0, TraceBuilder
 
     b = TraceBuilder(device_name=None)
-    for i in range(3):
-        b.step(i + 1, T0 + i * 1000.0, 1000.0)
-        b.op("aten::linear", T0 + i * 1000.0 + 100.0, 500.0)
+    for i, ts in enumerate((0.0, 1000.0, 2100.0)):
+        b.step(i + 1, T0 + ts, 1000.0 + 100.0 * i)
+        b.op("aten::linear", T0 + ts + 100.0, 500.0)
     b.top.update(top)
     return tracedx.load(b.write(tmp_path / name))
 
@@ -203,3 +204,11 @@ def test_rank_of_a_job_is_not_told_to_use_time_unprofiled(tmp_path):
                                                           "world_size": 2})  # fmt: skip
     notes = [n for n in diagnose(rank).notes if "profiler slows" in n]
     assert notes and "--time-unprofiled" not in notes[0] and "plain torchrun run" in notes[0]
+
+
+def test_where_the_time_goes_aligns_its_asides(tmp_path):
+    """The step-time range and the CPU-time scope open at one column."""
+    text = diagnose(_cpu_trace(tmp_path, "a.json")).to_text().splitlines()
+    step = next(x for x in text if x.startswith("  step time "))
+    cpu = next(x for x in text if x.startswith("  CPU time "))
+    assert "(min" in step and step.index("(") == cpu.index("(host window"), (step, cpu)
