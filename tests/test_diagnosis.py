@@ -212,3 +212,18 @@ def test_where_the_time_goes_aligns_its_asides(tmp_path):
     step = next(x for x in text if x.startswith("  step time "))
     cpu = next(x for x in text if x.startswith("  CPU time "))
     assert "(min" in step and step.index("(") == cpu.index("(host window"), (step, cpu)
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    """One kernel per step (the first step's of zero duration): '1 kernel per step', and the
+    reader's warning '1 GPU event has zero duration'."""
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    for i in range(3):
+        t = T0 + i * 1000.0
+        b.step(i + 1, t, 1000.0)
+        b.launched_kernel("aten::mm", t + 10.0, 20.0, t + 100.0, 0.0 if i == 0 else 50.0)
+    d = diagnose(tracedx.load(b.write(tmp_path / "one.json")))
+    assert any(e.startswith("1 kernel per step, host busy") for e in d.evidence), d.evidence
+    assert "1 GPU event has zero duration" in [w.message for w in d.trace.warnings]

@@ -1031,7 +1031,7 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, hos
             )
         )
         ev.append(
-            f"{float(w['kernels'].median() or 0.0):.0f} kernels per step, host busy {_ms(model.host_us)}, "
+            f"{fx.kernels_label(float(w['kernels'].median() or 0.0))} per step, host busy {_ms(model.host_us)}, "
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
         # One top-level op holding most of the host time is host work inside that op (e.g.

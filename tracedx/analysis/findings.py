@@ -254,6 +254,11 @@ class Finding:
         }
 
 
+def kernels_label(n: float) -> str:
+    """``1 kernel`` / ``29 kernels``: a (rounded) kernel count with its noun."""
+    return f"{n:.0f} kernel{'' if round(n) == 1 else 's'}"
+
+
 MAX_PRACTICAL_GRAPHS = 4
 """More CUDA graphs per step than this (one per sync-free segment) is not something a person
 would write and maintain; a few (forward, backward, optimizer) is common."""
@@ -399,7 +404,7 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     g2 = m.busy_us + GRAPH_GPU_GAP_US_PER_KERNEL * m.kernels
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
-        f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
+        f"{kernels_label(m.kernels)} per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
         f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
     ]
     if m.per_kernel_host_us:
@@ -653,7 +658,7 @@ def torch_compile(
     )
     ev = [
         f"{chains:.0f} chain{'' if round(chains) == 1 else 's'} of back-to-back elementwise/reduction/normalization kernels per step, "
-        f"{_ms(chain_us)} of device time; fusion removes ~{kernels_removed:.0f} kernels per step"
+        f"{_ms(chain_us)} of device time; fusion removes ~{kernels_label(kernels_removed)} per step"
     ]
     deriv = (
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "
