@@ -115,6 +115,11 @@ def test_diff_repr_card_and_formats(add_loop, tmp_path):
     assert "tracedx-verdict" in h and "AFTER is" in h
     assert "estimate against AFTER&#x27;s" in h and "the AFTER" not in h  # not "the AFTER's"
     assert td.to_text().startswith("tracedx diff")
+    lines = td.to_text().splitlines()
+    nxt = lines.index(next(x for x in lines if x.startswith("  next fixes")))
+    titles = {f["fix"]: f["title"] for f in td.to_dict()["new_findings"]}
+    first = lines[nxt + 1]  # "  1. fix: ... -> ... ms per step", then its title on its own line
+    assert first.startswith("  1. ") and lines[nxt + 2] == f"     {titles[first[5:].split(':')[0]]}"
     assert td.to_markdown().startswith("# tracedx diff")
     from tracedx.report.diff_html import render_diff_html
 
