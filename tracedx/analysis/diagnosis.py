@@ -17,6 +17,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
+from tracedx.analysis.intervals import sum_us
 from tracedx.analysis.kernels import gpu_breakdown, kind_expr
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
@@ -199,9 +200,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
     return (
         m.with_columns(host_memory=host_mem)
         .group_by("device", "direction", "host_memory")
-        .agg(
-            count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=pl.col("duration_us").sum()
-        )
+        .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
         .with_columns(
             achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
                 pl.col("bytes") / pl.col("device_time_us") / 1e3
@@ -274,7 +273,7 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     return (
         sc.group_by("site", "op", pl.col("name").alias("call"))
-        .agg(count=pl.len(), blocked_us=pl.col("duration_us").sum())
+        .agg(count=pl.len(), blocked_us=sum_us("duration_us"))
         .sort("blocked_us", descending=True)
         .select(list(schema))
     )
@@ -340,7 +339,7 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
             n=pl.len(),
             start_us=pl.col("start_us").min(),
             end_us=pl.col("end_us").max(),
-            total=pl.col("duration_us").sum(),
+            total=sum_us("duration_us"),
             longest=pl.col("duration_us").max(),
             host=pl.col("host_per_kernel").fill_null(0.0).mean(),
             linked=pl.col("host_per_kernel").is_not_null().any(),
@@ -566,8 +565,8 @@ def diagnose(
     if trace.has_gpu_activity:
         busy = (
             w.group_by("device")
-            .agg(pl.col("gpu_busy_us").sum())
-            .sort("gpu_busy_us", descending=True)
+            .agg(sum_us("gpu_busy_us"))
+            .sort("gpu_busy_us", "device", descending=[True, False])
         )
         primary = busy["device"][0]
         if len(trace.devices) > 1:
@@ -768,7 +767,7 @@ def _step_model(
 
     def per_step_median(df: pl.DataFrame, value: str) -> float:
         # median over the analysed steps, counting steps where df has no row as 0
-        got = dict(df.group_by("step").agg(pl.col(value).sum()).rows()) if df.height else {}
+        got = dict(df.group_by("step").agg(sum_us(value)).rows()) if df.height else {}
         return float(np.median([got.get(s, 0.0) for s in steps])) if steps else 0.0
 
     idle = {
@@ -1386,15 +1385,24 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     ``aten::convolution`` uses is cast to bf16 on each call (a cast kernel reading 4 and writing
     2 bytes per element; autocast's weight cache lives only inside one autocast region), and its
     bf16 gradient is cast back to fp32 into ``.grad`` in backward (2 read, 4 written): 12 bytes
-    per weight element per forward call (PyTorch, "Automatic Mixed Precision", CUDA op-specific
-    behaviour: ops that autocast to lower precision cast their inputs). Activations are taken to
-    be bf16 already (outputs of earlier autocast ops): only the weights' casts are counted.
-    On ``mlp_large-bf16`` (3 x 8192^2 weights, plus the batch's first input) the 7 cast kernels
-    take 0.630 ms per step; this gives 2.42 GB, 0.50 ms at 4.8 TB/s.
+    per weight element per forward call in a step that runs a backward, 6 in one that does not
+    (inference: no gradient; a backward is an ``autograd::engine::evaluate_function`` op in the
+    steps) (PyTorch, "Automatic Mixed Precision", CUDA op-specific behaviour: ops that autocast
+    to lower precision cast their inputs). Activations are taken to be bf16 already (outputs of
+    earlier autocast ops): only the weights' casts are counted. A weight used by several calls
+    in one autocast region is cast once (autocast's cache), which the trace cannot tell apart
+    (it records no tensor identity): counted per call. On ``mlp_large-bf16`` (3 x 8192^2
+    weights, plus the batch's first input) the 7 cast kernels take 0.630 ms per step; this
+    gives 2.42 GB, 0.50 ms at 4.8 TB/s.
     """
     o = trace.ops.filter(
         pl.col("step").is_in(steps) & pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
     ).select("name", "input_shapes", "input_dtypes")
+    backward = trace.ops.filter(
+        pl.col("step").is_in(steps)
+        & pl.col("name").str.starts_with("autograd::engine::evaluate_function")
+    ).height
+    per_element = (2 if backward else 1) * CAST_BYTES_PER_ELEMENT
     total = 0.0
     for name, shapes, dtypes in o.iter_rows():
         for i in _CAST_GEMM_WEIGHT[name]:
@@ -1402,7 +1410,7 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
                 continue
             if not dtypes or i >= len(dtypes) or dtypes[i] != "float":
                 continue
-            total += 2 * CAST_BYTES_PER_ELEMENT * float(np.prod(shapes[i]))
+            total += per_element * float(np.prod(shapes[i]))
     return total
 
 
@@ -1474,7 +1482,8 @@ def _math_findings(
                     new,
                     "roofline ceiling ratio to the bf16 tensor-core peak; bytes halve; plus "
                     "autocast's casts of the fp32 weights (read 4 + write 2 bytes per element, "
-                    "forward and gradient), at device bandwidth",
+                    "forward, and the gradient's cast back when the step runs a backward), at "
+                    "device bandwidth",
                     ev,
                 )
             )
