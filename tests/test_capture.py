@@ -450,6 +450,20 @@ def test_a_script_that_closes_stdout_keeps_its_trace(tmp_path, monkeypatch, caps
     assert "internal error" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["run.json.gz", "run.json", "gzipped.py"])
+def test_a_trace_given_as_the_script_is_refused(tmp_path, name):
+    """A trace passed to capture by mistake is named as one, not run as Python (which printed
+    a SyntaxError traceback and wrote an empty trace)."""
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(b'{"traceEvents": []}') if name != "run.json" else b"{}")
+    with pytest.raises(
+        cap.CaptureError, match=r"is a trace, not a Python script: `tracedx diagnose"
+    ):
+        cap._check_script(p)
+    (tmp_path / "ok.py").write_text("print(1)\n")
+    assert cap._check_script(tmp_path / "ok.py") == tmp_path / "ok.py"
+
+
 NO_MARKERS = """
 import time, torch
 x = torch.ones(64)

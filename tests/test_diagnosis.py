@@ -162,6 +162,73 @@ def test_steps_option():
     assert res.exit_code == 2 and "no such steps" in res.output
 
 
+def test_finding_ms_rounds_once_like_diff():
+    """An estimate of 0.16447 ms prints as 0.164 ms in diagnose as in diff: the JSON keeps 6
+    decimals (as diff's prediction does), so the text's 3 decimals are not a double rounding
+    (0.16447 -> 0.1645 -> 0.165)."""
+    from tracedx.analysis.findings import Finding
+    from tracedx.report.text import estimate_label
+
+    f = Finding("tf32", "t", 0.5, 2.0, 1.33, 0.164474765625, "d").to_dict()
+    assert f["estimated_step_ms"] == f["estimated_ms_per_batch"] == 0.164475
+    assert estimate_label(f) == "0.164 ms per step"
+
+
+def _cpu_trace(tmp_path, name, **top):
+    """Three CPU-only steps of 1.0, 1.1 and 1.2 ms (one 0.5 ms op each), with ``top`` added to
+    the document."""
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder(device_name=None)
+    for i, ts in enumerate((0.0, 1000.0, 2100.0)):
+        b.step(i + 1, T0 + ts, 1000.0 + 100.0 * i)
+        b.op("aten::linear", T0 + ts + 100.0, 500.0)
+    b.top.update(top)
+    return tracedx.load(b.write(tmp_path / name))
+
+
+def test_unprofiled_notes_do_not_contradict_each_other(tmp_path):
+    """An implausible unprofiled timing (steps spread 400x) is said to be unusable, and no other
+    note then quotes it as the step's time."""
+    u = {"median": 0.5, "min": 0.01, "max": 4.0, "n": 10}
+    notes = diagnose(_cpu_trace(tmp_path, "a.json", tracedx={"unprofiled_step_ms": u})).notes
+    assert any("cannot be right" in n and "400x" in n for n in notes), notes
+    assert not any("the step also took" in n for n in notes), notes
+
+
+def test_rank_of_a_job_is_not_told_to_use_time_unprofiled(tmp_path):
+    """capture refuses --time-unprofiled under torchrun, so a rank's note says how else to time it."""
+    one = [n for n in diagnose(_cpu_trace(tmp_path, "one.json")).notes if "profiler slows" in n]
+    assert one and "tracedx capture --time-unprofiled" in one[0]
+    rank = _cpu_trace(tmp_path, "r0.json", distributedInfo={"backend": "gloo", "rank": 0,
+                                                          "world_size": 2})  # fmt: skip
+    notes = [n for n in diagnose(rank).notes if "profiler slows" in n]
+    assert notes and "--time-unprofiled" not in notes[0] and "plain torchrun run" in notes[0]
+
+
+def test_where_the_time_goes_aligns_its_asides(tmp_path):
+    """The step-time range and the CPU-time scope open at one column."""
+    text = diagnose(_cpu_trace(tmp_path, "a.json")).to_text().splitlines()
+    step = next(x for x in text if x.startswith("  step time "))
+    cpu = next(x for x in text if x.startswith("  CPU time "))
+    assert "(min" in step and step.index("(") == cpu.index("(host window"), (step, cpu)
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    """One kernel per step (the first step's of zero duration): '1 kernel per step', and the
+    reader's warning '1 GPU event has zero duration'."""
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    for i in range(3):
+        t = T0 + i * 1000.0
+        b.step(i + 1, t, 1000.0)
+        b.launched_kernel("aten::mm", t + 10.0, 20.0, t + 100.0, 0.0 if i == 0 else 50.0)
+    d = diagnose(tracedx.load(b.write(tmp_path / "one.json")))
+    assert any(e.startswith("1 kernel per step, host busy") for e in d.evidence), d.evidence
+    assert "1 GPU event has zero duration" in [w.message for w in d.trace.warnings]
+
+
 def test_json_is_the_same_whatever_the_thread_count():
     """The diagnosis JSON of a real trace is byte-identical under this process's polars threads
     and under one other count (a float sum split across threads is not: the kernel-kind and op

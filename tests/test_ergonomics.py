@@ -96,8 +96,12 @@ def test_result_objects_render_every_format(add_loop, tmp_path):
 def test_trace_repr_is_short(add_loop):
     t = add_loop.trace
     r = repr(t)
-    assert len(r) < 300
+    assert len(r) < 300 and max(len(x) for x in r.splitlines()) <= 100
     assert f"{t.kernels.height:,} kernels" in r and "4 steps" in r and "NVIDIA H200" in r
+    flat = " ".join(r.split())
+    assert f"PyTorch {t.metadata['pytorch_version']}" in flat  # each figure says what it is
+    n = len(t.warnings)
+    assert (f"; {n} warning{'s' * (n != 1)} (see .warnings)" in flat) == (n > 0)
     assert "not diagnosed yet" in t._repr_html_()
 
 
@@ -105,10 +109,17 @@ def test_diff_repr_card_and_formats(add_loop, tmp_path):
     after = tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz")
     td = tracedx.diff(add_loop.trace, after)
     r = repr(td)
-    assert len(r) < 600 and "fix cuda-graphs" in r
+    assert len(r) < 600 and "fix cuda-graphs" in " ".join(r.split())
+    assert max(len(x) for x in r.splitlines()) <= 100  # wrapped, continuations indented
     h = td._repr_html_()
     assert "tracedx-verdict" in h and "AFTER is" in h
+    assert "estimate against AFTER&#x27;s" in h and "the AFTER" not in h  # not "the AFTER's"
     assert td.to_text().startswith("tracedx diff")
+    lines = td.to_text().splitlines()
+    nxt = lines.index(next(x for x in lines if x.startswith("  next fixes")))
+    titles = {f["fix"]: f["title"] for f in td.to_dict()["new_findings"]}
+    first = lines[nxt + 1]  # "  1. fix: ... -> ... ms per step", then its title on its own line
+    assert first.startswith("  1. ") and lines[nxt + 2] == f"     {titles[first[5:].split(':')[0]]}"
     assert td.to_markdown().startswith("# tracedx diff")
     from tracedx.report.diff_html import render_diff_html
 
@@ -131,7 +142,8 @@ def test_job_diagnosis_repr_card_and_formats(tmp_path):
     assert isinstance(jd, tracedx.JobDiagnosis)
     d = jd.to_dict()
     r = repr(jd)
-    assert len(r) < 800 and len(r.splitlines()) <= 6
+    assert len(r) < 800 and len(r.splitlines()) <= 7
+    assert max(len(x) for x in r.splitlines()) <= 100
     assert r.startswith(
         f"<JobDiagnosis: {len(d['ranks'])} ranks, {len(d['steps']['numbers'])} steps"
     )
@@ -147,6 +159,9 @@ def test_job_diagnosis_repr_card_and_formats(tmp_path):
     from tracedx.report.job_html import render_job_html
 
     assert jd.to_text() == render_text(jd) and jd.to_markdown() == render_markdown(jd)
+    rows = [x for x in jd.to_text().splitlines() if x.startswith("     0 vm ")]
+    assert rows and rows[0].endswith("load imbalance (waits for rank 1)")  # a rank's row, unwrapped
+    assert len(rows[0]) <= 100
     page = _no_nonce(jd.to_html())
     assert page == _no_nonce(render_job_html(jd))
     assert _no_nonce(jd.write_html(tmp_path / "j.html").read_text(encoding="utf-8")) == page

@@ -857,6 +857,13 @@ def _check_script(script: str | os.PathLike) -> Path:
     path = Path(script)
     if not path.is_file():
         raise CaptureError(f"no such script: {script}")
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if path.name.endswith((".json", ".json.gz")) or head == b"\x1f\x8b":
+        raise CaptureError(
+            f"{script} is a trace, not a Python script: `tracedx diagnose {script}` reads it "
+            "(tracedx capture runs a script under torch.profiler)"
+        )
     return path
 
 

@@ -674,7 +674,7 @@ def diagnose(
     elif trace.inconsistent_timestamps and found:
         found = []
         notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
-    elif model is None and isinstance(unprof, dict) and unprof.get("median"):
+    elif model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
         notes.append(
             f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
             "capture); with no GPU activity there is no step model and no fix estimate"
@@ -686,9 +686,16 @@ def diagnose(
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
         )
     elif not implausible:
+        world = (trace.distributed_info or {}).get("world_size")
+        how = (
+            # capture refuses --time-unprofiled under torchrun
+            "a plain torchrun run with the script's own step timer times the step unprofiled"
+            if isinstance(world, int) and world > 1
+            else "`tracedx capture --time-unprofiled` also times the step unprofiled"
+        )
         notes.append(
             f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
-            "the traced step time; `tracedx capture --time-unprofiled` also times the step unprofiled"
+            f"the traced step time; {how}"
         )
     if unprof is not None:
         summary["unprofiled_step_ms"] = (
@@ -1023,7 +1030,7 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, hos
             )
         )
         ev.append(
-            f"{float(w['kernels'].median() or 0.0):.0f} kernels per step, host busy {_ms(model.host_us)}, "
+            f"{fx.kernels_label(float(w['kernels'].median() or 0.0))} per step, host busy {_ms(model.host_us)}, "
             f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
         )
         # One top-level op holding most of the host time is host work inside that op (e.g.

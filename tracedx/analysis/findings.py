@@ -276,16 +276,21 @@ class Finding:
             "local_speedup": None if math.isinf(s) else round(s, 3),
             "local_speedup_unbounded": math.isinf(s),
             "estimated_speedup": round(self.estimated_speedup, 3),
-            "estimated_step_ms": round(self.estimated_step_ms, 4),
+            "estimated_step_ms": round(self.estimated_step_ms, 6),
             # ms per today's batch of samples: the step time for every fix but larger-batch,
             # whose step holds batch_factor times the samples
-            "estimated_ms_per_batch": round(self.estimated_step_ms, 4),
+            "estimated_ms_per_batch": round(self.estimated_step_ms, 6),
             "batch_factor": self.batch_factor,
             "derivation": self.derivation,
             "evidence": self.evidence,
             "recommended": self.recommended,
             "requires": self.requires,
         }
+
+
+def kernels_label(n: float) -> str:
+    """``1 kernel`` / ``29 kernels``: a (rounded) kernel count with its noun."""
+    return f"{n:.0f} kernel{'' if round(n) == 1 else 's'}"
 
 
 MAX_PRACTICAL_GRAPHS = 4
@@ -437,7 +442,7 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     events += kept_events - m.no_gpu_events
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
-        f"{m.kernels:.0f} kernels per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
+        f"{kernels_label(m.kernels)} per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
         f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
     ]
     if m.per_kernel_host_us:
@@ -688,7 +693,7 @@ def torch_compile(
     removed_host_us += py_removed + no_gpu_us
     ev = [
         f"{chains:.0f} chain{'' if round(chains) == 1 else 's'} of back-to-back elementwise/reduction/normalization kernels per step, "
-        f"{_ms(chain_us)} of device time; fusion removes ~{kernels_removed:.0f} kernels per step"
+        f"{_ms(chain_us)} of device time; fusion removes ~{kernels_label(kernels_removed)} per step"
     ]
     deriv = (
         f"roofline: a fused chain moves about as many bytes as its largest pass (device "

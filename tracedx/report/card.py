@@ -82,7 +82,29 @@ def diagnosis_repr(diag) -> str:
         f"  top fixes: {fixes or 'none worth 5% or more'}",
         "  (.to_text() for the full report, .figures() for plots)",
     ]
-    return "\n".join(lines)
+    return _fit("\n".join(lines))
+
+
+REPR_WIDTH = 100
+"""Columns a repr's lines fit in (the text report's width when stdout is not a terminal)."""
+
+
+def _fit(text: str) -> str:
+    """Each line of a repr wrapped at :data:`REPR_WIDTH`, continuations indented 4 more."""
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        pad = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(
+            line,
+            REPR_WIDTH,
+            initial_indent="",
+            subsequent_indent=pad + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]
+    return "\n".join(out)
 
 
 def _card(title: str, subtitle: str, verdict: str, rows: list[tuple[str, str]], fixes: str) -> str:
@@ -111,7 +133,8 @@ def _fix_list(fixes: list[dict], against: str) -> str:
         for f in fixes
     )
     return (
-        f"<div style='margin-top:0.4em'>Top fixes (Amdahl estimate against the {_e(against)} "
+        f"<div style='margin-top:0.4em'>Top fixes (Amdahl estimate against "
+        f"{'' if against.startswith('AFTER') else 'the '}{_e(against)} "
         f"step):</div><ol class='tracedx-fixes' style='margin-top:0.2em'>{items}</ol>"
     )
 
@@ -152,13 +175,15 @@ def _trace_facts(trace) -> tuple[str, list[tuple[str, str]]]:
     if trace.metadata.get("pytorch_version"):
         rows.append(("PyTorch", str(trace.metadata["pytorch_version"])))
     if trace.warnings:
-        rows.append(("warnings", f"{len(trace.warnings)} (see .warnings)"))
+        n = len(trace.warnings)
+        rows.append(("warnings", f"{n} warning{'s' * (n != 1)} (see .warnings)"))
     return trace.device_name or "unknown device", rows
 
 
 def trace_repr(trace) -> str:
     dev, rows = _trace_facts(trace)
-    return f"<Trace {_name(trace.path)}: {dev}; " + "; ".join(v for _, v in rows) + ">"
+    vals = [f"PyTorch {v}" if k == "PyTorch" else v for k, v in rows]
+    return _fit(f"<Trace {_name(trace.path)}: {dev}; " + "; ".join(vals) + ">")
 
 
 def trace_card(trace) -> str:
@@ -204,7 +229,7 @@ def diff_repr(td) -> str:
 
     d = diff_dict(td)
     rows = "; ".join(f"{k} {_t(v)}" for k, v in _diff_rows(d))
-    return (
+    return _fit(
         f"<TraceDiff {_name(d['before']['path'])} -> {_name(d['after']['path'])}>\n"
         f"  {_diff_verdict(d)}\n  {rows}\n  (.to_text() for the full report)"
     )
@@ -262,7 +287,7 @@ def job_repr(jd) -> str:
     d = job_dict(jd)
     fixes = ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in _fixes(d))
     rows = "; ".join(f"{k} {v}" for k, v in _job_rows(d))
-    return (
+    return _fit(
         f"<JobDiagnosis: {_job_head(d)}>\n  {_t(_job_verdict(d))}\n  {rows}\n"
         f"  top fixes: {fixes or 'none worth 5% or more'}\n"
         "  (.to_text() for the full report, .write_html(path) for the job page)"

@@ -254,9 +254,11 @@ def render_text(td, width: int = WIDTH) -> str:
     if nf:
         out.append(f"  next fixes (Amdahl estimate against AFTER's {a['estimates_against']} step):")
         for i, f in enumerate(nf[:3], 1):
-            out.append(
-                f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)}  {f['title']}"
-            )
+            # the title on its own line, as diagnose prints a fix
+            out += [
+                f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)}",
+                f"     {f['title']}",
+            ]
     else:
         out.append("  no further fix worth 5% or more")
     if d["notes"]:

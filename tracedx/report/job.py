@@ -170,19 +170,21 @@ def render_text(jd) -> str:
     out.append(
         "RANKS (each rank's median per step; last in: of all its collectives, those it was last at)"
     )
-    out.append(
-        f"  {'rank':>4} {'host':<12} {'step ms':>9} {'compute':>9} {'exp.wait':>9} "
-        f"{'exp.xfer':>9} {'overlap':>8} {'last in':>8}  verdict"
-    )
     shown = _shown_ranks(d)
+    # the host column as wide as its longest name (4 to 12), so the verdict fits 100 columns
+    hw = max([4] + [min(12, len(str(r.get("host") or ""))) for r in shown])
+    out.append(
+        f"  {'rank':>4} {'host':<{hw}} {'step ms':>9} {'compute':>8} {'exp.wait':>8} "
+        f"{'exp.xfer':>8} {'overlap':>7} {'last in':>7}  verdict"
+    )
     for r in shown:
         ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
         last = f"{r.get('last_arrivals') or 0}/{r.get('collectives') or 0}"
         out.append(
-            f"  {r['rank']:>4} {str(r.get('host') or '')[:12]:<12} "
-            f"{_f(r.get('step_time_ms'), '.3f', ''):>9} {_f(r.get('compute_ms'), '.3f', ''):>9} "
-            f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>9} "
-            f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>9} {ov:>8} {last:>8}  "
+            f"  {r['rank']:>4} {str(r.get('host') or '')[:12]:<{hw}} "
+            f"{_f(r.get('step_time_ms'), '.3f', ''):>9} {_f(r.get('compute_ms'), '.3f', ''):>8} "
+            f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>8} "
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>8} {ov:>7} {last:>7}  "
             f"{_rank_verdict(r)}"
         )
     if len(shown) < n:

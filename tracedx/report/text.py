@@ -110,7 +110,7 @@ def _render(diag, width: int) -> str:
     out.append(f"WHERE THE TIME GOES (median per step, over {every}, unless marked)")
     rng = st["range"]
     out.append(f"  step time      {_ms(st['step_time_ms'])}{_rng(rng, 'step_time_us')}")
-    out.append(f"  CPU time       {_ms(st['cpu_time_ms'])}   (host window of the step)")
+    out.append(f"  CPU time       {_ms(st['cpu_time_ms'])}  (host window of the step)")
     if st["gpu_busy_ms"] is not None:
         out.append(f"  GPU busy       {_ms(st['gpu_busy_ms'])}{_rng(rng, 'gpu_busy_us')}")
         causes = sorted(d["idle_causes"].items(), key=lambda kv: -(kv[1]["ms_per_step"] or 0))

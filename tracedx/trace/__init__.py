@@ -265,6 +265,11 @@ _NS_START = 1e17
 _NS_MEDIAN_KERNEL = 1_000.0
 
 
+def _gpu_events(n: int, one: str, many: str) -> str:
+    """``1 GPU event has`` / ``3 GPU events have``: the count, the noun and the verb agreeing."""
+    return f"{n} GPU event {one}" if n == 1 else f"{n} GPU events {many}"
+
+
 def _nanoseconds(doc, raw) -> str | None:
     """Why the trace's times are nanoseconds (the evidence, for the note), or None.
 
@@ -503,7 +508,7 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             DataWarning(
                 "duplicate_gpu_event",
                 n_gpu_dup,
-                f"{n_gpu_dup} GPU events are exact duplicates of another (same device, stream, "
+                f"{_gpu_events(n_gpu_dup, 'is', 'are')} exact duplicates of another (same device, stream, "
                 "start, duration, name and correlation): each is counted once",
             )
         )
@@ -574,7 +579,7 @@ def _quality(
             DataWarning(
                 "unattributed_gpu",
                 unlinked,
-                f"{unlinked} of {gpu.height} GPU events have no launch record (launched before the trace "
+                f"{unlinked} of {_gpu_events(gpu.height, '', '').strip()} {'has' if unlinked == 1 else 'have'} no launch record (launched before the trace "
                 "window, or correlation missing): counted in busy time, unattributed to ops",
             )
         )
@@ -593,7 +598,9 @@ def _quality(
         )
     zero = gpu.filter(pl.col("duration_us") == 0).height
     if zero:
-        out.append(DataWarning("zero_duration", zero, f"{zero} GPU events have zero duration"))
+        out.append(
+            DataWarning("zero_duration", zero, f"{_gpu_events(zero, 'has', 'have')} zero duration")
+        )
     lag = gpu.select(lag=pl.col("start_us") - pl.col("launch_start_us"))["lag"].drop_nulls()
     early = int((lag < 0).sum())
     worst_early = -float(lag.min()) if early else 0.0
@@ -603,7 +610,7 @@ def _quality(
             DataWarning(
                 "gpu_before_launch",
                 early,
-                f"{early} GPU events start before their launch call, by up to "
+                f"{_gpu_events(early, 'starts', 'start')} before their launch call, by up to "
                 f"{worst_early / 1e3:.3f} ms (host and GPU clocks disagree)",
             )
         )
@@ -636,7 +643,7 @@ def _quality(
             DataWarning(
                 "stream_overlap",
                 ov,
-                f"{ov} GPU events start before the previous event on their stream ended (a few us "
+                f"{_gpu_events(ov, 'starts', 'start')} before the previous event on their stream ended (a few us "
                 "is normal with programmatic dependent launch on Hopper and later; busy time is a "
                 "union, so nothing is counted twice)",
             )
@@ -679,7 +686,7 @@ def _quality(
             DataWarning(
                 "gpu_out_of_order",
                 ooo,
-                f"{ooo} GPU events ran before work launched earlier on the same stream (a stream "
+                f"{_gpu_events(ooo, 'ran', 'ran')} before work launched earlier on the same stream (a stream "
                 "runs in launch order: timestamps or correlation ids are inconsistent)",
             )
         )

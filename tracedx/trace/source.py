@@ -250,7 +250,7 @@ def _gunzip(p: Path, raw: bytes, repair_mode: bool = False, limit: int | None = 
                 raise TraceFormatError(
                     f"{p}: truncated gzip: the compressed stream ends early "
                     f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file "
-                    "was cut short"
+                    f"was cut short{_HINT}"
                 )
             data = d.unused_data
             if not data.lstrip(b"\x00"):  # no further member (NUL padding after one is allowed)
