@@ -493,7 +493,15 @@ def _complete(group: list[tuple[str, Mapping]]) -> bool:
 
 def _common(paths: Sequence[str]) -> str | None:
     """The longest common folder of ``paths``; None when there is none (absolute and
-    relative paths mixed)."""
+    relative paths mixed, URLs of different schemes or buckets, URLs mixed with paths). URLs
+    keep their ``scheme://`` (``os.path.commonpath`` alone would make ``s3:/bucket``)."""
+    urls = {is_url(p) for p in paths}
+    if urls == {True}:
+        schemes = {p.partition("://")[0] for p in paths}
+        rest = _common([p.partition("://")[2] for p in paths]) if len(schemes) == 1 else None
+        return f"{schemes.pop()}://{rest}" if rest else None
+    if len(urls) > 1:
+        return None
     try:
         return os.path.commonpath(paths)
     except ValueError:
@@ -535,14 +543,20 @@ def check_one_job(
     if len(jobs) == 1 and not singles:
         return
     top = _common([os.path.dirname(str(p)) or "." for p, _ in entries])
-    names = [_job_name(job, top) for job in jobs]
-    found = f"{_plural(len(jobs), 'job')} ({', '.join(names)})"
+    names = ", ".join(_job_name(job, top) for job in jobs)
+    # whole rank sets side by side: two runs, or two profiling windows of one run
+    # (torchtitan's iteration_10/, iteration_20/); the traces cannot tell which
+    if len(jobs) == 1:
+        found, one = f"1 job ({names})", "the job's folder"
+    else:
+        found = f"{len(jobs)} whole rank sets, separate jobs or profiling windows ({names})"
+        one = "one of these folders"
     if singles:
         gpu = all(m.get("device_name") for _, m in singles)
         kind = "single-GPU" if gpu else "single-process"
         found += f" and {len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
     where = "the inputs hold" if not top else f"{'this folder' if top == '.' else top + '/'} holds"
-    raise TraceError(f"{where} {found}; diagnose one job's folder, or one trace")
+    raise TraceError(f"{where} {found}; diagnose {one}, or one trace")
 
 
 def _job_name(job: list[tuple[str, Mapping]], top: str | None) -> str:
