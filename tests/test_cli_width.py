@@ -64,15 +64,23 @@ def test_cache_notice_fits_100_columns_as_one_indented_message(tmp_path):
     assert msg.endswith("; --no-cache reads the file)")
 
 
-def test_diff_gate_fail_line_fits_100_columns(tmp_path):
+def test_diff_gate_fail_line_is_one_line_off_a_terminal_and_fits_on_one(tmp_path, monkeypatch):
     fast, slow = _trace(tmp_path / "fast.json", 100.0), _trace(tmp_path / "slow.json", 150.0)
-    r = CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "40"])
-    assert r.exit_code == 1
-    _fits(r.stderr)
-    assert _messages(r.stderr) == [
+    args = ["diff", str(fast), str(slow), "--fail-if-slower", "40", "--no-cache"]
+    line = (
         "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> "
         "0.150 ms), over --fail-if-slower 40%"
-    ]
+    )
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and r.stderr.splitlines() == [line]  # a CI log: grep gets it whole
+    import tracedx.cli as cli
+
+    monkeypatch.setattr(cli, "_isatty", lambda stream: True)
+    monkeypatch.setattr(cli, "columns", lambda stream=None: 80)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1
+    _fits(r.stderr, 80)
+    assert _messages(r.stderr) == [line]
 
 
 def test_errors_stay_one_line_off_a_terminal_and_fit_on_one(tmp_path, monkeypatch):
