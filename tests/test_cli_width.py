@@ -12,24 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.tracebuilder import T0, TraceBuilder
+from tests.tracebuilder import steps_trace as _trace
 from tracedx.cli import main
 
 COMMANDS = ["diagnose", "capture", "diff", "annotate", "report", "calibrate"]
-
-
-def _trace(path, step_us: float = 100.0, n: int = 4):
-    """n steps of ``step_us`` of host window, one 10 us op launching one 40 us kernel each:
-    GPU busy 40 us of a 100 us step (idle 60%), so larger-batch is the one finding."""
-    b = TraceBuilder()
-    t = T0
-    for i in range(1, n + 1):
-        b.step(i, t, step_us)
-        ext = b.op("aten::add", t + 1, 10)
-        corr = b.launch(t + 2, 5, ext=ext)
-        b.kernel(t + 10, 40, corr, name="elementwise_kernel")
-        t += step_us
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return b.write(path)
 
 
 def _messages(stderr: str) -> list[str]:
