@@ -270,6 +270,27 @@ def test_refusal_names_url_folders_with_their_scheme():
     assert _refusal(mixed, None).startswith("the inputs hold 2 whole rank sets")
 
 
+def test_a_duplicate_rank_is_taken_from_the_folder_with_its_peers():
+    """A crashed run's lone rank0 beside a whole run: rank 0 comes from the whole run (the
+    first by path would mix the two runs); with no such difference, the first by path."""
+    crashed = [("d/a-crashed/rank0.json", _meta(0, 2))]
+    good = [("d/b-good/rank0.json", _meta(0, 2)), ("d/b-good/rank1.json", _meta(1, 2))]
+    rs = resolve_ranks(crashed + good, collectives=[3, 3, 3])
+    assert rs.paths == {0: "d/b-good/rank0.json", 1: "d/b-good/rank1.json"}
+    assert rs.left_out == (0,)
+    assert rs.notes[0].startswith(
+        "rank 0 has 2 files: d/b-good/rank0.json (analysed) and d/a-crashed/rank0.json (left out)"
+    )
+    # rank folders of two windows (rank{r}/iteration_{n}/): every rank from the first window
+    windows = [
+        (f"p/rank{r}/iteration_{i}/trace.json", _meta(r, 2)) for r in (0, 1) for i in (20, 10)
+    ]
+    assert resolve_ranks(windows).paths == {
+        0: "p/rank0/iteration_10/trace.json",
+        1: "p/rank1/iteration_10/trace.json",
+    }
+
+
 def test_one_job_beside_a_single_trace_is_refused():
     entries = [
         ("/d/job/rank0.json", _rank(0)),

@@ -343,10 +343,15 @@ def _assume_ranks(
 def _first_per_rank(
     entries: Sequence[tuple[str, Mapping]], order: list[int], rank_of: dict[int, int]
 ) -> tuple[dict[int, int], list[int], list[str]]:
-    """Per rank the first of its files by path: ``(index, left_out, notes)``, a note per rank
-    with several files."""
-    by_rank: dict[int, list[int]] = {}
+    """Per rank one of its files: ``(index, left_out, notes)``, a note per rank with several
+    files. Of a rank's files, the one whose job folder (:func:`_job_folder`) holds the most
+    ranks is analysed, the first by path on a tie: beside a crashed run's lone ``rank0``, the
+    whole run's ``rank0`` is taken with its peers, never a rank from each run."""
+    ranks_in: dict[str, set[int]] = {}
     for i in order:
+        ranks_in.setdefault(_job_folder(str(entries[i][0])), set()).add(rank_of[i])
+    by_rank: dict[int, list[int]] = {}
+    for i in sorted(order, key=lambda i: -len(ranks_in[_job_folder(str(entries[i][0]))])):
         by_rank.setdefault(rank_of[i], []).append(i)
     index: dict[int, int] = {}
     left_out: list[int] = []
