@@ -224,7 +224,8 @@ def resolve_ranks(
     - A file whose rank cannot be told: with one file, it is rank 0 and nothing is said; with
       several, it takes the lowest rank no other file has (a missing rank of the world size
       first), and a note names the file and the rank assumed.
-    - Two files with one rank: the first by path is analysed; a note names both.
+    - Two files with one rank: the one whose folder holds the most ranks (the first by path on
+      a tie) is analysed; a note names both (:func:`_first_per_rank`).
     - Traces disagreeing about the world size: a note lists each value with its files.
     - Missing ranks (world size known): a note lists them; a rank at or above the world size
       is noted too. With no world size, a gap in the ranks present is noted as possibly missing.
