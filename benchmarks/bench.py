@@ -9,15 +9,20 @@ What it does:
    each event is kept (Kineto's own formatting), only the numbers change. Sizes: 10 MB, 100 MB
    and 1 GB of JSON by default, each written plain and gzipped under ``benchmarks/out/``
    (git-ignored) and reused while the source does not change.
-2. Times ``tracedx diagnose --format json`` end to end (a subprocess: interpreter start, imports,
-   parse, full diagnosis, report) and the parse stage alone (``tracedx.load``, timed inside the
-   process), over several runs; the median is reported. Peak memory is the largest total
-   resident set of the child's process tree (sampled every 20 ms; tracedx's second reader
-   process counts while it runs), or the child's own ``wait4`` maximum when that is larger.
-3. Creates a separate virtual environment with HTA (``traceinsight`` on PyPI from 0.6,
-   ``HolisticTraceAnalysis`` before) and runs, end to end in a subprocess, its trace load plus
-   temporal breakdown, idle time breakdown and kernel breakdown on the same files (each alone
-   in a folder, as HTA reads a folder of rank traces). Failures are recorded, not hidden.
+2. Creates a separate virtual environment with HTA (``traceinsight`` on PyPI from 0.6,
+   ``HolisticTraceAnalysis`` before), unless ``--no-hta``.
+3. For each file, runs rounds; each round runs, in turn, ``tracedx diagnose --format json
+   --no-cache`` end to end (a subprocess: interpreter start, imports, parse, full diagnosis,
+   report), the in-process case (``tracedx.diagnose(tracedx.load(p))`` in a process whose
+   imports are done and which ran it once; ``tracedx.load`` is timed too) and HTA: its trace
+   load plus temporal, idle time and kernel breakdowns, end to end and in-process (its
+   imports excluded), with ``HTA_DISABLE_NS_ROUNDING=1`` (each trace alone in a folder, as HTA
+   reads a folder of rank traces; failures are recorded, not hidden). Interleaved, a drift of
+   the machine's speed hits both tools. Then ``import tracedx``, ``tracedx --help`` and the
+   cached second run (``diagnose`` over a cache filled by a first run, in a temporary folder).
+   Each time is reported as median (min-max). Peak memory is the largest total resident set of
+   the child's process tree (sampled every 20 ms; tracedx's second reader process counts while
+   it runs), or the child's own ``wait4`` maximum when that is larger.
 4. Prints a table (and writes ``benchmarks/out/results.json`` and ``results.md``).
 
 Usage::
@@ -26,6 +31,7 @@ Usage::
     python benchmarks/bench.py --quick          # 10 MB and 100 MB only, fewer runs
     python benchmarks/bench.py --no-hta --sizes 100
     python benchmarks/bench.py --source sample_traces/foo.json.gz
+    taskset -c 0,1 python benchmarks/bench.py --no-hta   # pinned to two cores
 
 Not a test: numbers depend on the machine and on what else runs on it.
 """
@@ -288,7 +294,7 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def _run_wait4(cmd: list[str], timeout: float) -> dict:
+def _run_wait4(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     """Run ``cmd``; wall seconds, exit status, output and peak memory.
 
     Peak memory is the larger of the child's own maximum resident set (``wait4``, exact for one
@@ -299,7 +305,7 @@ def _run_wait4(cmd: list[str], timeout: float) -> dict:
 
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, cwd=ROOT)
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, cwd=ROOT, env=env)
         deadline = t0 + timeout
         tree_peak = 0
         while True:
@@ -326,102 +332,86 @@ def _run_wait4(cmd: list[str], timeout: float) -> dict:
         }
 
 
-_LOAD_SNIPPET = (
-    "import sys, time, tracedx\n"
-    "t = time.perf_counter()\n"
-    "tr = tracedx.load(sys.argv[1])\n"
-    "print('LOAD_S', time.perf_counter() - t)\n"
-)
-
-
-def bench_tracedx(path: Path, runs: int) -> dict:
-    e2e, parse = [], []
-    for _ in range(runs):
-        r = _run_wait4(
-            [
-                sys.executable,
-                "-m",
-                "tracedx.cli",
-                "diagnose",
-                "--format",
-                "json",
-                "--no-cache",
-                str(path),
-            ],
-            600,
-        )
-        if r["rc"] != 0:
-            return {"ok": False, "error": r["stderr"].decode(errors="replace")[-500:]}
-        json.loads(r["stdout"])  # the report must be complete, valid JSON
-        e2e.append(r)
-    for _ in range(runs):
-        r = _run_wait4([sys.executable, "-c", _LOAD_SNIPPET, str(path)], 600)
-        if r["rc"] != 0:
-            return {"ok": False, "error": r["stderr"].decode(errors="replace")[-500:]}
-        m = re.search(rb"LOAD_S ([0-9.eE+-]+)", r["stdout"])
-        parse.append({"load_s": float(m.group(1)), "peak_bytes": r["peak_bytes"]})
-    return {
-        "ok": True,
-        "e2e_s": statistics.median(r["wall_s"] for r in e2e),
-        "e2e_runs": [round(r["wall_s"], 3) for r in e2e],
-        "peak_bytes": statistics.median(r["peak_bytes"] for r in e2e),
-        "parse_s": statistics.median(r["load_s"] for r in parse),
-        "parse_runs": [round(r["load_s"], 3) for r in parse],
-        "parse_peak_bytes": statistics.median(r["peak_bytes"] for r in parse),
-    }
-
+_TRACEDX_E2E = ("-m", "tracedx.cli", "diagnose", "--format", "json", "--no-cache")
 
 _INPROCESS_SNIPPET = (
     "import sys, time, tracedx\n"
     "tracedx.diagnose  # imports done before timing, as in a notebook\n"
-    "p, runs = sys.argv[1], int(sys.argv[2])\n"
+    "import tracedx.analysis.diagnosis, tracedx.trace\n"
+    "p = sys.argv[1]\n"
     "tracedx.diagnose(tracedx.load(p))  # warm: polars' first-use costs\n"
-    "for _ in range(runs):\n"
-    "    t = time.perf_counter()\n"
-    "    tracedx.diagnose(tracedx.load(p))\n"
-    "    print('INPROC_S', time.perf_counter() - t)\n"
+    "t = time.perf_counter()\n"
+    "tr = tracedx.load(p)\n"
+    "t1 = time.perf_counter()\n"
+    "tracedx.diagnose(tr)\n"
+    "print('INPROC_S', time.perf_counter() - t, 'LOAD_S', t1 - t)\n"
 )
 
 
-def bench_extras(path: Path, runs: int) -> dict:
-    """Start-up (``import tracedx``, ``tracedx --help``), the in-process case
-    (``tracedx.diagnose(tracedx.load(p))`` with imports excluded) and the cached second run
-    (``diagnose`` again with the cache filled by a first run; its own temporary cache folder)."""
+def _ok(r: dict) -> dict:
+    if r["rc"] != 0:
+        raise RuntimeError(r["stderr"].decode(errors="replace")[-500:])
+    return r
+
+
+def _rng(v: list[float]) -> dict:
+    """Median, min and max of repeated measurements (seconds or bytes)."""
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v} if v else {}
+
+
+def bench_file(path: Path, runs: int, hta_py: Path | None, hta_runs: int, timeout: float) -> dict:
+    """Every measurement of one file, interleaved: each round runs tracedx end to end, tracedx
+    in-process (``tracedx.diagnose(tracedx.load(p))``, imports excluded, after a warm-up run)
+    and, in its first ``hta_runs`` rounds, HTA (end to end, and in-process: its load and three
+    breakdowns with its imports excluded), so a drift of the machine's speed hits both tools
+    alike. Then start-up (``import tracedx``, ``tracedx --help``) and the cached second run
+    (``diagnose`` again over a cache filled by a first run, in its own temporary folder)."""
     import tempfile
 
-    def walls(cmd, env=None):
-        out = []
-        for _ in range(runs):
-            r = _run_wait4(cmd, 600) if env is None else _run_env(cmd, env)
-            if r["rc"] != 0:
-                raise RuntimeError(r["stderr"].decode(errors="replace")[-300:])
-            out.append(r["wall_s"])
-        return out
-
-    res: dict = {}
-    res["import_runs"] = walls([sys.executable, "-c", "import tracedx"])
-    res["help_runs"] = walls([sys.executable, "-m", "tracedx.cli", "--help"])
-    r = _run_wait4([sys.executable, "-c", _INPROCESS_SNIPPET, str(path), str(runs)], 600)
-    res["inprocess_runs"] = [float(x) for x in re.findall(rb"INPROC_S ([0-9.eE+-]+)", r["stdout"])]
+    t: dict = {"e2e": [], "peak": [], "inproc": [], "load": [], "inproc_peak": []}
+    h: dict = {"e2e": [], "inproc": [], "load": [], "peak": [], "error": None}
+    for i in range(runs):
+        r = _ok(_run_wait4([sys.executable, *_TRACEDX_E2E, str(path)], timeout))
+        json.loads(r["stdout"])  # the report must be complete, valid JSON
+        t["e2e"].append(r["wall_s"])
+        t["peak"].append(r["peak_bytes"])
+        r = _ok(_run_wait4([sys.executable, "-c", _INPROCESS_SNIPPET, str(path)], timeout))
+        m = re.search(rb"INPROC_S ([0-9.eE+-]+) LOAD_S ([0-9.eE+-]+)", r["stdout"])
+        t["inproc"].append(float(m.group(1)))
+        t["load"].append(float(m.group(2)))
+        t["inproc_peak"].append(r["peak_bytes"])
+        if hta_py is not None and i < hta_runs and h["error"] is None:
+            one = bench_hta(hta_py, path, timeout)
+            if one.get("ok"):
+                h["e2e"].append(one["wall_s"])
+                h["inproc"].append(one["total_s"] - one["import_s"])
+                h["load"].append(one["load_s"])
+                h["peak"].append(one["peak_bytes"])
+            else:
+                h["error"] = one["error"]
+                print(f"  HTA failed: {one['error']}", flush=True)
+    x: dict = {"import": [], "help": [], "cached": []}
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "TRACEDX_CACHE_DIR": d}
         cmd = [sys.executable, "-m", "tracedx.cli", "diagnose", "--format", "json", str(path)]
-        _run_env(cmd, env)  # fills the cache
-        res["cached_runs"] = walls(cmd, env)
-    for k in ("import", "help", "inprocess", "cached"):
-        v = res[f"{k}_runs"]
-        res[f"{k}_s"] = statistics.median(v) if v else None
-    return res
-
-
-def _run_env(cmd: list[str], env: dict) -> dict:
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        return _run_wait4(cmd, 600)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+        _ok(_run_wait4(cmd, timeout, env))  # fills the cache
+        for _ in range(runs):
+            x["import"].append(
+                _ok(_run_wait4([sys.executable, "-c", "import tracedx"], 60))["wall_s"]
+            )
+            x["help"].append(
+                _ok(_run_wait4([sys.executable, "-m", "tracedx.cli", "--help"], 60))["wall_s"]
+            )
+            r = _ok(_run_wait4(cmd, timeout, env))
+            if b"using the cached tables" not in r["stderr"]:
+                raise RuntimeError("the second run did not use the cache")
+            x["cached"].append(r["wall_s"])
+    out = {"ok": True, **{k: _rng(v) for k, v in t.items()}, **{k: _rng(v) for k, v in x.items()}}
+    if hta_py is not None:
+        out["hta"] = {k: _rng(v) for k, v in h.items() if k != "error"}
+        out["hta"]["ok"] = bool(h["e2e"]) and h["error"] is None
+        out["hta"]["error"] = h["error"]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,7 +460,13 @@ def _installed_version(py: Path, pkg: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def bench_hta(py: Path, path: Path, runs: int, timeout: float) -> dict:
+# HTA's temporal breakdown fails an assertion on traces with sub-microsecond kernels unless its
+# nanosecond rounding is off (the rounding makes such a kernel last -1 us): set for every run.
+HTA_ENV = {"HTA_DISABLE_NS_ROUNDING": "1"}
+
+
+def bench_hta(py: Path, path: Path, timeout: float) -> dict:
+    """One HTA run on ``path`` (alone in a folder, as HTA reads a folder of rank traces)."""
     folder = OUT / "hta-dirs" / path.name.replace(".", "_")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
@@ -479,28 +475,16 @@ def bench_hta(py: Path, path: Path, runs: int, timeout: float) -> dict:
             os.link(path, target)
         except OSError:
             target.symlink_to(path)
-    results = []
-    for _ in range(runs):
-        r = _run_wait4([str(py), str(HERE / "hta_run.py"), str(folder)], timeout)
-        m = re.search(rb"HTA_RESULT (\{.*\})", r["stdout"])
-        info = json.loads(m.group(1)) if m else {"ok": False}
-        if not info.get("ok"):
-            why = info.get("error") or (
-                "timed out" if r.get("timed_out") else r["stderr"].decode(errors="replace")[-300:]
-            )
-            return {"ok": False, "error": why, "wall_s": r["wall_s"], "peak_bytes": r["peak_bytes"]}
-        info["wall_s"] = r["wall_s"]
-        info["peak_bytes"] = r["peak_bytes"]
-        results.append(info)
-    return {
-        "ok": True,
-        "e2e_s": statistics.median(r["wall_s"] for r in results),
-        "e2e_runs": [round(r["wall_s"], 3) for r in results],
-        "load_s": statistics.median(r["load_s"] for r in results),
-        # in-process: load and the three breakdowns, HTA's imports excluded
-        "inprocess_s": statistics.median(r["total_s"] - r["import_s"] for r in results),
-        "peak_bytes": statistics.median(r["peak_bytes"] for r in results),
-    }
+    env = {**os.environ, **HTA_ENV}
+    r = _run_wait4([str(py), str(HERE / "hta_run.py"), str(folder)], timeout, env)
+    m = re.search(rb"HTA_RESULT (\{.*\})", r["stdout"])
+    info = json.loads(m.group(1)) if m else {"ok": False}
+    if not info.get("ok"):
+        why = info.get("error") or (
+            "timed out" if r.get("timed_out") else r["stderr"].decode(errors="replace")[-300:]
+        )
+        return {"ok": False, "error": why}
+    return {**info, "wall_s": r["wall_s"], "peak_bytes": r["peak_bytes"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,29 +492,39 @@ def bench_hta(py: Path, path: Path, runs: int, timeout: float) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _s(r: dict, digits: int = 2) -> str:
+    """``median (min-max)`` of a range, in seconds."""
+    if not r:
+        return "-"
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(r['median'])} ({f.format(r['min'])}-{f.format(r['max'])})"
+
+
 def _fmt_row(f: dict) -> list[str]:
     js = f["json_bytes"]
-    t, h = f["tracedx"], f.get("hta")
+    t, h = f["tracedx"], f.get("hta") or {}
     row = [f["label"], f"{js / MB:.0f}", str(f["steps"])]
     if not t.get("ok"):
-        return row + ["failed", "", "", "", "", ""]
-    row += [f"{t['e2e_s']:.2f}", f"{t['parse_s']:.2f}"]
-    if h is None:
-        row += ["-", "-"]
-    elif h.get("ok"):
-        row += [f"{h['e2e_s']:.1f}", f"{h['e2e_s'] / t['e2e_s']:.1f}x"]
-    else:
-        row += ["failed", "-"]
+        return row + ["failed"] + [""] * (len(HEADERS) - 4)
+    hok = h.get("ok")
+    ratio = (
+        f"{h['e2e']['median'] / t['e2e']['median']:.1f}x"
+        if hok
+        else ("failed" if h.get("error") else "-")
+    )
+    iratio = f"{h['inproc']['median'] / t['inproc']['median']:.1f}x" if hok else "-"
+    peak = t["peak"]["median"]
     row += [
-        f"{js / MB / t['e2e_s']:.0f}",
-        f"{t['peak_bytes'] / MB:.0f} ({t['peak_bytes'] / js:.2f}x)",
+        _s(t["e2e"]),
+        _s(h.get("e2e") if hok else {}, 1),
+        ratio,
+        _s(t["inproc"]),
+        _s(h.get("inproc") if hok else {}, 2),
+        iratio,
+        _s(t["cached"]),
+        f"{peak / MB:.0f} ({peak / js:.2f}x)",
+        f"{h['peak']['median'] / MB:.0f} ({h['peak']['median'] / js:.2f}x)" if hok else "-",
     ]
-    if h is None:
-        row.append("-")
-    elif h.get("peak_bytes"):
-        row.append(f"{h['peak_bytes'] / MB:.0f} ({h['peak_bytes'] / js:.2f}x)")
-    else:
-        row.append("-")
     return row
 
 
@@ -539,10 +533,12 @@ HEADERS = [
     "JSON MB",
     "steps",
     "tracedx s",
-    "parse s",
     "HTA s",
     "HTA / tracedx",
-    "tracedx MB/s",
+    "in-process s",
+    "HTA in-process s",
+    "HTA / tracedx in-process",
+    "cached 2nd run s",
     "tracedx peak MB (x JSON)",
     "HTA peak MB (x JSON)",
 ]
@@ -608,47 +604,47 @@ def main(argv: list[str] | None = None) -> int:
             print(f"HTA could not be installed: {hta_version}", flush=True)
             hta_version = f"not installed: {hta_version}"
     for f in files:
-        print(f"tracedx on {f['path'].name} ...", flush=True)
-        f["tracedx"] = bench_tracedx(f["path"], args.runs)
-        f["extras"] = bench_extras(f["path"], args.runs)
         large = f["json_bytes"] >= 1000 * MB
-        if hta_py is not None and args.hta_max_mb and f["json_bytes"] > args.hta_max_mb * MB:
-            f["hta_note"] = f"not run (--hta-max-mb {args.hta_max_mb:g})"
-        elif hta_py is not None and large and f["path"].suffix == ".gz" and not args.hta_large_gzip:
-            f["hta_note"] = "not run (--hta-large-gzip)"
-        elif hta_py is not None:
-            print(f"HTA on {f['path'].name} ...", flush=True)
-            runs = args.hta_large_runs if large else args.hta_runs
-            f["hta"] = bench_hta(hta_py, f["path"], runs, args.hta_timeout)
-            f["hta"]["runs"] = runs
-            if not f["hta"]["ok"]:
-                print(f"  HTA failed: {f['hta']['error']}", flush=True)
+        py = hta_py
+        if py is not None and args.hta_max_mb and f["json_bytes"] > args.hta_max_mb * MB:
+            f["hta_note"], py = f"not run (--hta-max-mb {args.hta_max_mb:g})", None
+        elif py is not None and large and f["path"].suffix == ".gz" and not args.hta_large_gzip:
+            f["hta_note"], py = "not run (--hta-large-gzip)", None
+        print(f"{f['path'].name}: tracedx{' and HTA, interleaved' if py else ''} ...", flush=True)
+        hta_runs = args.hta_large_runs if large else args.hta_runs
+        f["tracedx"] = bench_file(f["path"], args.runs, py, hta_runs, args.hta_timeout)
+        if py is not None:
+            f["hta"] = f["tracedx"].pop("hta")
 
     table = render_table(files)
     machine = (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{_cpu_model()}, {len(os.sched_getaffinity(0))} of {os.cpu_count()} cores usable, "
         f"{_mem_gib():.0f} GiB, Python {platform.python_version()}"
     )
     notes = [
         f"source: {source.name} ({plan_bytes(files)})",
         f"machine: {machine}",
         f"HTA: {hta_version}",
+        f"tracedx: commit {os.environ.get('BENCH_COMMIT') or _commit()}",
         f"runs: tracedx {args.runs}, HTA {args.hta_runs} per file (median); "
         f"HTA {args.hta_large_runs} on files of 1 GB and more",
     ]
+    if hta_py is not None:
+        notes.append(
+            "HTA runs with HTA_DISABLE_NS_ROUNDING=1 (its temporal breakdown fails an "
+            "assertion on sub-microsecond kernels otherwise)"
+        )
+    notes.append("times: median (min-max) of the runs; each round runs tracedx and HTA in turn")
     for f in files:
-        x, h = f.get("extras") or {}, f.get("hta")
-        if x:
-            hta_inproc = h.get("inprocess_s") if h and h.get("ok") else None
-            ratio = f", {hta_inproc / x['inprocess_s']:.1f}x HTA's" if hta_inproc else ""
+        x, h = f["tracedx"], f.get("hta")
+        if x.get("ok"):
             notes.append(
-                f"{f['label']}: import tracedx {x['import_s']:.3f} s, --help {x['help_s']:.3f} s, "
-                f"in-process diagnose(load) {x['inprocess_s']:.3f} s{ratio} (imports excluded), "
-                f"cached second diagnose {x['cached_s']:.3f} s (medians of {args.runs})"
+                f"{f['label']}: import tracedx {_s(x['import'], 3)} s, --help {_s(x['help'], 3)} s, "
+                f"tracedx.load alone {_s(x['load'])} s"
             )
         if f.get("hta_note"):
             notes.append(f"HTA on {f['label']}: {f['hta_note']}")
-        if h is not None and not h.get("ok"):
+        if h is not None and h.get("error"):
             notes.append(f"HTA failed on {f['label']}: {h['error']}")
     text = table + "\n\n" + "\n".join("- " + n for n in notes)
     print("\n" + text)
@@ -667,8 +663,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def plan_bytes(files: list[dict]) -> str:
     return ", ".join(f"{f['label']}: {f['steps']} steps" for f in files if "gz" not in f["label"])
+
+
+def _commit() -> str:
+    r = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    )
+    return r.stdout.strip() or "unknown"
 
 
 def _mem_gib() -> float:

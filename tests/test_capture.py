@@ -97,6 +97,7 @@ def test_training_loop_trace_has_steps_and_metadata(train_run):
     assert set(meta) >= {"version", "torch_version", "cuda_version", "gpu_name", "script"}
     timing = meta["unprofiled_step_ms"]
     assert timing["n"] == 2 and 0 < timing["min"] <= timing["median"] <= timing["max"]
+    assert timing["min"] <= timing["mean"] <= timing["max"]
     assert "CPU activity only" in proc.stderr  # said plainly when no GPU is present
 
 
@@ -446,3 +447,42 @@ def test_a_script_that_closes_stdout_keeps_its_trace(tmp_path, monkeypatch, caps
     res = _inprocess(tmp_path, _loop("sys.stdout.close(); sys.exit(0)"))
     assert res.exit_code == 0 and res.path.exists()  # the path line was lost, not the capture
     assert "internal error" not in capsys.readouterr().err
+
+
+NO_MARKERS = """
+import time, torch
+x = torch.ones(64)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 1.5:  # no step marker: the fallback profile would record it all
+    y = (x * 2).sum()
+    time.sleep(0.002)  # a small trace: quick to write
+print("done")
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize("limit", ["time", "growth"])
+def test_a_script_without_step_markers_is_recorded_for_a_bounded_time(
+    tmp_path, capsys, monkeypatch, limit
+):
+    if limit == "growth":  # any growth at all stops it: the 64 MiB tensor is growth enough
+        monkeypatch.setattr(cap, "FALLBACK_GROWTH_BYTES", 1 << 20)
+        script = NO_MARKERS.replace("t0 = ", "big = torch.ones(16 << 20)\nt0 = ")
+        res = _inprocess(tmp_path, script, fallback_seconds=0)
+        why = "once the process had grown by"
+    else:
+        res = _inprocess(tmp_path, NO_MARKERS, fallback_seconds=0.25)
+        why = "after 0.25 s"
+    err = capsys.readouterr().err
+    assert res.exit_code == 0 and res.steps == 0, err
+    said = [ln for ln in err.splitlines() if why in ln and "--fallback-seconds" in ln]
+    assert len(said) == 2, err  # when it triggers, and in the summary at the end
+    ts = [e["ts"] for e in _load(res.path)["traceEvents"] if e.get("ph") == "X"]
+    assert ts and (max(ts) - min(ts)) / 1e6 < 0.9  # not the 1.5 s the script ran
+    if limit == "time":
+        assert all("2 GiB of growth" in ln for ln in said)
+        from click.testing import CliRunner
+
+        from tracedx.cli import main
+
+        assert "--fallback-seconds" in CliRunner().invoke(main, ["capture", "--help"]).output

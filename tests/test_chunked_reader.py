@@ -1,6 +1,6 @@
 """The fast reader's chunked and two-process paths give exactly the reference reader's tables.
 
-Traces under ``CHUNK_BYTES`` (16 MB) are decoded in one piece, so these tests shrink the chunk
+Traces under ``CHUNK_BYTES`` (8 MB) are decoded in one piece, so these tests shrink the chunk
 and block sizes to cut a real H200 trace (4.7 MB of JSON) into a hundred chunks, and force the
 worker process (normally only for traces of 256 MB and more, on an idle core).
 """

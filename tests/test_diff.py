@@ -507,8 +507,11 @@ def test_several_fixes_given_are_checked_together():
     assert two.fix == "pinned-memory + dataloader-workers"
     found = [f for f in before.findings if f.fix in ("pinned-memory", "dataloader-workers")]
     assert two.prediction.estimated_speedup == pytest.approx(combined_speedup(before.model, found))
-    # the model's estimate for both is more than either alone
-    assert two.prediction.estimated_speedup > max(f.estimated_speedup for f in found)
+    # 8 workers deliver a batch every D / 8 (20.9 ms), longer than the rest of the step with or
+    # without pinning: the workers bind, and both together are worth what the workers are
+    workers = next(f for f in found if f.fix == "dataloader-workers")
+    assert two.prediction.estimated_speedup == pytest.approx(workers.estimated_speedup)
+    assert combined_speedup(before.model, found) > pinned.estimated_speedup
     r = CliRunner().invoke(main, ["diff", str(b), str(a), "--fix", "pinned-memory,nope"])
     assert r.exit_code == 2 and "'nope'" in r.output
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from tracebuilder import T0, TraceBuilder
 
@@ -40,6 +38,11 @@ def test_autocast_casts_count_fp32_weights_of_forward_gemms(tmp_path):
         input_type=["float", "float", ""],
     )
     t = _load(b, tmp_path)
+    # no backward in the step (inference): the forward cast only, 6 bytes per element
+    assert autocast_cast_bytes(t, [1]) == 6 * (32 + 8) + 6 * 16 * 27
+    # a backward node in the step: the gradients are cast back too, 12 bytes per element
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", T0 + 50, 5, tid=2)
+    t = tracedx.load(b.write(tmp_path / "train.json"))
     assert autocast_cast_bytes(t, [1]) == 12 * (32 + 8) + 12 * 16 * 27
 
 
@@ -96,6 +99,17 @@ def test_dataloader_workers_by_hand():
     assert "2 workers (assumed, on 2 free cores)" in f2.derivation
 
 
+def test_dataloader_workers_overlap_the_main_threads_waits():
+    # step 1100 us: host 1000 (DataLoader 800), GPU 100, E = 100 us of blocking waits. The
+    # rest of the step is max(200, 100) + 100 = 300 us, during all of which the workers run:
+    # 2 workers deliver a batch every 400 us, so T' = max(300, 400) = 400 (not 400 + E)
+    m = _model(step_us=1100.0, mean_step_us=1100.0)
+    assert m.serial_us == 100.0
+    assert fx.dataloader_workers(m, workers=2).estimated_speedup == pytest.approx(1100 / 400)
+    # 8 workers, one every 100 us: the rest of the step binds, T' = 300
+    assert fx.dataloader_workers(m).estimated_speedup == pytest.approx(1100 / 300)
+
+
 def test_dataloader_workers_with_profiler_cost_by_hand():
     # traced 1000 us, unprofiled 600: 400 us of profiler cost over 100 events (4 us each), of
     # which 50 in the DataLoader: D = 800 - 200 = 600 us unprofiled, the rest 200 - 200 = 0
@@ -108,17 +122,98 @@ def test_dataloader_workers_with_profiler_cost_by_hand():
     assert fx.dataloader_workers(m, workers=4).estimated_speedup == pytest.approx(600 / 150)
 
 
-def test_compile_traced_away_events_never_cost_more_than_their_time():
-    # 30 us of ops that launch nothing, 20 events at 4 us of profiler cost each (80 us): only
-    # their 30 us of traced time can go, not the 80 us of profiler cost the events would carry
+def test_profiled_events_cap_a_part_at_its_traced_time():
+    m = _model(host_events=100.0, tax_us=4.0, unprofiled_step_us=600.0)
+    # 30 us of traced time in 20 events: at 4 us each their cost would be 80 us; only 7.5
+    # events' worth (30 us) is counted, so the part's unprofiled time is 0, not -50 us
+    assert fx.profiled_events(m, 30.0, 20.0) == 7.5
+    assert fx.host_change(m, 30.0, 20.0) == fx.Change(host_us=-30.0, host_events=-7.5)
+    assert fx.host_change(m, 30.0, 20.0, sign=1.0) == fx.Change(host_us=30.0, host_events=7.5)
+    # events costing less than their time are all counted; without a profiler cost, all are
+    assert fx.profiled_events(m, 100.0, 20.0) == 20.0
+    assert fx.profiled_events(_model(), 30.0, 20.0) == 20.0
+
+
+def test_compile_removed_parts_never_cost_more_than_their_time():
+    # host 1000 us traced in 200 events at 4 us of profiler cost: 200 us unprofiled; GPU 100
     m = _model(
         dataloader_us=0.0,
         host_no_gpu_us=30.0,
         host_events=200.0,
+        events_per_kernel=2.0,
         tax_us=4.0,
         unprofiled_step_us=200.0,
     )
+    assert m.predict() == pytest.approx(200)
+    # chain 50 us saving 10 (G' = 90); 2 kernels fused away with 40 us of host time in 4 events
+    # (16 us of profiler cost): 24 us goes; 30 us of ops that launch nothing in 20 events
+    # (80 us of cost, capped at their 30): 0 goes. H' = 200 - 24 = 176
     f = fx.torch_compile(m, 50.0, 10.0, 2.0, 1.0, 40.0, 0.0, 30.0, 20.0)
-    h = m.host_us - 40 - 30 - m.tax_us * (200 - 2 * m.events_per_kernel - 30 / 4)
-    assert f.estimated_speedup == pytest.approx(m.predict() / max(h, m.gpu_us - 10))
-    assert math.isfinite(f.estimated_speedup)
+    assert f.estimated_speedup == pytest.approx(200 / 176)
+    # uncapped, removing the 20 events would add 50 us: T' = 226, no saving at all
+    assert fx.apply(m, f.change) == pytest.approx(176)
+
+
+def test_cuda_graphs_kept_host_work_is_never_negative():
+    # 10 kernels on a nearly idle GPU (busy 1 us): host 1000 us traced, 100 events at 4 us of
+    # profiler cost (600 us unprofiled). The ops that launch nothing stay: 30 us traced in 20
+    # events, whose 80 us of cost is capped at their 30 (0 us unprofiled, not -50);
+    # H' = 30 + 1.4 x 10 replay - 4 x (7.5 + 1) = 10 us; G' = 1 + 0.46 x 10 = 5.6 us
+    m = _model(
+        busy_us=1.0,
+        dataloader_us=0.0,
+        host_no_gpu_us=30.0,
+        no_gpu_events=20.0,
+        host_events=100.0,
+        tax_us=4.0,
+        unprofiled_step_us=600.0,
+    )
+    f = fx.cuda_graphs(m)
+    assert fx.apply(m, f.change) == pytest.approx(10.0)
+    assert f.estimated_speedup == pytest.approx(600 / 10)
+
+
+def test_dataloader_removal_with_cheap_events_saves_nothing():
+    # the DataLoader's 100 us traced holds 100 events at 4 us: all profiler cost. Taking it
+    # off the main thread (workers already run, or pinned-memory's pin thread) saves 0 us
+    # unprofiled, never adds 300
+    m = _model(
+        dataloader_us=100.0,
+        host_no_gpu_us=100.0,
+        dataloader_events=100.0,
+        host_events=200.0,
+        tax_us=4.0,
+        unprofiled_step_us=200.0,
+        dataloader_multiprocess=True,
+    )
+    w = fx.dataloader_workers(m)
+    assert fx.apply(m, w.change) == pytest.approx(m.predict())
+    p = fx.pinned_memory(m, 10.0, 1e6, 50.0, "test")
+    both = fx.combined_change(m, [w, p])
+    # the DataLoader is removed once: 100 us traced, 25 events (its 100 us of cost)
+    assert (both.host_us, both.host_events) == pytest.approx((-100.0, -25.0))
+    # a larger batch adds the DataLoader's time at its unprofiled cost, 0 here: per sample
+    # the step halves
+    lb = fx.larger_batch(m, 0.9, growth=lambda k: 1.0)
+    assert lb.estimated_speedup == pytest.approx(2.0)
+
+
+def test_pairs_steady_state_figures_are_the_measurements():
+    """pairs.json's steady-state means and speedups are steady_state-h200.json's, recomputed."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    if not (root / "steady_state-h200.json").exists():
+        pytest.skip("sample traces missing")
+    runs = json.loads((root / "steady_state-h200.json").read_text())["dataloader"]
+    means = {r["step_ms_mean"] for k, r in runs.items() if isinstance(r, dict) and "n" in r}
+    checked = 0
+    for p in json.loads((root / "pairs.json").read_text()):
+        s = p.get("steady_state")
+        if s is None:
+            continue
+        assert {s["before_mean_ms"], s["after_mean_ms"]} <= {round(m, 3) for m in means}
+        assert s["speedup_of_means"] == round(s["before_mean_ms"] / s["after_mean_ms"], 2)
+        checked += 1
+    assert checked == 3

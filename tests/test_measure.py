@@ -12,7 +12,9 @@ from tracedx import measure
 def test_summarize_median_min_max():
     t = measure.summarize([3.0, 1.0, 2.0, 10.0])
     assert (t.median_ms, t.min_ms, t.max_ms, t.samples) == (2.5, 1.0, 10.0, 4)
-    assert t.as_dict() == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    # the mean, 16 / 4 = 4.0, is the throughput of bursty steps (one slow step in four)
+    assert t.mean_ms == 4.0
+    assert t.as_dict() == {"median": 2.5, "mean": 4.0, "min": 1.0, "max": 10.0, "n": 4}
     with pytest.raises(ValueError):
         measure.summarize([])
 

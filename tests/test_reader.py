@@ -735,3 +735,32 @@ def test_time_containment_picks_the_innermost_running_op(tmp_path):
         "k4": None,  # 60: no op runs on the thread
         "k5": "aten::linear",  # 40: addmm ended at 40 ([start, end)), linear runs
     }
+
+
+def test_list_columns_through_json_match_polars_own_conversion():
+    """tables._nested (list columns built through polars' JSON reader) gives the values and
+    dtype of polars' own conversion of the Python lists, nulls and empty lists kept apart."""
+    from tracedx.trace.tables import _nested
+
+    shapes = [None, [], [[]], [[1, 2], []], [[2**62, -3]]]
+    strs = [None, [], ['a\u00e9"\\x', ""], ["c10::BFloat16"]]
+    for vals, dtype in ((shapes, pl.List(pl.List(pl.Int64))), (strs, pl.List(pl.Utf8))):
+        got = _nested(vals, dtype)
+        assert got.dtype == dtype
+        assert got.to_list() == vals
+    assert _nested([], pl.List(pl.Utf8)).to_list() == []
+
+
+def test_float_columns_non_finite_become_null_finite_kept():
+    """The numpy finite check of tables._any_float_col: inf and NaN become null, nulls stay
+    null, finite values are unchanged (est. achieved occupancy % of a kernel)."""
+    from tracedx.trace.tables import _any_float_col
+
+    assert _any_float_col([1.5, 2.0]).to_list() == [1.5, 2.0]
+    assert _any_float_col([1.5, float("inf"), None, float("nan"), 3]).to_list() == [
+        1.5,
+        None,
+        None,
+        None,
+        3.0,
+    ]

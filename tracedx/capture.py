@@ -21,7 +21,7 @@ How a capture goes (PyTorch docs, ``torch.profiler``):
   to a temporary file, gzipped and renamed into place (atomic), and the script's exit status
   is passed on. SIGKILL and out-of-memory kills leave no trace (nothing can run then).
 - Beside the events the trace gets a top-level ``"tracedx"`` key: versions, GPU, schedule,
-  step marker, script and argv, and with ``time_unprofiled=K`` the median/min/max of K steps
+  step marker, script and argv, and with ``time_unprofiled=K`` the median/mean/min/max of K steps
   timed without the profiler (synchronized wall clock, :class:`tracedx.measure.StepTimer`) in a
   first, unprofiled run of the same script in a subprocess.
 
@@ -31,6 +31,7 @@ torch.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import datetime as _dt
 import gzip
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -285,6 +287,28 @@ def _without_kineto_noise(call: Callable[[], object]) -> object:
                     kept = kept[os.write(2, kept) :]
 
 
+# The fallback profile (setup and the first steps, or the whole run of a script without step
+# markers) stops recording after this many seconds, or once the process has grown by this many
+# bytes while it records, whichever comes first: a script without step markers once grew it past
+# 9 GB. What it recorded until then is kept and written; the script runs on unprofiled.
+FALLBACK_SECONDS = 30.0
+FALLBACK_GROWTH_BYTES = 2 << 30
+# The signal whose Python handler stops the fallback in the main thread (torch.profiler must be
+# stopped by the thread that started it: stopping it from another thread crashes). A watchdog
+# thread raises it with ``_thread.interrupt_main``, which sends no OS signal (no EINTR in the
+# script's system calls); SIGURG is ignored by default, so one from elsewhere is harmless.
+_LIMIT_SIGNAL = getattr(signal, "SIGURG", None)
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc/self/statm``); None where unknown."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 class _Session:
     """Drives torch.profiler through pre/wait, warm-up and active phases on step boundaries.
 
@@ -303,8 +327,18 @@ class _Session:
         with_stack: bool,
         write: Callable[[object, int], None],
         profile_memory: bool = False,
+        fallback_seconds: float = FALLBACK_SECONDS,
+        fallback_growth_bytes: int | None = None,
     ):
         self.torch = _import_torch()
+        self.fallback_seconds = fallback_seconds
+        self.fallback_growth_bytes = (
+            FALLBACK_GROWTH_BYTES if fallback_growth_bytes is None else fallback_growth_bytes
+        )
+        self.fallback_limited: str | None = None  # why the fallback stopped early, once it did
+        self._limit_reason: str | None = None
+        self._guard: tuple | None = None  # (stop event, previous handler, our handler)
+        self._busy = False
         self.schedule = schedule
         self.with_stack = with_stack
         self.profile_memory = profile_memory
@@ -352,11 +386,97 @@ class _Session:
         self.fallback = self._new_profiler()
         _without_kineto_noise(self.fallback.start)
         self.fallback_recording = True
+        self._start_guard()
+
+    # -- the fallback's bound ---------------------------------------------------------------
+    def _start_guard(self) -> None:
+        """Watch the fallback's time and the process's growth from a thread; past a limit, stop
+        the fallback from the main thread (see :data:`_LIMIT_SIGNAL`)."""
+        if _LIMIT_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+            return
+        if not self.fallback_seconds and not self.fallback_growth_bytes:
+            return
+        handler = self._on_limit
+        try:
+            old = signal.signal(_LIMIT_SIGNAL, handler)
+        except (ValueError, OSError):
+            return
+        stop = threading.Event()
+        self._guard = (stop, old, handler)
+        threading.Thread(
+            target=self._watch, args=(stop, handler), name="tracedx-fallback-guard", daemon=True
+        ).start()
+
+    def _watch(self, stop: threading.Event, handler) -> None:
+        t0, rss0 = time.monotonic(), _rss_bytes()
+        while not stop.wait(0.05):
+            if not self.fallback_recording:
+                return
+            if self._limit_reason is None:
+                rss = _rss_bytes() if rss0 is not None and self.fallback_growth_bytes else None
+                if self.fallback_seconds and time.monotonic() - t0 >= self.fallback_seconds:
+                    self._limit_reason = f"after {self.fallback_seconds:g} s"
+                elif rss is not None and rss - rss0 > self.fallback_growth_bytes:
+                    self._limit_reason = (
+                        f"once the process had grown by {(rss - rss0) / 2**30:.1f} GiB"
+                    )
+                else:
+                    continue
+            if signal.getsignal(_LIMIT_SIGNAL) != handler:
+                return  # the script took the signal for itself: no bound, never its handler
+            _thread.interrupt_main(_LIMIT_SIGNAL)
+
+    def _on_limit(self, signum, frame) -> None:
+        if (
+            os.getpid() != self.owner_pid
+            or self._busy
+            or not self.fallback_recording
+            or self._limit_reason is None
+        ):
+            return  # the watchdog asks again
+        self._busy = True
+        try:
+            self._stop_fallback()
+        except Exception as e:  # never break the user's script because of the profiler
+            self.errors.append(f"profiler error while stopping the fallback profile: {e}")
+            self._abandon()
+            return
+        finally:
+            self._busy = False
+        self.fallback_limited = self._limit_reason
+        _print_err(
+            f"tracedx: no active window yet: the profile of the setup and first steps stopped "
+            f"recording {self._limit_reason} (limits: {self.fallback_seconds:g} s, "
+            f"{self.fallback_growth_bytes / 2**30:g} GiB of growth; --fallback-seconds); what it "
+            "recorded is kept and written, the script runs on unprofiled until the active window"
+        )
+        self._end_guard()
+
+    def _end_guard(self) -> None:
+        """Stop the watchdog; give the signal back (only from the main thread)."""
+        if self._guard is None:
+            return
+        stop, old, handler = self._guard
+        stop.set()
+        if threading.current_thread() is threading.main_thread():
+            self._guard = None
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if signal.getsignal(_LIMIT_SIGNAL) == handler:
+                    signal.signal(_LIMIT_SIGNAL, old)
 
     def boundary(self) -> None:
         """One step boundary: advance the phases (in the process that started the profiler)."""
         if os.getpid() != self.owner_pid:
             return
+        self._busy = True
+        try:
+            self._boundary()
+        finally:
+            self._busy = False
+        if not self.fallback_recording:
+            self._end_guard()
+
+    def _boundary(self) -> None:
         self.m += 1
         m, s = self.m, self.schedule
         start_active = s.start_active
@@ -439,6 +559,14 @@ class _Session:
         if os.getpid() != self.owner_pid:
             self.written = True
             return "none"
+        self._busy = True
+        try:
+            return self._finish()
+        finally:
+            self._busy = False
+            self._end_guard()
+
+    def _finish(self) -> str:
         if self.written:
             return "active" if self.active_done >= self.schedule.active else "none"
         if self.main is not None and self.main_recording:
@@ -771,6 +899,7 @@ def capture_script(
     marker: str = "auto",
     quiet: bool = False,
     profile_memory: bool = False,
+    fallback_seconds: float = FALLBACK_SECONDS,
 ) -> CaptureResult:
     """Run ``script`` like ``python script args`` under torch.profiler and write its trace.
 
@@ -782,10 +911,17 @@ def capture_script(
     in a subprocess and K of its steps are timed (synchronized wall clock between step markers,
     the same steps as the profiled window's first ones: the setup step and ``wait + warmup - 1``
     more are skipped; the GPU's clocks are warmed up for 0.3 s at the first marker,
-    see :mod:`tracedx.measure`); the median/min/max go into the trace's ``"tracedx"`` metadata as
-    ``unprofiled_step_ms``. Each timed step starts with an idle GPU: host work that a
-    free-running loop would overlap with the previous step's kernels is exposed, so a step
-    whose host and GPU times are close reads slower here than in the trace.
+    see :mod:`tracedx.measure`); the median/mean/min/max go into the trace's ``"tracedx"``
+    metadata as ``unprofiled_step_ms`` (the estimates use the median; the mean is the
+    throughput where steps come in bursts, as DataLoader workers' batches do). Each timed
+    step starts with an idle GPU: host work that a free-running loop would overlap with the
+    previous step's kernels is exposed, so a step whose host and GPU times are close reads
+    slower here than in the trace.
+
+    Until the active window, a fallback profile records the setup and the first steps (it is
+    written when the script ends before the active window, e.g. without step markers); it stops
+    recording after ``fallback_seconds`` (0: no time limit) or once the process has grown by
+    :data:`FALLBACK_GROWTH_BYTES`, and what it recorded until then is written.
 
     ``marker`` picks the step source: ``"auto"`` (optimizer steps until the first explicit
     :func:`step` call, then explicit calls only), ``"optimizer"`` or ``"explicit"``. Use
@@ -806,6 +942,8 @@ def capture_script(
     schedule = schedule or Schedule()
     if time_unprofiled < 0:
         raise CaptureError("--time-unprofiled must be 0 or more")
+    if not fallback_seconds >= 0:
+        raise CaptureError("--fallback-seconds must be 0 or more")
     _Markers(lambda: None, marker)  # validates the mode before anything runs
     torch = _import_torch()
     messages: list[str] = []
@@ -851,7 +989,7 @@ def capture_script(
         _export(prof, final, meta)
         written["path"] = final
 
-    session = _Session(schedule, with_stack, write, profile_memory)
+    session = _Session(schedule, with_stack, write, profile_memory, fallback_seconds)
     markers = _Markers(session.boundary, marker)
     markers_box.append(markers)
     if not quiet:
@@ -900,14 +1038,23 @@ def capture_script(
             quiet,
         )
     elif window == "fallback":
+        covers = "the whole run"
+        if session.fallback_limited:
+            covers = (
+                f"the run until recording stopped {session.fallback_limited} (limits: "
+                f"--fallback-seconds {fallback_seconds:g}, "
+                f"{session.fallback_growth_bytes / 2**30:g} GiB of growth)"
+            )
         if n == 0:
             _note(
                 messages,
                 "no step marker was seen (no optimizer.step(), no tracedx.step()):"
-                " the trace covers the whole run with no ProfilerStep ranges; call "
+                f" the trace covers {covers}, with no ProfilerStep ranges; call "
                 "tracedx.step() once per iteration to get steps",
                 quiet,
             )
+        elif session.fallback_limited:
+            _note(messages, f"the fallback trace covers {covers}", quiet)
         else:
             _note(
                 messages,
@@ -1092,7 +1239,8 @@ def _time_unprofiled(
         )
     _note(
         messages,
-        f"unprofiled step time: median {timing['median']:.3f} ms (min "
+        f"unprofiled step time: median {timing['median']:.3f} ms (mean "
+        f"{timing['mean']:.3f}, min "
         f"{timing['min']:.3f}, max {timing['max']:.3f}, n={timing['n']}; "
         f"marker: {result.get('source', 'none')})",
         quiet,

@@ -484,6 +484,16 @@ def _job_options(analysis: dict) -> dict:
     is_flag=True,
     help="Record allocator events ([memory]): peak memory per step and larger-batch headroom.",
 )
+@click.option(
+    "--fallback-seconds",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="S",
+    help="Until the active window (or for the whole run of a script without step markers), "
+    "record at most S seconds, and stop once the process has grown by 2 GiB; what was recorded "
+    "is written (0: no time limit).",
+)
 @click.option("--diagnose", "then_diagnose", is_flag=True, help="Diagnose the trace once written.")
 def capture(
     script,
@@ -496,6 +506,7 @@ def capture(
     time_unprofiled,
     marker,
     profile_memory,
+    fallback_seconds,
     then_diagnose,
 ):
     """Run SCRIPT like `python SCRIPT args` under torch.profiler and write its trace.
@@ -515,6 +526,7 @@ def capture(
         time_unprofiled=time_unprofiled,
         marker=marker,
         profile_memory=profile_memory,
+        fallback_seconds=fallback_seconds,
     )
     if then_diagnose and result.path is not None:
         try:

@@ -1379,15 +1379,24 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     ``aten::convolution`` uses is cast to bf16 on each call (a cast kernel reading 4 and writing
     2 bytes per element; autocast's weight cache lives only inside one autocast region), and its
     bf16 gradient is cast back to fp32 into ``.grad`` in backward (2 read, 4 written): 12 bytes
-    per weight element per forward call (PyTorch, "Automatic Mixed Precision", CUDA op-specific
-    behaviour: ops that autocast to lower precision cast their inputs). Activations are taken to
-    be bf16 already (outputs of earlier autocast ops): only the weights' casts are counted.
-    On ``mlp_large-bf16`` (3 x 8192^2 weights, plus the batch's first input) the 7 cast kernels
-    take 0.630 ms per step; this gives 2.42 GB, 0.50 ms at 4.8 TB/s.
+    per weight element per forward call in a step that runs a backward, 6 in one that does not
+    (inference: no gradient; a backward is an ``autograd::engine::evaluate_function`` op in the
+    steps) (PyTorch, "Automatic Mixed Precision", CUDA op-specific behaviour: ops that autocast
+    to lower precision cast their inputs). Activations are taken to be bf16 already (outputs of
+    earlier autocast ops): only the weights' casts are counted. A weight used by several calls
+    in one autocast region is cast once (autocast's cache), which the trace cannot tell apart
+    (it records no tensor identity): counted per call. On ``mlp_large-bf16`` (3 x 8192^2
+    weights, plus the batch's first input) the 7 cast kernels take 0.630 ms per step; this
+    gives 2.42 GB, 0.50 ms at 4.8 TB/s.
     """
     o = trace.ops.filter(
         pl.col("step").is_in(steps) & pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
     ).select("name", "input_shapes", "input_dtypes")
+    backward = trace.ops.filter(
+        pl.col("step").is_in(steps)
+        & pl.col("name").str.starts_with("autograd::engine::evaluate_function")
+    ).height
+    per_element = (2 if backward else 1) * CAST_BYTES_PER_ELEMENT
     total = 0.0
     for name, shapes, dtypes in o.iter_rows():
         for i in _CAST_GEMM_WEIGHT[name]:
@@ -1395,7 +1404,7 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
                 continue
             if not dtypes or i >= len(dtypes) or dtypes[i] != "float":
                 continue
-            total += 2 * CAST_BYTES_PER_ELEMENT * float(np.prod(shapes[i]))
+            total += per_element * float(np.prod(shapes[i]))
     return total
 
 
@@ -1467,7 +1476,8 @@ def _math_findings(
                     new,
                     "roofline ceiling ratio to the bf16 tensor-core peak; bytes halve; plus "
                     "autocast's casts of the fp32 weights (read 4 + write 2 bytes per element, "
-                    "forward and gradient), at device bandwidth",
+                    "forward, and the gradient's cast back when the step runs a backward), at "
+                    "device bandwidth",
                     ev,
                 )
             )

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.trace.begin_end import read_tables
 from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
     api_kind_expr,
@@ -23,8 +24,8 @@ from tracedx.trace.link import (
     link_launches_to_ops,
     reused_external_ids,
 )
-from tracedx.trace.source import TRUNCATED_NOTE, read_into
-from tracedx.trace.tables import COMM_SCHEMA, DataWarning, TableBuilder
+from tracedx.trace.source import TRUNCATED_NOTE
+from tracedx.trace.tables import COMM_SCHEMA, DataWarning
 
 __all__ = ["DataWarning", "Trace", "load"]
 
@@ -335,9 +336,7 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             not a chrome trace; the message is one line that says what and where.
     """
     p = Path(path)
-    builder = TableBuilder()
-    doc, repairs = read_into(p, builder, repair_mode=repair, progress=progress)
-    raw = builder.finish()
+    doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
     ns = _nanoseconds(doc, raw)
     if ns:

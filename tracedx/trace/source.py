@@ -72,7 +72,7 @@ def _with_comms(decoder, comm_decoder, data) -> msgspec.json.Decoder:
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
+def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = None) -> bytes:
     """Return the JSON bytes of ``path``, gunzipped when it starts with the gzip magic bytes.
 
     A leading UTF-8 byte-order mark (Windows editors write one) is dropped. With
@@ -80,19 +80,23 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
 
     Raises TraceFormatError: missing or not a regular file, empty file, empty or truncated
     gzip, another compression format (named), a zero-filled file (stopped at the first run of
-    NULs, so a sparse or inflated one never fills memory).
+    NULs, so a sparse or inflated one never fills memory), and with ``limit`` more than
+    ``limit`` bytes of JSON (TooLargeWhole).
     """
     p = Path(path)
-    regular_file(p, "trace", TraceFormatError)
+    size = regular_file(p, "trace", TraceFormatError).st_size
     try:
-        raw = p.read_bytes()
+        if limit is None or size <= limit:
+            raw = p.read_bytes()
+        else:
+            raw = _read_capped(p, limit, repair_mode)
     except OSError as e:
         raise TraceFormatError(f"{p}: cannot read: {e.strerror or e}") from None
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
     check_format(p, raw[:8])
     if raw[:2] == _GZIP_MAGIC:
-        raw = _gunzip(p, raw, repair_mode)
+        raw = _gunzip(p, raw, repair_mode, limit)
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (the gzip stream holds no data)")
     else:
@@ -101,6 +105,55 @@ def read_bytes(path: str | Path, repair_mode: bool = False) -> bytes:
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
+
+
+# The whole-document reader (:func:`read_document`: a layout the fast reader cannot vouch for,
+# ``--repair``, B/E pairing) holds the whole JSON and then every event as a Python object at
+# once, several times the JSON's size (about 5x measured on a sample trace), so it refuses JSON
+# larger than this. The fast reader has no such limit: its memory follows the events kept.
+WHOLE_MAX_BYTES = 1 << 30
+WHOLE_MAX_ENV = "TRACEDX_MAX_WHOLE_JSON_BYTES"
+
+
+def whole_limit() -> int:
+    """The most JSON bytes the whole-document reader takes: :data:`WHOLE_MAX_BYTES`, or the
+    integer in the ``TRACEDX_MAX_WHOLE_JSON_BYTES`` environment variable when it is set."""
+    v = os.environ.get(WHOLE_MAX_ENV, "").strip()
+    return int(v) if v.isdigit() else WHOLE_MAX_BYTES
+
+
+class TooLargeWhole(TraceFormatError):
+    """JSON over :func:`whole_limit` that only the whole-document reader could read."""
+
+    def __init__(self, p: Path, limit: int) -> None:
+        super().__init__(
+            f"{p}: over {limit:,} bytes of JSON that must be read whole (a layout the streaming "
+            "reader does not read, --repair, or B/E events): refused to bound memory (about 5 "
+            f"bytes per JSON byte); set {WHOLE_MAX_ENV}=<bytes> to allow more"
+        )
+
+
+def _read_capped(p: Path, limit: int, repair_mode: bool) -> bytes:
+    """The bytes of a plain file larger than ``limit``: read in pieces up to its first run of
+    NULs (a preallocated file is then refused, or cut under ``repair_mode``, as
+    :func:`check_zeros` says); past ``limit`` bytes without one, TooLargeWhole."""
+    out: list[bytes] = []
+    size = 0
+    with open(p, "rb") as f:
+        head = f.read(8)
+        f.seek(0)
+        if head[:2] == _GZIP_MAGIC:  # compressed bytes over the limit inflate to more
+            raise TooLargeWhole(p, limit)
+        while piece := f.read(_INFLATE_OUT):
+            cut = check_zeros(p, piece, size, repair_mode)
+            if cut is not None:
+                out.append(piece[:cut])
+                break
+            size += len(piece)
+            if size > limit:
+                raise TooLargeWhole(p, limit)
+            out.append(piece)
+    return b"".join(out)
 
 
 # Magic bytes of formats a trace is sometimes packed in: named, instead of "invalid UTF-8".
@@ -165,10 +218,11 @@ def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | 
 _INFLATE_OUT = 16 << 20
 
 
-def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
+def _gunzip(p: Path, raw: bytes, repair_mode: bool = False, limit: int | None = None) -> bytes:
     """Inflate every gzip member of ``raw`` piece by piece (a bomb of NULs stops at its first
-    piece). Raises TraceFormatError: truncated (unless ``repair_mode`` keeps what was
-    inflated), corrupt, zero-filled, or another packed format inside."""
+    piece; any bomb stops past ``limit`` bytes, TooLargeWhole). Raises TraceFormatError:
+    truncated (unless ``repair_mode`` keeps what was inflated), corrupt, zero-filled, or
+    another packed format inside."""
     out: list[bytes] = []
     size = 0
     data = raw
@@ -187,6 +241,8 @@ def _gunzip(p: Path, raw: bytes, repair_mode: bool = False) -> bytes:
                         return b"".join([*out, piece[:cut]])
                     out.append(piece)
                     size += len(piece)
+                    if limit is not None and size > limit:
+                        raise TooLargeWhole(p, limit)
             if not d.eof:
                 part = b"".join(out)
                 if repair_mode and part.strip():
@@ -511,10 +567,11 @@ def _salvage_events(
 def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFile, list[str]]:
     """Read and decode a chrome trace (``.json`` or gzip, detected by magic bytes).
 
-    Returns (TraceFile, repair notes). Raises TraceFormatError on unusable input.
+    Returns (TraceFile, repair notes). Raises TraceFormatError on unusable input, and
+    TooLargeWhole past :func:`whole_limit` bytes of JSON.
     """
     p = Path(path)
-    data = read_bytes(p, repair_mode)
+    data = read_bytes(p, repair_mode, whole_limit())
     if not repair_mode:
         return decode(p, data), []
     try:
@@ -543,7 +600,10 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
 # by :func:`read_document`, whose messages and repair mode are the reference. So the fast
 # reader changes speed and memory, never a result or an error message.
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
+# (8 MB, not 16: a chunk's decoded events are the reader's peak, several times the chunk's
+# bytes; measured on benchmarks/bench.py's 107 MB trace, the read's peak resident set went
+# from 201 to 179 MB with no measurable change of time.)
 # A second process decodes and converts chunks alongside (it takes each chunk offered while
 # fewer than two of its chunks are out) when the JSON is at least this big. Measured on the
 # 2-core benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and
@@ -837,8 +897,15 @@ def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
             worker.close(abandon=not ok)
 
 
+class _NoWorker(Exception):
+    """Never raised: stands for parallel.WorkerError when no worker runs (not imported then)."""
+
+
 def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
-    from tracedx.trace.parallel import WorkerError
+    if worker is not None:
+        from tracedx.trace.parallel import WorkerError
+    else:
+        WorkerError = _NoWorker  # noqa: N806 (the class caught below)
 
     def collect(block: bool) -> None:
         nonlocal worker
