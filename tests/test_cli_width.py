@@ -267,3 +267,10 @@ def test_diff_says_why_op_times_vanish_under_a_cuda_graph(tmp_path):
         "kernels have no launching op there, so op times count only kernels outside graphs) "
         "aten::mm 0.010 ms -> 0.000 ms (-0.010 ms)"
     ), out[i:]
+
+
+def test_fit_keeps_a_number_with_its_unit():
+    from tracedx.console import fit
+
+    out = fit("a" * 45 + " 0.25 s then 2 GiB", 50).split("\n")  # "0.25" would end at column 50
+    assert out == ["a" * 45, "    0.25 s then 2 GiB"], out

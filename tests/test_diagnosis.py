@@ -160,3 +160,28 @@ def test_steps_option():
         main, ["diagnose", str(case("C10_cpu_ranges_not_nested.json")), "--steps", "9..12"]
     )
     assert res.exit_code == 2 and "no such steps" in res.output
+
+
+def test_json_is_the_same_whatever_the_thread_count():
+    """The diagnosis JSON of a real trace is byte-identical under this process's polars threads
+    and under one other count (a float sum split across threads is not: the kernel-kind and op
+    totals of this trace differed in their last digits before they were summed as integer
+    picoseconds)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import polars as pl
+
+    trace = Path(__file__).resolve().parent.parent / "sample_traces" / "gpt2_train-eager.json.gz"
+    args = ["diagnose", "--no-cache", "--format", "json", str(trace)]
+    here = CliRunner().invoke(main, args)
+    assert here.exit_code == 0, here.output
+    threads = "1" if pl.thread_pool_size() > 1 else "4"
+    env = {**os.environ, "POLARS_MAX_THREADS": threads}
+    other = subprocess.run(
+        [sys.executable, "-m", "tracedx.cli", *args],
+        capture_output=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    assert here.stdout_bytes and here.stdout_bytes == other.stdout

@@ -501,6 +501,21 @@ def test_the_chunk_cutter_is_linear_in_padding(tmp_path, monkeypatch):
         source.read_into(p, TableBuilder())
 
 
+def test_one_huge_string_is_refused_not_held(tmp_path, monkeypatch):
+    """A string with no boundary between events (here 24 MiB of one name, under a 16 MiB limit)
+    used to be held whole by the fast reader, so memory grew with the inflated bytes."""
+    import tracedx.trace.source as source
+    from tracedx.trace.tables import TableBuilder
+
+    monkeypatch.setattr(source, "CHUNK_BYTES", 1 * _MIB)
+    monkeypatch.setattr(source, "_MAX_UNCUT", 16 * _MIB)
+    p = tmp_path / "huge.json"
+    head = b'{"traceEvents":[{"ph":"X","pid":1,"tid":1,"ts":1,"dur":1,"name":"'
+    p.write_bytes(head + b"a" * (24 * _MIB) + b'"}]}')
+    with pytest.raises(source.TraceFormatError, match="without a boundary between two events"):
+        source.read_into(p, TableBuilder())
+
+
 @pytest.mark.parametrize(
     "head, fmt",
     [

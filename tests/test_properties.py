@@ -320,6 +320,59 @@ def test_op_tree_nesting_matches_the_stack_walk(rows):
     assert parent.tolist() == ref[0]
     assert depth.tolist() == ref[1]
     assert root.tolist() == ref[2]
+    # the linear path is right wherever it does not flag the group (any input: it is checked)
+    new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+    group = np.cumsum(new) - 1
+    fp, fd, fr, bad = link._nest_forest(new, group, start, end)
+    ok = ~bad[group]
+    assert fp[ok].tolist() == np.array(ref[0])[ok].tolist()
+    assert fd[ok].tolist() == np.array(ref[1])[ok].tolist()
+    assert fr[ok].tolist() == np.array(ref[2])[ok].tolist()
+
+
+def _forest(draw_sizes, t0=0.0):
+    """Properly nested intervals (children inside their parent, siblings apart; some touch,
+    some have length 0), as (start, end) in stack order."""
+    out = []
+
+    def node(a, b, budget):
+        out.append((a, b))
+        k = next(draw_sizes) % 4 if budget > 0 else 0
+        if k == 0 or b - a < 1:
+            return
+        cuts = sorted({a + (next(draw_sizes) % int(b - a + 1)) for _ in range(2 * k)})
+        for lo, hi in zip(cuts[::2], cuts[1::2], strict=False):
+            node(float(lo), float(hi), budget - 1)
+
+    t = t0
+    for _ in range(1 + next(draw_sizes) % 4):
+        length = float(next(draw_sizes) % 50)
+        node(t, t + length, 3)
+        t += length + next(draw_sizes) % 3
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 1000), min_size=100, max_size=100))
+def test_op_tree_nested_ranges_take_the_linear_path(sizes):
+    """Ranges that nest (what real traces hold) are answered by the linear path, with the
+    stack walk's parents, depths and roots."""
+    import numpy as np
+
+    from tracedx.trace import link
+
+    it = iter(sizes * 50)
+    rows = [(0, 0, a, b) for a, b in _forest(it)] + [(0, 1, a, b) for a, b in _forest(it)]
+    rows.sort(key=lambda r: (r[0], r[1], r[2], -r[3]))
+    pid = np.array([r[0] for r in rows])
+    tid = np.array([r[1] for r in rows])
+    start = np.array([r[2] for r in rows])
+    end = np.array([r[3] for r in rows])
+    new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+    ref = _stack_nest(pid * 10 + tid, start, end)
+    parent, depth, root, bad = link._nest_forest(new, np.cumsum(new) - 1, start, end)
+    assert not bad.any()
+    assert (parent.tolist(), depth.tolist(), root.tolist()) == tuple(ref)
 
 
 def test_op_tree_long_overlapping_run_stays_fast():

@@ -22,6 +22,8 @@ MIN_WIDTH = 60
 _ITEM = re.compile(r"^(\s*)(- |\d+\. |[A-Za-z][A-Za-z ]{2,13}(?=  ))")
 # a short `code span` (a command to run) is kept on one line
 _CODE = re.compile(r"`[^`\n]{1,60}`")
+# a number is kept on one line with its unit ("0.25 s", "2 GiB")
+_UNIT = re.compile(r"(?<=\d) (?=(?:ns|us|µs|ms|s|B|KB|MB|GB|KiB|MiB|GiB|bytes|GB/s|TB/s|TFLOPS)\b)")
 _GLUE = "\x00"  # never in a line: every string printed went through safe.term, which escapes it
 
 
@@ -50,7 +52,7 @@ def fit(text: str, width: int = WIDTH) -> str:
     """Wrap every line longer than ``width`` at spaces; continuation lines are indented under
     the line's text (after a ``- `` or ``1. `` bullet, or a row label), else by 4 columns. A
     word longer than the width (a kernel name, a path) is left whole on its own line, and so is a
-    short `code span` (a command to copy)."""
+    short `code span` (a command to copy); a number keeps its unit on its line."""
     out: list[str] = []
     for line in text.split("\n"):
         if len(line) <= width:
@@ -66,6 +68,7 @@ def fit(text: str, width: int = WIDTH) -> str:
             hang = lead + 4
         hang = min(hang, width // 2)
         glued = _CODE.sub(lambda c: c.group().replace(" ", _GLUE), line)
+        glued = _UNIT.sub(_GLUE, glued)
         wrapped = textwrap.wrap(
             glued, width, subsequent_indent=" " * hang, break_long_words=False,
             break_on_hyphens=False,

@@ -53,6 +53,7 @@ USABLE_MEMORY_SHARE = 0.9
 
 _WEIGHT_OPERAND = {"aten::linear": 1, "aten::addmm": 2, "aten::embedding": 0}
 _OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
+_WEIGHT_OPS = (*_WEIGHT_OPERAND, "aten::convolution", "aten::conv2d", "aten::conv1d")
 
 
 def _shape_key(shape) -> tuple | None:
@@ -127,8 +128,9 @@ def batch_model(
     k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
     if k.height == 0:
         return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
-    k = k.with_columns(
-        kk=kind_expr("name"),
+    # the name rules (regexes) once per distinct kernel name
+    kinds = k.select(pl.col("name").unique()).with_columns(kk=kind_expr("name"))
+    k = k.join(kinds, on="name", how="left", maintain_order="left").with_columns(
         blocks=pl.col("grid_x").cast(pl.Float64)
         * pl.col("grid_y").fill_null(1)
         * pl.col("grid_z").fill_null(1),
@@ -155,11 +157,12 @@ def batch_model(
     ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
         "op_id", "name", "input_shapes", "input_dtypes"
     )
-    wshapes = weight_shapes(ops)
-    op_rows = {
-        r[0]: (r[1], r[2], r[3])
-        for r in ops.filter(pl.col("op_id").is_in(k["op_id"].implode())).rows()
-    }
+    # only the ops weight_shapes reads (the whole op table's shapes are slow to turn into lists)
+    wshapes = weight_shapes(
+        ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS)))
+        .select("name", "input_shapes")
+        .unique(maintain_order=True)
+    )
     # roofline position per op group (name, shapes, dtypes)
     bandwidth_bound: set[tuple] = set()
     if ops_tbl is not None and "regime" in ops_tbl.columns:
@@ -170,44 +173,57 @@ def batch_model(
                 bandwidth_bound.add((name, str(sh), str(dt)))
     from tracedx.analysis.diagnosis import _tensor_bytes
 
-    fixed = 0.0
-    gemm, scaled = [], []
-    for t, kind, op_id, opt, blocks in zip(
-        k["duration_us"].to_list(),
-        k["kk"].to_list(),
-        k["op_id"].to_list(),
-        in_opt.tolist(),
-        k["blocks"].to_list(),
-        strict=True,
-    ):
-        fill = blocks / sms if blocks and sms else float("inf")
-        row = op_rows.get(op_id)
-        shapes = [s for s in (row[1] or []) if s] if row else []
-        if opt or (shapes and all(_shape_key(s) in wshapes for s in shapes)):
-            fixed += t
-            continue
-        if kind in ("gemm", "conv"):
-            w = 0.0
-            if row and (row[0], str(row[1]), str(row[2])) in bandwidth_bound:
-                dts = row[2] or []
-                b = [
-                    (_tensor_bytes(s, dts[i] if i < len(dts) else None), _shape_key(s) in wshapes)
-                    for i, s in enumerate(row[1] or [])
-                    if s
-                ]
-                tot = sum(x for x, _ in b)
-                w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
-            gemm.append((t, fill, w))
-        else:
-            c = min(t, KERNEL_FLOOR_US.get(kind, KERNEL_FLOOR_DEFAULT_US))
-            scaled.append((t, c, fill))
-    total = float(k["duration_us"].sum())
-    return BatchModel(
-        total,
-        fixed,
-        np.array(gemm, dtype=float).reshape(-1, 3),
-        np.array(scaled, dtype=float).reshape(-1, 3),
+    # per distinct (name, shapes, dtypes) of the kernels' ops, not per kernel: whether every
+    # tensor input is weight-shaped, and the weight byte share w of a bandwidth-bound one
+    groups = (
+        ops.filter(pl.col("op_id").is_in(k["op_id"].implode()))
+        .group_by("name", "input_shapes", "input_dtypes")
+        .agg("op_id")
     )
+    weight_only, share = [], []
+    for name, sh, dt, _ in groups.rows():
+        shapes = [x for x in (sh or []) if x]
+        weight_only.append(bool(shapes) and all(_shape_key(x) in wshapes for x in shapes))
+        w = 0.0
+        if (name, str(sh), str(dt)) in bandwidth_bound:
+            dts = dt or []
+            b = [
+                (_tensor_bytes(x, dts[i] if i < len(dts) else None), _shape_key(x) in wshapes)
+                for i, x in enumerate(sh or [])
+                if x
+            ]
+            tot = sum(x for x, _ in b)
+            w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
+        share.append(w)
+    per_op = (
+        groups.select("op_id")
+        .with_columns(
+            weight_only=pl.Series(weight_only, dtype=pl.Boolean),
+            w=pl.Series(share, dtype=pl.Float64),
+        )
+        .explode("op_id")
+    )
+    k = k.join(per_op, on="op_id", how="left", maintain_order="left")
+    t = k["duration_us"].to_numpy().astype(float)
+    blocks = k["blocks"].fill_null(0.0).to_numpy()
+    fill = blocks / sms if sms else np.full(k.height, np.inf)
+    fill = np.where(blocks != 0, fill, np.inf)
+    is_fixed = in_opt | k["weight_only"].fill_null(False).to_numpy()
+    # the fixed time summed in kernel order, one kernel after the other (as a loop would)
+    fixed = float(np.cumsum(t[is_fixed])[-1]) if is_fixed.any() else 0.0
+    kind = k["kk"].to_numpy()
+    is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
+    is_scaled = ~is_fixed & ~is_gemm
+    gemm = np.column_stack([t, fill, k["w"].fill_null(0.0).to_numpy()])[is_gemm]
+    floor = (
+        k["kk"]
+        .replace_strict(KERNEL_FLOOR_US, default=KERNEL_FLOOR_DEFAULT_US, return_dtype=pl.Float64)
+        .to_numpy()[is_scaled]
+    )
+    ts = t[is_scaled]
+    scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])
+    total = float(k["duration_us"].sum())
+    return BatchModel(total, fixed, gemm.reshape(-1, 3), scaled.reshape(-1, 3))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
+from tracedx.analysis.intervals import sum_us
 from tracedx.analysis.kernels import gpu_breakdown, kind_expr
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
@@ -199,9 +200,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
     return (
         m.with_columns(host_memory=host_mem)
         .group_by("device", "direction", "host_memory")
-        .agg(
-            count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=pl.col("duration_us").sum()
-        )
+        .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
         .with_columns(
             achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
                 pl.col("bytes") / pl.col("device_time_us") / 1e3
@@ -274,7 +273,7 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     return (
         sc.group_by("site", "op", pl.col("name").alias("call"))
-        .agg(count=pl.len(), blocked_us=pl.col("duration_us").sum())
+        .agg(count=pl.len(), blocked_us=sum_us("duration_us"))
         .sort("blocked_us", descending=True)
         .select(list(schema))
     )
@@ -340,7 +339,7 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
             n=pl.len(),
             start_us=pl.col("start_us").min(),
             end_us=pl.col("end_us").max(),
-            total=pl.col("duration_us").sum(),
+            total=sum_us("duration_us"),
             longest=pl.col("duration_us").max(),
             host=pl.col("host_per_kernel").fill_null(0.0).mean(),
             linked=pl.col("host_per_kernel").is_not_null().any(),
@@ -566,8 +565,8 @@ def diagnose(
     if trace.has_gpu_activity:
         busy = (
             w.group_by("device")
-            .agg(pl.col("gpu_busy_us").sum())
-            .sort("gpu_busy_us", descending=True)
+            .agg(sum_us("gpu_busy_us"))
+            .sort("gpu_busy_us", "device", descending=[True, False])
         )
         primary = busy["device"][0]
         if len(trace.devices) > 1:
@@ -761,7 +760,7 @@ def _step_model(
 
     def per_step_median(df: pl.DataFrame, value: str) -> float:
         # median over the analysed steps, counting steps where df has no row as 0
-        got = dict(df.group_by("step").agg(pl.col(value).sum()).rows()) if df.height else {}
+        got = dict(df.group_by("step").agg(sum_us(value)).rows()) if df.height else {}
         return float(np.median([got.get(s, 0.0) for s in steps])) if steps else 0.0
 
     idle = {

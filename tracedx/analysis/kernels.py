@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracedx.analysis.intervals import sum_us
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -81,13 +82,13 @@ def gpu_breakdown(gpu: pl.DataFrame, n_steps: int) -> pl.DataFrame:
     )
     out = (
         k.group_by("kkind")
-        .agg(count=pl.len(), device_time_us=pl.col("duration_us").sum())
+        .agg(count=pl.len(), device_time_us=sum_us("duration_us"))
         .rename({"kkind": "kind"})
     )
-    total = out["device_time_us"].sum() or 1.0
+    total = out.select(sum_us("device_time_us")).item() or 1.0
     n = max(n_steps, 1)
     return out.with_columns(
         count_per_step=pl.col("count") / n,
         device_time_us_per_step=pl.col("device_time_us") / n,
         share=pl.col("device_time_us") / total,
-    ).sort("device_time_us", descending=True)
+    ).sort("device_time_us", "kind", descending=[True, False])

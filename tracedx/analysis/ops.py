@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracedx.analysis.intervals import PS_PER_US, sum_ps, sum_us
 from tracedx.analysis.kernels import is_tf32_expr, kind_expr
 from tracedx.trace import Trace
 
@@ -34,10 +35,10 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         k = k.filter(pl.col("step").is_in(steps))
         hd = hd.filter(pl.col("step").is_in(steps))
     dev = gpu.group_by("op_id").agg(
-        device_time_us=pl.col("duration_us").sum(),
+        device_time_us=sum_us("duration_us"),
         kernels=(pl.col("kind") == "kernel").sum(),
     )
-    hd = hd.group_by("op_id").agg(host_device_copy_us=pl.col("duration_us").sum())
+    hd = hd.group_by("op_id").agg(host_device_copy_us=sum_us("duration_us"))
     # name rules (regexes) once per distinct kernel name, not once per kernel
     by_name = k.select(pl.col("name").unique()).with_columns(
         tf32=is_tf32_expr("name"), kkind=kind_expr("name")
@@ -78,25 +79,49 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     kernel_kind "host-device copy" and no FLOP/byte model: its bytes cross PCIe, so the device
     memory roofline does not bound it (the copies line of the report does).
     """
-    stats = launching_op_stats(trace, steps)
-    ops = trace.ops.select("op_id", "name", "input_shapes", "input_dtypes", "concrete_inputs")
-    j = stats.join(ops, on="op_id", how="inner")
+    # in op order, so that a group's "first" values are its first op's (group_by's row
+    # order is not fixed)
+    stats = launching_op_stats(trace, steps).sort("op_id")
+    # Two levels, so that the nested key columns are hashed once per launching op: first by
+    # the full call signature (what the FLOP model reads) in op order, then the few
+    # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
+    sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
+    ops = trace.ops.select("op_id", *sig).filter(pl.col("op_id").is_in(stats["op_id"].implode()))
+    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id").with_row_index("__sig")
+    of_op = per_sig.select("__sig", "op_id").explode("op_id")
+    g4 = (
+        stats.join(of_op, on="op_id", how="inner", maintain_order="left")
+        .group_by("__sig", maintain_order=True)
+        .agg(
+            pl.len().alias("count"),
+            sum_ps("device_time_us").alias("device_ps"),
+            pl.col("kernels").sum(),
+            pl.col("max_grid_blocks").max(),
+            pl.col("tf32").any(),
+            pl.col("kernel_kind").first(),
+            sum_ps("host_device_copy_us").alias("copy_ps"),
+        )
+        .join(per_sig.drop("op_id"), on="__sig", how="left", maintain_order="left")
+    )
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
         add_op_costs = None
-    if add_op_costs is not None and j.height:
-        j = add_op_costs(j)
+    if add_op_costs is not None and g4.height:
+        # one op's cost per signature; a signature's totals are count x that
+        g4 = add_op_costs(g4).with_columns(
+            flops=pl.col("flops") * pl.col("count"), bytes=pl.col("bytes") * pl.col("count")
+        )
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
-        pl.len().alias("count"),
-        pl.col("device_time_us").sum(),
+        pl.col("count").sum(),
+        (pl.col("device_ps").sum().cast(pl.Float64) / PS_PER_US).alias("device_time_us"),
         pl.col("kernels").sum(),
         pl.col("max_grid_blocks").max(),
         pl.col("tf32").any().alias("tf32"),
         pl.col("kernel_kind").first(),
         pl.col("concrete_inputs").first(),
-        pl.col("host_device_copy_us").sum(),
+        (pl.col("copy_ps").sum().cast(pl.Float64) / PS_PER_US).alias("host_device_copy_us"),
     ]
     for c, how in (
         ("flops", "sum"),
@@ -105,9 +130,9 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         ("family", "first"),
         ("tensor_core", "first"),
     ):
-        if c in j.columns:
+        if c in g4.columns:
             aggs.append(getattr(pl.col(c), how)())
-    g = j.group_by(key).agg(aggs)
+    g = g4.group_by(key, maintain_order=True).agg(aggs)
     transfer = (pl.col("host_device_copy_us") > 0) & (
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
     )
@@ -131,7 +156,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             math_mode=pl.when(pl.col("tf32")).then(pl.lit("tf32")),
         )
         .drop("tf32")
-        .sort("device_time_us", descending=True)
+        .sort("device_time_us", descending=True, maintain_order=True)
     )
 
 
@@ -159,17 +184,20 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             }
         )
     top = ops.filter(pl.col("parent_id").is_null()).select("op_id", "name", "duration_us")
-    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_not_null())
+    # only the GPU events and launches under these top-level ops (not the whole trace's)
+    tops = top["op_id"].implode()
+    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(tops))
     dev = (
         gpu.group_by("top_op_id")
-        .agg(device_time_us=pl.col("duration_us").sum(), kernels=(pl.col("kind") == "kernel").sum())
+        .agg(device_time_us=sum_us("duration_us"), kernels=(pl.col("kind") == "kernel").sum())
         .rename({"top_op_id": "op_id"})
     )
+    under = trace.ops.select("op_id", "top_op_id").filter(pl.col("top_op_id").is_in(tops))
     la = (
-        trace.launches.filter(pl.col("op_id").is_not_null())
-        .join(trace.ops.select("op_id", "top_op_id"), on="op_id")
+        trace.launches.select("op_id", "duration_us")
+        .join(under, on="op_id")
         .group_by("top_op_id")
-        .agg(launches=pl.len(), launch_us=pl.col("duration_us").sum())
+        .agg(launches=pl.len(), launch_us=sum_us("duration_us"))
         .rename({"top_op_id": "op_id"})
     )
     t = top.join(dev, on="op_id", how="left").join(la, on="op_id", how="left")
@@ -177,11 +205,11 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         t.group_by("name")
         .agg(
             count=pl.len(),
-            host_time_us=pl.col("duration_us").sum(),
-            device_time_us=pl.col("device_time_us").fill_null(0).sum(),
+            host_time_us=sum_us("duration_us"),
+            device_time_us=sum_us("device_time_us"),
             kernels=pl.col("kernels").fill_null(0).sum(),
             launches=pl.col("launches").fill_null(0).sum(),
-            launch_us=pl.col("launch_us").fill_null(0).sum(),
+            launch_us=sum_us("launch_us"),
         )
         .with_columns(
             host_us_per_kernel=pl.when(pl.col("kernels") > 0).then(

@@ -44,7 +44,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import gaps as _gaps
-from tracedx.analysis.intervals import overlap, owned_union, union
+from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
 from tracedx.trace import Trace
 
 CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work", "python")
@@ -60,13 +60,18 @@ def dataloader_windows(trace: Trace) -> pl.DataFrame:
 
 def gpu_tree_tops(trace: Trace) -> pl.Series:
     """``op_id`` of the top-level ops under which a GPU launch was issued (an op "launches"
-    when it or a descendant made a runtime launch call)."""
-    launching = trace.launches["op_id"].drop_nulls().unique()
-    return (
-        trace.ops.select("op_id", "top_op_id")
-        .filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"]
-        .unique()
-    )
+    when it or a descendant made a runtime launch call). Computed once per set of tables."""
+
+    def build() -> pl.Series:
+        launching = trace.launches["op_id"].drop_nulls().unique()
+        return (
+            trace.ops.select("op_id", "top_op_id")
+            .filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"]
+            .unique()
+            .sort()
+        )
+
+    return trace.memo("gpu_tree_tops", (trace.launches, trace.ops), build)
 
 
 def sync_calls(trace: Trace) -> pl.DataFrame:
@@ -78,8 +83,12 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
     wait for the GPU to produce the value) or ``pageable memcpy`` (a larger copy from or to
     pageable memory, which blocks the host for the whole copy: CUDA Runtime API docs,
     "API synchronization behavior").
-    Columns: the launches table's, plus ``blocking_reason``.
+    Columns: the launches table's, plus ``blocking_reason``. Computed once per set of tables.
     """
+    return trace.memo("sync_calls", (trace.launches, trace.memcpys), lambda: _sync_calls(trace))
+
+
+def _sync_calls(trace: Trace) -> pl.DataFrame:
     la = trace.launches
     page = trace.memcpys.filter(
         (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
@@ -126,7 +135,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
         sync_calls(trace)
         .filter(pl.col("step").is_not_null())
         .group_by("step")
-        .agg(sync_us=pl.col("duration_us").sum())
+        .agg(sync_us=sum_us("duration_us"))
     )
     rows = []
     devices = trace.devices or [None]
@@ -141,7 +150,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                 kernels=(pl.col("kind") == "kernel").sum(),
                 memcpys=(pl.col("kind") == "memcpy").sum(),
                 memsets=(pl.col("kind") == "memset").sum(),
-                memcpy_us=pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us")).sum(),
+                memcpy_us=sum_us(pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us"))),
             )
         )
         s = (
@@ -153,17 +162,15 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             .join(first, on="step", how="left")
             .sort("cpu_start_us")
         )
-        nxt = s["gpu_start_us"].to_list()
-        ends = []
-        last_end = s["last_end_us"].to_list()
-        for i in range(s.height):
-            if nxt[i] is None:
-                ends.append(None)
-                continue
-            later = next((x for x in nxt[i + 1 :] if x is not None), None)
-            ends.append(later if later is not None and later > nxt[i] else last_end[i])
+        # the GPU window ends where the next step with GPU work starts its first event
+        later = pl.col("gpu_start_us").shift(-1).fill_null(strategy="backward")
         s = s.with_columns(
-            gpu_end_us=pl.Series(ends, dtype=pl.Float64), device=pl.lit(dev, pl.Int64)
+            gpu_end_us=pl.when(pl.col("gpu_start_us").is_null())
+            .then(None)
+            .when(later.is_not_null() & (later > pl.col("gpu_start_us")))
+            .then(later)
+            .otherwise(pl.col("last_end_us")),
+            device=pl.lit(dev, pl.Int64),
         )
         s = (
             s.with_columns(
@@ -399,6 +406,6 @@ def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
     """Idle time per (step, device, cause): ``idle_us`` and the number of ``gaps``."""
     return (
         gaps.group_by("step", "device", "cause")
-        .agg(idle_us=pl.col("duration_us").sum(), gaps=pl.len())
+        .agg(idle_us=sum_us("duration_us"), gaps=pl.len())
         .sort("step", "device", "cause")
     )

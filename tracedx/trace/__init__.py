@@ -81,8 +81,22 @@ class Trace:
     comm_args: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(schema={**COMM_SCHEMA, "end_us": pl.Float64})
     )
-    _gpu_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _coll_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def memo(self, name: str, tables: tuple, build):
+        """``build()``, computed once per set of ``tables`` (compared by identity, so replacing
+        a table rebuilds it) and kept under ``name``: what analyses derive from the tables and
+        ask for more than once (the GPU activity, the host syncs, the collectives)."""
+        hit = self._memo.get(name)
+        if (
+            hit is not None
+            and len(hit[0]) == len(tables)
+            and all(a is b for a, b in zip(hit[0], tables, strict=True))
+        ):
+            return hit[1]
+        out = build()
+        self._memo[name] = (tables, out)
+        return out
 
     @property
     def distributed_info(self) -> dict[str, Any] | None:
@@ -105,14 +119,11 @@ class Trace:
         ``dst_rank``. See :mod:`tracedx.trace.collectives` for where each value comes from.
         Built once per set of tables.
         """
-        key = (self.kernels, self.comm_args, self.steps)
-        if self._coll_cache is not None and all(
-            a is b for a, b in zip(self._coll_cache[0], key, strict=True)
-        ):
-            return self._coll_cache[1]
-        out = build_collectives(self.kernels, self.comm_args, self.steps)
-        self._coll_cache = (key, out)
-        return out
+        return self.memo(
+            "collectives",
+            (self.kernels, self.comm_args, self.steps),
+            lambda: build_collectives(self.kernels, self.comm_args, self.steps),
+        )
 
     def __repr__(self) -> str:
         from tracedx.report.card import trace_repr
@@ -127,10 +138,14 @@ class Trace:
     @property
     def devices(self) -> list[int]:
         """Device indices with GPU activity, sorted."""
-        ids: set[int] = set()
-        for t in (self.kernels, self.memcpys, self.memsets):
-            ids.update(x for x in t["device"].unique().to_list() if x is not None)
-        return sorted(ids)
+
+        def build() -> list[int]:
+            ids: set[int] = set()
+            for t in (self.kernels, self.memcpys, self.memsets):
+                ids.update(x for x in t["device"].unique().to_list() if x is not None)
+            return sorted(ids)
+
+        return list(self.memo("devices", (self.kernels, self.memcpys, self.memsets), build))
 
     @property
     def truncated(self) -> bool:
@@ -160,13 +175,17 @@ class Trace:
         return props[0] if props else None
 
     def _busiest_device(self) -> int | None:
-        counts: dict[int, int] = {}
-        for t in (self.kernels, self.memcpys, self.memsets):
-            if t.height:
-                for dev, n in t.group_by("device").len().rows():
-                    if dev is not None:
-                        counts[dev] = counts.get(dev, 0) + n
-        return max(counts, key=counts.get) if counts else None
+        def build() -> int | None:
+            counts: dict[int, int] = {}
+            for t in (self.kernels, self.memcpys, self.memsets):
+                if t.height:
+                    for dev, n in t.group_by("device").len().rows():
+                        if dev is not None:
+                            counts[dev] = counts.get(dev, 0) + n
+            # ties: the lowest device index (group_by's row order is not fixed)
+            return max(sorted(counts), key=counts.get) if counts else None
+
+        return self.memo("busiest_device", (self.kernels, self.memcpys, self.memsets), build)
 
     @property
     def inconsistent_timestamps(self) -> str | None:
@@ -187,11 +206,11 @@ class Trace:
 
         Built once per set of tables (analyses call it often; replacing a table rebuilds it).
         """
-        key = (self.kernels, self.memcpys, self.memsets)
-        if self._gpu_cache is not None and all(
-            a is b for a, b in zip(self._gpu_cache[0], key, strict=True)
-        ):
-            return self._gpu_cache[1]
+        return self.memo(
+            "gpu_activity", (self.kernels, self.memcpys, self.memsets), self._gpu_activity
+        )
+
+    def _gpu_activity(self) -> pl.DataFrame:
         cols = [
             "device",
             "stream",
@@ -215,9 +234,7 @@ class Trace:
                 ("memset", self.memsets),
             )
         ]
-        out = pl.concat(parts, how="vertical_relaxed")
-        self._gpu_cache = (key, out)
-        return out
+        return pl.concat(parts, how="vertical_relaxed")
 
     @property
     def device_name(self) -> str | None:
@@ -419,7 +436,13 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             )
 
     ops = assign_step(ops, steps, "start_us")
-    launches = raw.launches.with_columns(api_kind=api_kind_expr("name"))
+    # the name rules once per distinct call name, not once per call
+    kinds = raw.launches.select(pl.col("name").unique()).with_columns(
+        api_kind=api_kind_expr("name")
+    )
+    launches = raw.launches.join(
+        kinds, on="name", how="left", nulls_equal=True, maintain_order="left"
+    )
     n_dup = (
         launches.filter(pl.col("correlation").is_not_null())
         .select(pl.col("correlation").is_duplicated().sum())
@@ -441,8 +464,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
                 ),
             ]
         ).sort("start_us")
-    launches, _ = link_launches_to_ops(launches, ops)
-    reused = reused_external_ids(ops).len()
+    reused_ids = reused_external_ids(ops)
+    launches, _ = link_launches_to_ops(launches, ops, reused_ids)
+    reused = reused_ids.len()
     if reused:
         warnings.append(
             DataWarning(

@@ -102,15 +102,110 @@ def _nest(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parent position, depth and root position of each interval (sorted by group, start, -end).
 
-    The same answer as a stack walked in order (pop while the top ends at or before the start;
-    the top left is the parent) without a Python loop: the top left is always the last earlier
-    interval of the group that ends after the start, found for all intervals at once by binary
-    lifting over a sparse table of running maxima of ``end``. Depth and root then come from
-    pointer jumping along the parents. Returns parent positions (-1 for none), depths, roots.
+    The answer of a stack walked in order (pop while the top ends at or before the start; the
+    top left is the parent), without a Python loop. Ranges that nest (the usual case) take a
+    linear-time path, :func:`_nest_forest`, whose answer is checked; the groups (pid, tid) it
+    cannot vouch for (ranges that overlap without nesting, non-finite times) take
+    :func:`_nest_lifting`, which handles any intervals. Returns parent positions (-1 for
+    none), depths, roots.
     """
     n = len(start)
+    if n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64)
     new = np.ones(n, dtype=bool)
     new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    group = np.cumsum(new) - 1
+    parent, depth, root, bad = _nest_forest(new, group, start, end)
+    if bad.any():
+        rows = np.flatnonzero(bad[group])
+        p, d, r = _nest_lifting(new[rows], start[rows], end[rows])
+        parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
+        depth[rows] = d
+        root[rows] = rows[r]
+    return parent, depth, root
+
+
+def _nest_forest(
+    new: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The stack walk's answer for groups whose ranges nest, and which groups it holds for.
+
+    Within a group, the stack before interval i holds exactly the earlier intervals still open
+    at its start when ranges nest, so depth[i] = (earlier intervals) - (earlier intervals
+    ending at or before start[i]), and the parent is the last earlier interval one level up
+    (the intervals in between are its descendants). The answer is then checked: each parent
+    ends after its child starts and no earlier than the child ends, and the previous sibling
+    ends at or before the child starts. With those, every interval between a parent and its
+    child ends at or before the child's start, so the stack walk gives the same parent. A
+    group failing any check is flagged (``bad``, one bool per group) and its rows are not to be
+    used. Linear after a sort of each group's ends and one of the depths.
+    """
+    n = len(start)
+    pos = np.arange(n)
+    heads = np.flatnonzero(new)
+    tails = np.r_[heads[1:], n]
+    first = np.repeat(heads, tails - heads)  # first row of each row's group
+    # intervals of the group ending at or before start[i] (starts are sorted in a group)
+    closed = np.empty(n, np.int64)
+    for lo, hi in zip(heads, tails, strict=True):
+        closed[lo:hi] = np.searchsorted(np.sort(end[lo:hi]), start[lo:hi], side="right")
+    # less the ones not earlier than i: length-0 intervals at start[i] from i on (they sort
+    # last among the intervals starting there)
+    zero = end == start
+    run_head = new.copy()
+    run_head[1:] |= start[1:] != start[:-1]
+    run = np.cumsum(run_head) - 1
+    run_end = np.r_[np.flatnonzero(run_head)[1:], n][run]
+    zeros_in_run = np.bincount(run, weights=zero)[run].astype(np.int64)
+    closed -= np.where(zero, run_end - pos, zeros_in_run)
+    depth = (pos - first) - closed
+    bad_row = ~(np.isfinite(start) & np.isfinite(end)) | (depth < 0)
+    step_up = np.zeros(n, dtype=bool)
+    step_up[1:] = (depth[1:] > depth[:-1] + 1) & ~new[1:]
+    bad_row |= step_up | (new & (depth != 0))
+    depth = np.maximum(depth, 0)
+    # last earlier row at depth d - 1 (parent) and at depth d (previous sibling): rows sorted
+    # by (depth, position), as one int64 key
+    small = depth.astype(np.int16) if depth.max() < 2**15 else depth
+    by_depth = np.argsort(small, kind="stable")
+    srt = depth[by_depth].astype(np.int64) * n + by_depth  # sorted
+    rank = np.empty(n, np.int64)
+    rank[by_depth] = pos
+    has = depth > 0
+    k_par = np.empty(n, np.int64)
+    k_par[by_depth] = np.searchsorted(srt, srt - n, side="left") - 1
+    kp = srt[np.maximum(k_par, 0)]
+    parent = np.where(has & (k_par >= 0), kp % n, -1)
+    par_ok = (k_par >= 0) & (kp // n == depth - 1) & (parent >= first)
+    bad_row |= has & ~par_ok
+    has &= par_ok
+    parent = np.where(has, parent, -1)
+    k_sib = rank - 1  # the previous row in (depth, position) order
+    ks = srt[np.maximum(k_sib, 0)]
+    sib = ks % n
+    sib_ok = (k_sib >= 0) & (ks // n == depth) & (sib >= first)
+    sib_ok &= np.where(has, sib > parent, True)
+    pp = np.maximum(parent, 0)
+    ss = np.maximum(sib, 0)
+    bad_row |= has & ~((end[pp] > start) & (end <= end[pp]) & (group[pp] == group))
+    bad_row |= sib_ok & ~(end[ss] <= start)
+    root = np.maximum.accumulate(np.where(depth == 0, pos, 0))
+    bad = np.zeros(int(group[-1]) + 1, dtype=bool)
+    bad[group[bad_row]] = True
+    return parent.astype(np.int64), depth.astype(np.int32), root.astype(np.int64), bad
+
+
+def _nest_lifting(
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stack walk's answer for any intervals (``new`` marks each group's first row).
+
+    The top left is always the last earlier interval of the group that ends after the start,
+    found for all intervals at once by binary lifting over a sparse table of running maxima of
+    ``end`` (O(n log n) time and memory). Depth and root then come from pointer jumping along
+    the parents. Returns parent positions (-1 for none), depths, roots.
+    """
+    n = len(start)
     group = np.cumsum(new)
     # levels[k][j] = max(end[j : j + 2**k])
     levels = [end]
@@ -234,9 +329,12 @@ def assign_step(
     return df.with_columns(pl.when(pl.Series(inside)).then(step).alias(out))
 
 
-def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+def link_launches_to_ops(
+    launches: pl.DataFrame, ops: pl.DataFrame, reused: pl.Series | None = None
+) -> tuple[pl.DataFrame, int]:
     """Add ``op_id`` to launches: by External id, else innermost op on the thread holding the launch.
 
+    ``reused``: :func:`reused_external_ids` of ``ops`` when the caller has it (else computed).
     Returns (launches, number linked by time containment).
     """
     if launches.height == 0:
@@ -246,10 +344,12 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
         .filter(pl.col("external_id").is_not_null())
         .unique("external_id", keep="first")
     )
-    launches = launches.with_row_index("__lrow").join(by_ext, on="external_id", how="left")
+    launches = launches.with_row_index("__lrow").join(
+        by_ext, on="external_id", how="left", maintain_order="left"
+    )
     # An External id that several ops share (a corrupt or reused id) does not say which op
     # launched: the op holding the launch in time does, else the first op of the id.
-    dup = reused_external_ids(ops)
+    dup = reused_external_ids(ops) if reused is None else reused
     launches = launches.with_columns(
         __ext_first=pl.col("__ext_op"),
         __ext_op=pl.when(pl.col("external_id").is_in(dup.implode()))
@@ -298,31 +398,36 @@ def link_launches_to_ops(launches: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.
 
 def reused_external_ids(ops: pl.DataFrame) -> pl.Series:
     """External ids that more than one op carries (each op should have its own)."""
-    ext = ops.filter(pl.col("external_id").is_not_null())
+    ext = ops.select("external_id").filter(pl.col("external_id").is_not_null())
     if ext.height == 0:
         return pl.Series("external_id", [], dtype=ops.schema.get("external_id", pl.Int64))
-    counts = ext.group_by("external_id").len()
-    return counts.filter(pl.col("len") > 1)["external_id"]
+    return ext.filter(pl.col("external_id").is_duplicated())["external_id"].unique().sort()
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
+    info = launches.filter(pl.col("correlation").is_not_null()).select(
+        "correlation",
+        pl.col("name").alias("launch_name"),
+        pl.col("pid").alias("launch_pid"),
+        pl.col("tid").alias("launch_tid"),
+        pl.col("start_us").alias("launch_start_us"),
+        pl.col("duration_us").alias("launch_duration_us"),
+        "op_id",
+        pl.col("step").alias("step"),
+    )
+    if ops.height and ops.select((pl.col("op_id") == pl.int_range(pl.len())).all()).item():
+        # op_id is the row number (build_op_tree's): look the names up by position
+        top = ops["top_op_id"].gather(info["op_id"])
+        return info.with_columns(
+            op_name=ops["name"].gather(info["op_id"]),
+            top_op_id=top,
+            top_op_name=ops["name"].gather(top),
+        )
     names = ops.select("op_id", pl.col("name").alias("op_name"), "top_op_id")
     tops = ops.select(pl.col("op_id").alias("top_op_id"), pl.col("name").alias("top_op_name"))
-    return (
-        launches.filter(pl.col("correlation").is_not_null())
-        .select(
-            "correlation",
-            pl.col("name").alias("launch_name"),
-            pl.col("pid").alias("launch_pid"),
-            pl.col("tid").alias("launch_tid"),
-            pl.col("start_us").alias("launch_start_us"),
-            pl.col("duration_us").alias("launch_duration_us"),
-            "op_id",
-            pl.col("step").alias("step"),
-        )
-        .join(names, on="op_id", how="left")
-        .join(tops, on="top_op_id", how="left")
+    return info.join(names, on="op_id", how="left", maintain_order="left").join(
+        tops, on="top_op_id", how="left", maintain_order="left"
     )
 
 

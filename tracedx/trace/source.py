@@ -754,6 +754,10 @@ class _Reader:
 # padding costs no memory. Blocks of spaces only (which a string may hold) are counted, and
 # more than this many of them with no event between is refused.
 _MAX_PADDING = 256 << 20
+_MAX_UNCUT = 256 << 20
+"""Bytes the fast reader holds without finding a boundary between two events before it refuses
+the file: no profiler event is that large, and holding more would make memory grow with the
+inflated bytes (one huge string) instead of with the events kept."""
 
 
 def _squeeze(block):
@@ -952,6 +956,11 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
         lo = key_at if head is None and key_block == len(pending) - 1 else 0
         cut = _find_cut(last, lo)
         if cut < 0:
+            if size > _MAX_UNCUT:
+                raise TraceFormatError(
+                    f"{p}: {size:,} bytes without a boundary between two events (one event, or "
+                    "one string, that large): not a trace tracedx reads"
+                )
             continue
         parts = [*pending[:-1], memoryview(last)[:cut]]
         if head is None:
