@@ -12,24 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.tracebuilder import T0, TraceBuilder
+from tests.tracebuilder import steps_trace as _trace
 from tracedx.cli import main
 
 COMMANDS = ["diagnose", "capture", "diff", "annotate", "report", "calibrate"]
-
-
-def _trace(path, step_us: float = 100.0, n: int = 4):
-    """n steps of ``step_us`` of host window, one 10 us op launching one 40 us kernel each:
-    GPU busy 40 us of a 100 us step (idle 60%), so larger-batch is the one finding."""
-    b = TraceBuilder()
-    t = T0
-    for i in range(1, n + 1):
-        b.step(i, t, step_us)
-        ext = b.op("aten::add", t + 1, 10)
-        corr = b.launch(t + 2, 5, ext=ext)
-        b.kernel(t + 10, 40, corr, name="elementwise_kernel")
-        t += step_us
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return b.write(path)
 
 
 def _messages(stderr: str) -> list[str]:
@@ -64,15 +50,23 @@ def test_cache_notice_fits_100_columns_as_one_indented_message(tmp_path):
     assert msg.endswith("; --no-cache reads the file)")
 
 
-def test_diff_gate_fail_line_fits_100_columns(tmp_path):
+def test_diff_gate_fail_line_is_one_line_off_a_terminal_and_fits_on_one(tmp_path, monkeypatch):
     fast, slow = _trace(tmp_path / "fast.json", 100.0), _trace(tmp_path / "slow.json", 150.0)
-    r = CliRunner().invoke(main, ["diff", str(fast), str(slow), "--fail-if-slower", "40"])
-    assert r.exit_code == 1
-    _fits(r.stderr)
-    assert _messages(r.stderr) == [
+    args = ["diff", str(fast), str(slow), "--fail-if-slower", "40", "--no-cache"]
+    line = (
         "tracedx: FAIL: AFTER is 50.0% slower (1.50x the time; traced median step 0.100 -> "
         "0.150 ms), over --fail-if-slower 40%"
-    ]
+    )
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and r.stderr.splitlines() == [line]  # a CI log: grep gets it whole
+    import tracedx.cli as cli
+
+    monkeypatch.setattr(cli, "_isatty", lambda stream: True)
+    monkeypatch.setattr(cli, "columns", lambda stream=None: 80)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1
+    _fits(r.stderr, 80)
+    assert _messages(r.stderr) == [line]
 
 
 def test_errors_stay_one_line_off_a_terminal_and_fit_on_one(tmp_path, monkeypatch):

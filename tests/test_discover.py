@@ -229,8 +229,8 @@ def test_two_jobs_beside_single_traces_are_refused_naming_each():
         ("s/add.json.gz", _single()),
     ]
     assert _refusal(entries, [60, 60, 60, 60, 0, 0, 0]) == (
-        "s/ holds 2 jobs (a-balanced/, b-straggler/) and 3 single-GPU traces; diagnose one "
-        "job's folder, or one trace"
+        "s/ holds 2 whole rank sets, separate jobs or profiling windows (a-balanced/, "
+        "b-straggler/) and 3 single-GPU traces; diagnose one of these folders, or one trace"
     )
 
 
@@ -240,8 +240,55 @@ def test_two_jobs_alone_and_rank_folders():
         (f"/d/{run}/rank{r}/trace.json", _meta(r, 2)) for run in ("run1", "run2") for r in (0, 1)
     ]
     assert _refusal(entries, None) == (
-        "/d/ holds 2 jobs (run1/, run2/); diagnose one job's folder, or one trace"
+        "/d/ holds 2 whole rank sets, separate jobs or profiling windows (run1/, run2/); "
+        "diagnose one of these folders, or one trace"
     )
+
+
+def test_two_profiling_windows_of_one_job_are_not_called_two_jobs():
+    """torchtitan's layout: iteration_{n}/rank{r}_trace.json, one folder per profiling window of
+    one run; each window is a whole rank set, and nothing in the traces says run or window."""
+    entries = [
+        (f"out/profile_trace/iteration_{i}/rank{r}_trace.json", _meta(r, 2))
+        for i in (10, 20)
+        for r in (0, 1)
+    ]
+    msg = _refusal(entries, None)
+    assert msg == (
+        "out/profile_trace/ holds 2 whole rank sets, separate jobs or profiling windows "
+        "(iteration_10/, iteration_20/); diagnose one of these folders, or one trace"
+    )
+    # one window's folder is one job
+    assert resolve_ranks(entries[:2]).ranks == (0, 1)
+
+
+def test_refusal_names_url_folders_with_their_scheme():
+    entries = [(f"s3://bkt/jobs/{run}/rank{r}.json", _meta(r, 2)) for run in "ab" for r in (0, 1)]
+    assert _refusal(entries, None).startswith("s3://bkt/jobs/ holds 2 whole rank sets")
+    mixed = [("gs://b/a/rank0.json", _meta(0, 2)), ("gs://b/a/rank1.json", _meta(1, 2))]
+    mixed += [("/d/b/rank0.json", _meta(0, 2)), ("/d/b/rank1.json", _meta(1, 2))]
+    assert _refusal(mixed, None).startswith("the inputs hold 2 whole rank sets")
+
+
+def test_a_duplicate_rank_is_taken_from_the_folder_with_its_peers():
+    """A crashed run's lone rank0 beside a whole run: rank 0 comes from the whole run (the
+    first by path would mix the two runs); with no such difference, the first by path."""
+    crashed = [("d/a-crashed/rank0.json", _meta(0, 2))]
+    good = [("d/b-good/rank0.json", _meta(0, 2)), ("d/b-good/rank1.json", _meta(1, 2))]
+    rs = resolve_ranks(crashed + good, collectives=[3, 3, 3])
+    assert rs.paths == {0: "d/b-good/rank0.json", 1: "d/b-good/rank1.json"}
+    assert rs.left_out == (0,)
+    assert rs.notes[0].startswith(
+        "rank 0 has 2 files: d/b-good/rank0.json (analysed) and d/a-crashed/rank0.json (left out)"
+    )
+    # rank folders of two windows (rank{r}/iteration_{n}/): every rank from the first window
+    windows = [
+        (f"p/rank{r}/iteration_{i}/trace.json", _meta(r, 2)) for r in (0, 1) for i in (20, 10)
+    ]
+    assert resolve_ranks(windows).paths == {
+        0: "p/rank0/iteration_10/trace.json",
+        1: "p/rank1/iteration_10/trace.json",
+    }
 
 
 def test_one_job_beside_a_single_trace_is_refused():
@@ -251,7 +298,7 @@ def test_one_job_beside_a_single_trace_is_refused():
         ("/d/cpu.json", {"rank": None, "world_size": None, "steps": [1]}),
     ]
     assert _refusal(entries, [3, 3, 0]) == (
-        "/d/ holds 1 job (job/) and 1 single-process trace; diagnose one job's folder, or one trace"
+        "/d/ holds 1 job (job/) and 1 single-process trace; diagnose the job's folder, or one trace"
     )
     # without the collective counts, a trace that says nothing is not known to be single
     assert resolve_ranks(entries).ranks == (0, 1, 2)

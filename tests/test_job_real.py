@@ -117,7 +117,7 @@ def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        f"tracedx: error: {tmp_path}/ holds 2 jobs (ddp_mlp-gloo-balanced/, "
-        "ddp_mlp-gloo-host-straggler/) and 1 single-GPU trace; diagnose one job's folder, or "
-        "one trace"
+        f"tracedx: error: {tmp_path}/ holds 2 whole rank sets, separate jobs or profiling "
+        "windows (ddp_mlp-gloo-balanced/, ddp_mlp-gloo-host-straggler/) and 1 single-GPU trace; "
+        "diagnose one of these folders, or one trace"
     ]

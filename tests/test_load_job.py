@@ -98,7 +98,9 @@ def test_duplicate_and_unequal_windows(tmp_path):
     loaded = tracedx.load_job(tmp_path / "j")
     assert [s.meta["rank"] for s in loaded.summaries] == [0, 1]
     dup, steps = loaded.notes
-    assert "rank 0 has 2 files" in dup and "again/rank0_trace.json (analysed)" in dup
+    # the copy in again/ has no peers: the rank 0 beside rank 1 is analysed
+    assert f"rank 0 has 2 files: {tmp_path / 'j' / 'rank0_trace.json'} (analysed)" in dup
+    assert "again/rank0_trace.json (left out)" in dup
     assert "rank 0: steps 10-13; rank 1: steps 11-13" in steps
     # every rank is cut to the common steps, its tables too
     for s in loaded.summaries:

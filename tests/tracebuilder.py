@@ -483,3 +483,19 @@ def write_json(path: str | Path, obj: Any) -> Path:
     p = Path(path)
     p.write_text(json.dumps(obj))
     return p
+
+
+def steps_trace(path: str | Path, step_us: float = 100.0, n: int = 4) -> Path:
+    """n steps of ``step_us`` of host window, one 10 us op launching one 40 us kernel each: GPU
+    busy 40 us of each step (median step ``step_us``; with 100 us, idle 60%, so larger-batch is
+    the one finding)."""
+    b = TraceBuilder()
+    t = T0
+    for i in range(1, n + 1):
+        b.step(i, t, step_us)
+        ext = b.op("aten::add", t + 1, 10)
+        corr = b.launch(t + 2, 5, ext=ext)
+        b.kernel(t + 10, 40, corr, name="elementwise_kernel")
+        t += step_us
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return b.write(path)

@@ -30,8 +30,8 @@ def _say(message: str, error: bool = False) -> None:
     """One message on stderr, escaped (paths and trace text may hold control characters) and
     fitted to stderr's width (:func:`tracedx.console.columns`): continuation lines are
     indented, so the first line is the only one that starts with ``tracedx``. An ``error``
-    (exit 2, or an internal error) is fitted only on a terminal: elsewhere (a CI log, ``2>&1 |
-    grep``) it stays the one line that the exit codes promise."""
+    (exit 2, an internal error, or a gate's FAIL line: exit 1) is fitted only on a terminal:
+    elsewhere (a CI log, ``2>&1 | grep``) it stays the one line that the exit codes promise."""
     text = term(message, _ERROR_CHARS)
     if not error or _isatty(sys.stderr):
         text = fit(text, columns(sys.stderr))
@@ -399,7 +399,8 @@ def diagnose(
             over = st["ms"] - max_step_ms
             _say(
                 f"tracedx: FAIL: the {st['basis']} median step is {st['ms']:.3f} ms, "
-                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}"
+                f"{over:.3f} ms ({100 * over / max_step_ms:.1f}%) over --max-step-ms {max_step_ms:g}",
+                error=True,
             )
             click.get_current_context().exit(1)
 
@@ -696,7 +697,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         if c["basis"] is None:
             raise TraceError("cannot check --fail-if-slower: a side has no step time")
         if c["slower_pct"] > fail_pct:
-            _say(f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%")
+            _say(f"tracedx: FAIL: {c['summary']}, over --fail-if-slower {fail_pct:g}%", error=True)
             click.get_current_context().exit(1)
 
 

@@ -224,7 +224,8 @@ def resolve_ranks(
     - A file whose rank cannot be told: with one file, it is rank 0 and nothing is said; with
       several, it takes the lowest rank no other file has (a missing rank of the world size
       first), and a note names the file and the rank assumed.
-    - Two files with one rank: the first by path is analysed; a note names both.
+    - Two files with one rank: the one whose folder holds the most ranks (the first by path on
+      a tie) is analysed; a note names both (:func:`_first_per_rank`).
     - Traces disagreeing about the world size: a note lists each value with its files.
     - Missing ranks (world size known): a note lists them; a rank at or above the world size
       is noted too. With no world size, a gap in the ranks present is noted as possibly missing.
@@ -343,10 +344,15 @@ def _assume_ranks(
 def _first_per_rank(
     entries: Sequence[tuple[str, Mapping]], order: list[int], rank_of: dict[int, int]
 ) -> tuple[dict[int, int], list[int], list[str]]:
-    """Per rank the first of its files by path: ``(index, left_out, notes)``, a note per rank
-    with several files."""
-    by_rank: dict[int, list[int]] = {}
+    """Per rank one of its files: ``(index, left_out, notes)``, a note per rank with several
+    files. Of a rank's files, the one whose job folder (:func:`_job_folder`) holds the most
+    ranks is analysed, the first by path on a tie: beside a crashed run's lone ``rank0``, the
+    whole run's ``rank0`` is taken with its peers, never a rank from each run."""
+    ranks_in: dict[str, set[int]] = {}
     for i in order:
+        ranks_in.setdefault(_job_folder(str(entries[i][0])), set()).add(rank_of[i])
+    by_rank: dict[int, list[int]] = {}
+    for i in sorted(order, key=lambda i: -len(ranks_in[_job_folder(str(entries[i][0]))])):
         by_rank.setdefault(rank_of[i], []).append(i)
     index: dict[int, int] = {}
     left_out: list[int] = []
@@ -493,7 +499,15 @@ def _complete(group: list[tuple[str, Mapping]]) -> bool:
 
 def _common(paths: Sequence[str]) -> str | None:
     """The longest common folder of ``paths``; None when there is none (absolute and
-    relative paths mixed)."""
+    relative paths mixed, URLs of different schemes or buckets, URLs mixed with paths). URLs
+    keep their ``scheme://`` (``os.path.commonpath`` alone would make ``s3:/bucket``)."""
+    urls = {is_url(p) for p in paths}
+    if urls == {True}:
+        schemes = {p.partition("://")[0] for p in paths}
+        rest = _common([p.partition("://")[2] for p in paths]) if len(schemes) == 1 else None
+        return f"{schemes.pop()}://{rest}" if rest else None
+    if len(urls) > 1:
+        return None
     try:
         return os.path.commonpath(paths)
     except ValueError:
@@ -535,14 +549,20 @@ def check_one_job(
     if len(jobs) == 1 and not singles:
         return
     top = _common([os.path.dirname(str(p)) or "." for p, _ in entries])
-    names = [_job_name(job, top) for job in jobs]
-    found = f"{_plural(len(jobs), 'job')} ({', '.join(names)})"
+    names = ", ".join(_job_name(job, top) for job in jobs)
+    # whole rank sets side by side: two runs, or two profiling windows of one run
+    # (torchtitan's iteration_10/, iteration_20/); the traces cannot tell which
+    if len(jobs) == 1:
+        found, one = f"1 job ({names})", "the job's folder"
+    else:
+        found = f"{len(jobs)} whole rank sets, separate jobs or profiling windows ({names})"
+        one = "one of these folders"
     if singles:
         gpu = all(m.get("device_name") for _, m in singles)
         kind = "single-GPU" if gpu else "single-process"
         found += f" and {len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
     where = "the inputs hold" if not top else f"{'this folder' if top == '.' else top + '/'} holds"
-    raise TraceError(f"{where} {found}; diagnose one job's folder, or one trace")
+    raise TraceError(f"{where} {found}; diagnose {one}, or one trace")
 
 
 def _job_name(job: list[tuple[str, Mapping]], top: str | None) -> str:
