@@ -825,3 +825,25 @@ def test_cpu_only_straggler_block_is_who_how_often_effect_cause():
     ]
     assert jd.evidence[-3:] == s.evidence
     assert jd.ranks["bottleneck"].to_list() == ["load imbalance (waits for rank 1)", "host work"]
+
+
+def test_a_step_with_more_exposed_communication_than_its_length_is_noted():
+    """A collective belongs to the step that launched it; one that ran past the step's window
+    (rank 1's last step of the gloo balanced job: 17.586 ms exposed in a 6.137 ms step) is
+    named in a note rather than passing silently."""
+    from tracedx.job.diagnosis import _past_window_notes
+
+    steps = pl.DataFrame(
+        {
+            "rank": [0, 1, 1],
+            "step": [12, 11, 12],
+            "step_time_us": [6000.0, 9371.5, 6136.9],
+            "exposed_comm_us": [500.0, 7054.3, 17586.4],
+        }
+    )
+    (note,) = _past_window_notes(steps)
+    assert note.startswith(
+        "1 rank-step with more exposed communication than step time (rank 1 step 12: "
+        "17.586 ms exposed in a 6.137 ms step)"
+    ), note
+    assert _past_window_notes(steps.filter(pl.col("step") == 11)) == []

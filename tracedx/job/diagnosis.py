@@ -277,7 +277,7 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     clock = estimate_offsets(matched.members, matched.collectives, ss)
     colls, members = collective_metrics(matched, clock, ss)
     steps = rank_step_metrics(ss, members)
-    notes += _rank_notes(ss) + matched.notes + clock.notes
+    notes += _rank_notes(ss) + matched.notes + clock.notes + _past_window_notes(steps)
     ranks = _ranks_table(job, steps, clock)
     typical = _typical(steps, ranks)
     T = typical["step_us"]
@@ -391,6 +391,32 @@ def _with_rank_verdicts(
     return ranks.with_columns(
         regime=pl.Series(per_regime, dtype=pl.Utf8), bottleneck=pl.Series(per_bott, dtype=pl.Utf8)
     )
+
+
+def _past_window_notes(steps: pl.DataFrame) -> list[str]:
+    """A note for the rank-steps whose communication outlasts the step: a collective belongs to
+    the step that launched it, so one that runs past the step's window (the last profiled step's
+    collectives after the profiler stopped, or a collective of step k still running in step
+    k + 1) makes that step's ``comm_us`` and ``exposed_comm_us`` longer than its
+    ``step_time_us``. The job's figures are medians over steps; this says which steps are odd."""
+    if not steps.height or "exposed_comm_us" not in steps.columns:
+        return []
+    odd = steps.filter(pl.col("exposed_comm_us") > pl.col("step_time_us")).sort("rank", "step")
+    if not odd.height:
+        return []
+    shown = "; ".join(
+        f"rank {r} step {k}: {x / 1e3:.3f} ms exposed in a {t / 1e3:.3f} ms step"
+        for r, k, x, t in odd.select("rank", "step", "exposed_comm_us", "step_time_us")
+        .head(3)
+        .iter_rows()
+    )
+    more = f" and {odd.height - 3} more" if odd.height > 3 else ""
+    n = odd.height
+    return [
+        f"{n} rank-step{'s' if n != 1 else ''} with more exposed communication than step time "
+        f"({shown}{more}): a collective counts in the step that launched it, and the collectives ran past "
+        "the step's window; the job's figures are medians over steps"
+    ]
 
 
 def _single_rank_notes(ss: list, ranks: pl.DataFrame) -> list[str]:
