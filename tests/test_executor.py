@@ -53,7 +53,12 @@ def test_a_worker_killed_twice_is_a_note_and_the_others_are_kept(tmp_path):
         b"summary of sleep 0.5",
         b"summary of d",
     ]
-    assert out[1].note.startswith(f"{paths[1]}: its worker process died twice (exit status 3)")
+    # the exit status is named when the driver still holds the dead worker's process (a pool
+    # that broke may already have dropped it: then the note names no status, never a wrong one)
+    note = out[1].note
+    assert note.startswith(f"{paths[1]}: its worker process died twice "), note
+    assert note.endswith("(killed, out of memory or crashed); rank left out"), note
+    assert "(exit status" not in note or "(exit status 3)" in note, note
 
 
 def test_summaries_dir_is_written_then_reused_without_running_tasks(tmp_path, capsys):

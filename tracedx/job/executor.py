@@ -513,6 +513,7 @@ def _pool_round(fn, queue: deque, workers: int, done, recycle: int) -> list[tupl
             # a timeout, so that the main thread returns to the interpreter twice a second: a
             # Ctrl-C the kernel hands to another thread of the driver is only seen there
             finished, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            seen.update(getattr(pool, "_processes", None) or {})  # also the ones it respawned
             broken = False
             for fut in finished:
                 try:
