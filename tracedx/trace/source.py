@@ -760,9 +760,18 @@ the file: no profiler event is that large, and holding more would make memory gr
 inflated bytes (one huge string) instead of with the events kept."""
 
 
+def _blank(block, chars: bytes | None = None) -> bool:
+    """Whether ``block`` holds only whitespace (``chars``, default ASCII whitespace). A block
+    of events is told by its first bytes, without the copy of the whole block that
+    ``bytes.strip`` makes (8 MB per block: about 5% of a 1 GB read)."""
+    if bytes(block[:256]).strip(chars):
+        return False
+    return not block.strip(chars)
+
+
 def _squeeze(block):
     """``block``, or one LF when it is whitespace holding a tab, CR or LF."""
-    if block.strip() or not (b"\n" in block or b"\r" in block or b"\t" in block):
+    if not _blank(block) or not (b"\n" in block or b"\r" in block or b"\t" in block):
         return block
     return b"\n"
 
@@ -927,7 +936,7 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
     key_at = -1  # its offset in that block
     for block in reader:
         block = _squeeze(block)
-        if not block.strip(b" "):
+        if _blank(block, b" "):
             spaces += len(block)
         pending.append(block)
         size += len(block)
