@@ -52,3 +52,20 @@ def done(name: str, steps: int, device: torch.device, **info) -> None:
     sync(device)
     extra = "".join(f", {k}={v}" for k, v in info.items())
     print(f"{name}: {steps} steps on {device.type}{extra}", flush=True)
+
+
+def cuda_graph(body, replays: int = 5) -> torch.cuda.CUDAGraph:
+    """``body()`` captured in a CUDA graph, after one warm-up run on a side stream (as the
+    PyTorch CUDA-graph docs require), then replayed ``replays`` times and synchronized."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    return g

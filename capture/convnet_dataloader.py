@@ -54,6 +54,16 @@ def _one_thread(_: int) -> None:
     torch.set_num_threads(1)
 
 
+def convnet() -> nn.Module:
+    """The small convolutional classifier the DataLoader pairs train (random weights)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 128, 3, 2, 1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+    )  # fmt: skip
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=20)
     p.add_argument("--batch", type=int, default=128)
@@ -72,12 +82,7 @@ def main() -> None:
         worker_init_fn=_one_thread if args.workers else None,
         drop_last=True,
     )
-    model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.Conv2d(64, 128, 3, 2, 1), nn.BatchNorm2d(128), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
-    ).to(device)  # fmt: skip
+    model = convnet().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     non_blocking = args.pin_memory
     steps = 0

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import cuda_graph
 
 
 def kernel_events(trace_path: Path) -> list[dict]:
@@ -108,17 +109,7 @@ def main() -> None:
             for _ in range(args.nodes):
                 one()
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
+        g = cuda_graph(body)
         times = []
         for _ in range(args.replays):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cuda_graph  # noqa: E402 (after the path above)
 
 
 def _trace_events(prof, tmp: Path, tag: str) -> list[dict]:
@@ -107,17 +108,7 @@ def tiny_kernels(sizes: list[int], ops: int, tmp: Path) -> list[dict]:
         starts = [float(k["ts"]) for k in qk]
         spacing = (starts[-1] - starts[0]) / (len(starts) - 1) if len(starts) > 1 else None
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
+        g = cuda_graph(body)
 
         def replay(g=g) -> tuple[float, float]:  # GPU us per kernel, host us per kernel
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -169,7 +160,6 @@ def tiny_kernels(sizes: list[int], ops: int, tmp: Path) -> list[dict]:
 def dataloader(steps: int) -> dict:
     import convnet_dataloader as cd
     import torch.nn.functional as F
-    from torch import nn
     from torch.utils.data import DataLoader
 
     batch = 128
@@ -204,12 +194,7 @@ def dataloader(steps: int) -> dict:
             worker_init_fn=cd._one_thread if w else None,
             drop_last=True,
         )
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
-            nn.Conv2d(64, 128, 3, 2, 1), nn.BatchNorm2d(128), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
-        ).cuda()  # fmt: skip
+        model = cd.convnet().cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         times, nexts = [], []
         it = iter(loader)

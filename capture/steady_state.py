@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cuda_graph  # noqa: E402 (after the path above)
 
 
 def sm_clock() -> int | None:
@@ -51,16 +52,7 @@ def graph_clock() -> list[dict]:
             for _ in range(500):
                 x.add_(1.0)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        g.replay()
-        torch.cuda.synchronize()
+        g = cuda_graph(body, replays=1)
 
         def per_kernel(g=g) -> float:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -100,7 +92,6 @@ def dataloader_steps(batches: int, skip: int) -> dict:
     """Per-step times as tracedx capture takes them (marker to marker), median and mean."""
     import convnet_dataloader as cd
     import torch.nn.functional as F
-    from torch import nn
     from torch.utils.data import DataLoader
 
     batch = 128
@@ -123,12 +114,7 @@ def dataloader_steps(batches: int, skip: int) -> dict:
             data, batch_size=batch, num_workers=w, pin_memory=pin,
             worker_init_fn=cd._one_thread if w else None, drop_last=True,
         )  # fmt: skip
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
-            nn.Conv2d(64, 128, 3, 2, 1), nn.BatchNorm2d(128), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
-        ).cuda()  # fmt: skip
+        model = cd.convnet().cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         marks = []
         for x, y in loader:
