@@ -72,11 +72,15 @@ def comm_compute_by_step(trace: Trace, steps: list[int], device: int | None) -> 
     comp = compute_rows(trace, device)
     comm = comm_rows(trace, device)
     cs, ce = union(_arr(comp, "start_us"), _arr(comp, "end_us"))
+    # one pass each to split the rows by step, not a filter over all rows per step
+    comp_by = comp.partition_by("step", as_dict=True)
+    comm_by = comm.partition_by("step", as_dict=True)
+    empty = comp.clear()
     out = []
     for k in steps:
-        ck = comp.filter(pl.col("step") == k)
+        ck = comp_by.get((k,), empty)
         ks, ke = union(_arr(ck, "start_us"), _arr(ck, "end_us"))
-        mk = comm.filter(pl.col("step") == k)
+        mk = comm_by.get((k,), empty)
         ms, me = union(_arr(mk, "start_us"), _arr(mk, "end_us"))
         comm_us = float((me - ms).sum())
         ov = float(overlap(cs, ce, ms, me).sum())
