@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import torch
-from _common import done, parser, setup, step_marker
+from _common import cuda_graph, done, parser, setup, step_marker
 
 
 def main() -> None:
@@ -27,14 +27,7 @@ def main() -> None:
     if args.cuda_graph:
         if device.type != "cuda":
             p.error("--cuda-graph needs a CUDA device")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
+        graph = cuda_graph(body, replays=0)
         for _ in range(args.steps):
             graph.replay()
             step_marker()
