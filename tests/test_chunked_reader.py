@@ -80,7 +80,10 @@ def forced_worker(small_chunks, monkeypatch):
     monkeypatch.setattr(source, "_start_worker", started)
 
 
-def test_worker_process_equals_the_reference(forced_worker, monkeypatch):
+def test_worker_process_equals_the_reference(forced_worker, monkeypatch, tmp_path):
+    # the spool folder goes in a temporary folder of this test's own: another process's
+    # reader (a second test run beside this one) must not count as a folder left behind
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     handed = []
     submit = parallel.Worker.submit
 
@@ -89,13 +92,12 @@ def test_worker_process_equals_the_reference(forced_worker, monkeypatch):
         return submit(self, slot, payload)
 
     monkeypatch.setattr(parallel.Worker, "submit", counting)
-    spools = set(Path(tempfile.gettempdir()).glob("tracedx-chunks-*"))
     fast, chunks = _fast(SAMPLE)
     assert handed, "the worker converted no chunk"
     assert len(handed) < chunks
     _same(_reference(SAMPLE), fast)
     # the worker's spool folder is gone with it
-    assert set(Path(tempfile.gettempdir()).glob("tracedx-chunks-*")) <= spools
+    assert not list(tmp_path.glob("tracedx-chunks-*"))
 
 
 def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch):
