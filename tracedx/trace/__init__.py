@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.alloc import trim_heap
 from tracedx.trace.begin_end import read_tables
 from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
@@ -359,6 +360,7 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     """
     p = Path(path)
     doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
+    trim_heap()  # the decoded events are gone: the heap they left free goes back
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
     ns = _nanoseconds(doc, raw)
     if ns:
