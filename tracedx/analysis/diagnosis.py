@@ -502,97 +502,17 @@ def diagnose(
             f"deviceProperties lists no entry with id {trace.metadata['device_mismatch']}, the "
             "GPU the kernels ran on: its peaks are unknown (give --device)"
         )
-    if trace.steps.height == 0:
-        left_out = "; ".join(
-            w.message for w in trace.warnings if w.kind in ("invalid_duration", "outlier_timestamp")
-        )
-        why = f": {left_out}" if left_out else ""
-        raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
-    chosen = parse_steps(steps, sorted(trace.steps["step"].to_list()))
-    partial = _incomplete_steps(trace)
-    if partial and not trace.steps_synthetic:
-        kept = [s for s in chosen if s not in partial]
-        which = ", ".join(str(s) for s in partial)
-        if kept and steps is None:
-            chosen = kept
-            notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
-                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
-            )
-        elif any(s in partial for s in chosen):
-            notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it): its "
-                "numbers are not a whole step's"
-            )
-    if trace.steps_synthetic:
-        notes.append(
-            "no ProfilerStep markers: the whole trace is analysed as one step "
-            "(capture with a profiler schedule, or `tracedx capture`, for per-step numbers)"
-        )
-    elif len(chosen) == 1:
-        notes.append("a single ProfilerStep: no median over steps")
-    w_all = step_windows(trace)
-    w = w_all.filter(pl.col("step").is_in(chosen))
+    chosen = _analysed_steps(trace, steps, notes)
+    n = len(chosen)
+    # the step windows, then the idle gaps in them and their causes
+    w = step_windows(trace).filter(pl.col("step").is_in(chosen))
     top = top_level_ops(trace, chosen)
-    host_op = _host_work_op(top, w, n_steps=len(chosen))
+    host_op = _host_work_op(top, w, n_steps=n)
     gaps = idle_gaps(trace, w, _top_op_ids(trace, host_op["name"]) if host_op else None)
     causes = idle_by_cause(gaps)
-    n = len(chosen)
-
-    summary: dict[str, Any] = {"steps": n, "devices": {}}
-    for dev in w["device"].unique(maintain_order=True).to_list():
-        d = (
-            w.filter(pl.col("device") == dev)
-            if dev is not None
-            else w.filter(pl.col("device").is_null())
-        )
-        summary["devices"][str(dev)] = {
-            c: _stats(d[c])
-            for c in (
-                "step_time_us",
-                "cpu_time_us",
-                "gpu_busy_us",
-                "idle_fraction",
-                "kernels",
-                "memcpys",
-                "memsets",
-                "memcpy_us",
-                "memcpy_bytes",
-                "sync_us",
-            )
-        }
-    primary = None
-    if trace.has_gpu_activity:
-        busy = (
-            w.group_by("device")
-            .agg(sum_us("gpu_busy_us"))
-            .sort("gpu_busy_us", "device", descending=[True, False])
-        )
-        primary = busy["device"][0]
-        if len(trace.devices) > 1:
-            notes.append(
-                f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
-                f"GPU {primary}, the busiest"
-            )
-    elif _captured_without_gpu(trace):
-        notes.append(
-            "no GPU activity: the machine that captured this trace had no CUDA GPU (tracedx "
-            "capture saw torch.cuda.is_available() False), so only CPU activity was profiled. "
-            "GPU metrics are n/a"
-        )
-        # no GPU, so no device whose peaks are unknown
-        dev_notes = [x for x in dev_notes if not x.startswith("unknown device")]
-    elif trace.metadata.get("repairs"):
-        notes.append(
-            "no GPU activity in what could be salvaged of this broken trace: the GPU events were "
-            "probably in the lost part. GPU metrics are n/a"
-        )
-    else:
-        notes.append(
-            "no GPU activity in this trace (no kernel, memcpy or memset events): GPU metrics are n/a. "
-            f"Usual causes: {NO_GPU_CAUSES}"
-        )
-
+    summary: dict[str, Any] = {"steps": n, "devices": _device_summaries(w)}
+    primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
+    # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
     gpu = trace.gpu_activity().filter(pl.col("step").is_in(chosen))
     if primary is not None:
         gpu = gpu.filter(pl.col("device") == primary)
@@ -601,50 +521,19 @@ def diagnose(
     if peer_note:
         notes.append(peer_note)
     memcpy = _memcpy_table(trace, chosen)
-    ops_tbl = op_groups(trace, chosen)
-    ops_tbl = _place_on_roofline(ops_tbl, spec)
-    if "bound_fraction" in ops_tbl.columns and ops_tbl.height:
-        over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
-        if over.height:
-            worst = over.sort("bound_fraction", descending=True).row(0, named=True)
-            per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
-            if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
-                notes.append(
-                    f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
-                    f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
-                    "explains that much; its kernel durations or its FLOP and byte counts (input "
-                    "shapes) are corrupt, and its roofline numbers are not to be trusted"
-                )
-        if over.height and worst["bound_fraction"] <= IMPOSSIBLE_ROOF_FRACTION:
-            notes.append(
-                f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
-                f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
-                "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
-                "faster than device memory allows; when an op's data per call is well over the "
-                f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
-                "GPU's: check --device, or measure them with `tracedx calibrate`"
-            )
+    ops_tbl = _place_on_roofline(op_groups(trace, chosen), spec)
+    notes += _roofline_notes(ops_tbl, spec)
     sites = _sync_sites(trace, chosen)
-    wp = w.filter(pl.col("device") == primary) if primary is not None else w
-    largest = (
-        gaps.filter(pl.col("device") == primary).sort("duration_us", descending=True).head(5)
-        if primary is not None
-        else gaps.head(0)
-    )
-
-    model = (
-        _step_model(
-            trace,
-            chosen,
-            wp,
-            causes.filter(pl.col("device") == primary) if primary is not None else causes.head(0),
-            n,
-        )
-        if primary is not None
-        else None
-    )
+    # the primary device's typical step, the verdict on it, and the fixes it backs
+    if primary is None:
+        wp, largest, model = w, gaps.head(0), None
+    else:
+        wp = w.filter(pl.col("device") == primary)
+        largest = gaps.filter(pl.col("device") == primary).sort("duration_us", descending=True)
+        largest = largest.head(5)
+        model = _step_model(trace, chosen, wp, causes.filter(pl.col("device") == primary), n)
     regime, bottleneck, evidence = _verdict(
-        trace, wp, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=host_op
+        trace, wp, kinds, memcpy, ops_tbl, model, primary, host_op=host_op
     )
     comm_by_step = (
         comm_compute_by_step(trace, chosen, primary)
@@ -658,58 +547,17 @@ def diagnose(
         if model
         else []
     )
-    traced_us = float(w["step_time_us"].median()) if w.height else None
-    unprof, implausible = unprofiled_timing(trace, traced_us)
-    if implausible:
-        notes.append(
-            f"the unprofiled timing cannot be right ({implausible}: a profiler only slows a "
-            f"step); estimates and --max-step-ms use the traced step time instead"
-        )
-    if trace.truncated:
-        # the steps may have lost launches or kernels (see _verdict): no estimate is backed
-        found = []
-        notes.append(
-            "no fix estimates: this truncated trace's GPU timeline is incomplete (see the verdict)"
-        )
-    elif trace.inconsistent_timestamps and found:
-        found = []
-        notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
-    elif model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
-        notes.append(
-            f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
-            "capture); with no GPU activity there is no step model and no fix estimate"
-        )
-    elif model is not None and model.unprofiled_step_us:
-        notes.append(
-            f"the step took {model.step_us / 1e3:.3f} ms profiled and {model.unprofiled_step_us / 1e3:.3f} ms "
-            f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
-            f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
-        )
-    elif not implausible:
-        world = (trace.distributed_info or {}).get("world_size")
-        how = (
-            # capture refuses --time-unprofiled under torchrun
-            "a plain torchrun run with the script's own step timer times the step unprofiled"
-            if isinstance(world, int) and world > 1
-            else "`tracedx capture --time-unprofiled` also times the step unprofiled"
-        )
-        notes.append(
-            f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
-            f"the traced step time; {how}"
-        )
+    unprof, implausible = unprofiled_timing(
+        trace, float(w["step_time_us"].median()) if w.height else None
+    )
+    found = _estimates_basis(trace, model, found, unprof, implausible, notes)
     if unprof is not None:
         summary["unprofiled_step_ms"] = (
             {**unprof, "implausible": implausible} if implausible else unprof
         )
-    decode = decode_ceiling_info(ops_tbl, spec, model, len(chosen))
+    decode = decode_ceiling_info(ops_tbl, spec, model, n)
     if decode:
-        evidence.append(
-            f"decode-shaped step (batch-1 matmuls): reads {decode['weight_bytes_per_token'] / 1e9:.3f} GB of "
-            f"weights + {decode['kv_bytes_per_token'] / 1e9:.4f} GB of KV cache per token; at "
-            f"{decode['bandwidth_gbs']:.0f} GB/s the ceiling is {decode['ceiling_step_ms']:.3f} ms per token "
-            f"({decode['ceiling_tokens_per_s']:.0f} tokens/s); this step reaches "
-            f"{decode['achieved_fraction']:.1%} of it"
-        )
+        evidence.append(_decode_evidence(decode))
     return Diagnosis(
         trace=trace,
         steps=chosen,
@@ -734,6 +582,200 @@ def diagnose(
         notes=notes,
         decode=decode,
         comm_by_step=comm_by_step,
+    )
+
+
+def _analysed_steps(trace: Trace, spec: str | None, notes: list[str]) -> list[int]:
+    """The step numbers to analyse: ``spec`` (:func:`parse_steps`), less a step the script
+    ended inside when no range was asked for. Appends the notes on that choice to ``notes``.
+
+    Raises TraceError when the trace holds no step (no events) or ``spec`` is bad."""
+    if trace.steps.height == 0:
+        left_out = "; ".join(
+            w.message for w in trace.warnings if w.kind in ("invalid_duration", "outlier_timestamp")
+        )
+        why = f": {left_out}" if left_out else ""
+        raise TraceError(f"{trace.path}: the trace holds no events to analyse{why}")
+    chosen = parse_steps(spec, sorted(trace.steps["step"].to_list()))
+    partial = _incomplete_steps(trace)
+    if partial and not trace.steps_synthetic:
+        kept = [s for s in chosen if s not in partial]
+        which = ", ".join(str(s) for s in partial)
+        if kept and spec is None:
+            chosen = kept
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
+                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
+            )
+        elif any(s in partial for s in chosen):
+            notes.append(
+                f"step {which} is incomplete (the script ended or was stopped inside it): its "
+                "numbers are not a whole step's"
+            )
+    if trace.steps_synthetic:
+        notes.append(
+            "no ProfilerStep markers: the whole trace is analysed as one step "
+            "(capture with a profiler schedule, or `tracedx capture`, for per-step numbers)"
+        )
+    elif len(chosen) == 1:
+        notes.append("a single ProfilerStep: no median over steps")
+    return chosen
+
+
+_SUMMARY_COLUMNS = (
+    "step_time_us",
+    "cpu_time_us",
+    "gpu_busy_us",
+    "idle_fraction",
+    "kernels",
+    "memcpys",
+    "memsets",
+    "memcpy_us",
+    "memcpy_bytes",
+    "sync_us",
+)
+
+
+def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
+    """Per device (its index as a string, ``"None"`` without GPU activity): the median, min
+    and max over the step windows ``w`` of each of :data:`_SUMMARY_COLUMNS`."""
+    out = {}
+    for dev in w["device"].unique(maintain_order=True).to_list():
+        d = (
+            w.filter(pl.col("device") == dev)
+            if dev is not None
+            else w.filter(pl.col("device").is_null())
+        )
+        out[str(dev)] = {c: _stats(d[c]) for c in _SUMMARY_COLUMNS}
+    return out
+
+
+def _primary_device(
+    trace: Trace, w: pl.DataFrame, dev_notes: list[str], notes: list[str]
+) -> tuple[int | None, list[str]]:
+    """The GPU the verdict is about (the busiest over the step windows ``w``; None without GPU
+    activity) and the device notes, less an unknown device's on a machine with no GPU.
+    Appends to ``notes`` why there is no GPU activity, or that the trace has several GPUs."""
+    if trace.has_gpu_activity:
+        busy = (
+            w.group_by("device")
+            .agg(sum_us("gpu_busy_us"))
+            .sort("gpu_busy_us", "device", descending=[True, False])
+        )
+        primary = busy["device"][0]
+        if len(trace.devices) > 1:
+            notes.append(
+                f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
+                f"GPU {primary}, the busiest"
+            )
+        return primary, dev_notes
+    if _captured_without_gpu(trace):
+        notes.append(
+            "no GPU activity: the machine that captured this trace had no CUDA GPU (tracedx "
+            "capture saw torch.cuda.is_available() False), so only CPU activity was profiled. "
+            "GPU metrics are n/a"
+        )
+        # no GPU, so no device whose peaks are unknown
+        dev_notes = [x for x in dev_notes if not x.startswith("unknown device")]
+    elif trace.metadata.get("repairs"):
+        notes.append(
+            "no GPU activity in what could be salvaged of this broken trace: the GPU events were "
+            "probably in the lost part. GPU metrics are n/a"
+        )
+    else:
+        notes.append(
+            "no GPU activity in this trace (no kernel, memcpy or memset events): GPU metrics are n/a. "
+            f"Usual causes: {NO_GPU_CAUSES}"
+        )
+    return None, dev_notes
+
+
+def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
+    """A note when op groups ran faster than their roofline bound: data still in the L2 cache
+    (up to :data:`IMPOSSIBLE_ROOF_FRACTION` times the bound), else corrupt inputs."""
+    if "bound_fraction" not in ops_tbl.columns or not ops_tbl.height:
+        return []
+    over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
+    if not over.height:
+        return []
+    worst = over.sort("bound_fraction", descending=True).row(0, named=True)
+    per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
+    if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
+        return [
+            f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
+            f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
+            "explains that much; its kernel durations or its FLOP and byte counts (input "
+            "shapes) are corrupt, and its roofline numbers are not to be trusted"
+        ]
+    return [
+        f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
+        f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
+        "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
+        "faster than device memory allows; when an op's data per call is well over the "
+        f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
+        "GPU's: check --device, or measure them with `tracedx calibrate`"
+    ]
+
+
+def _estimates_basis(
+    trace: Trace,
+    model: fx.StepModel | None,
+    found: list[fx.Finding],
+    unprof: dict[str, Any] | None,
+    implausible: str | None,
+    notes: list[str],
+) -> list[fx.Finding]:
+    """The findings the trace backs (none on a truncated trace or with inconsistent
+    timestamps). Appends to ``notes`` what the estimates are against: the unprofiled step
+    (``unprof``, :func:`unprofiled_timing`) or the traced one, and why."""
+    if implausible:
+        notes.append(
+            f"the unprofiled timing cannot be right ({implausible}: a profiler only slows a "
+            f"step); estimates and --max-step-ms use the traced step time instead"
+        )
+    if trace.truncated:
+        # the steps may have lost launches or kernels (see _verdict): no estimate is backed
+        notes.append(
+            "no fix estimates: this truncated trace's GPU timeline is incomplete (see the verdict)"
+        )
+        return []
+    if trace.inconsistent_timestamps and found:
+        notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
+        return []
+    if model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
+        notes.append(
+            f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
+            "capture); with no GPU activity there is no step model and no fix estimate"
+        )
+    elif model is not None and model.unprofiled_step_us:
+        notes.append(
+            f"the step took {model.step_us / 1e3:.3f} ms profiled and {model.unprofiled_step_us / 1e3:.3f} ms "
+            f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
+            f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
+        )
+    elif not implausible:
+        world = (trace.distributed_info or {}).get("world_size")
+        how = (
+            # capture refuses --time-unprofiled under torchrun
+            "a plain torchrun run with the script's own step timer times the step unprofiled"
+            if isinstance(world, int) and world > 1
+            else "`tracedx capture --time-unprofiled` also times the step unprofiled"
+        )
+        notes.append(
+            f"the profiler slows the host ({fx.PROFILER_SLOWDOWN}): estimates are against "
+            f"the traced step time; {how}"
+        )
+    return found
+
+
+def _decode_evidence(decode: dict[str, Any]) -> str:
+    """The verdict's line on a decode-shaped step (:func:`decode_ceiling_info`)."""
+    return (
+        f"decode-shaped step (batch-1 matmuls): reads {decode['weight_bytes_per_token'] / 1e9:.3f} GB of "
+        f"weights + {decode['kv_bytes_per_token'] / 1e9:.4f} GB of KV cache per token; at "
+        f"{decode['bandwidth_gbs']:.0f} GB/s the ceiling is {decode['ceiling_step_ms']:.3f} ms per token "
+        f"({decode['ceiling_tokens_per_s']:.0f} tokens/s); this step reaches "
+        f"{decode['achieved_fraction']:.1%} of it"
     )
 
 
@@ -941,19 +983,12 @@ def _top_op_ids(trace: Trace, name: str) -> pl.Series:
     return trace.ops.filter(pl.col("parent_id").is_null() & (pl.col("name") == name))["op_id"]
 
 
-def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, host_op=None):
-    ev: list[str] = []
-    if trace.metadata.get("repairs"):
-        ev.append(
-            "this trace was salvaged with --repair ("
-            + "; ".join(trace.metadata["repairs"])
-            + "): "
-            + (
-                "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
-                if trace.truncated
-                else "the numbers cover the events that could be read"
-            )
-        )
+def _verdict(trace, w, kinds, memcpy, ops_tbl, model, primary, host_op=None):
+    """(regime, bottleneck, evidence) of the primary device's step windows ``w``: overhead-bound
+    when the GPU idles half the median step or more (:func:`_overhead_verdict`), else what its
+    device time is spent on (:func:`_gpu_bound_verdict`); regime and bottleneck None, with the
+    reason as the last evidence line, when the trace cannot back a verdict."""
+    ev = _repair_evidence(trace)
     if trace.truncated:
         ev.append(
             "no verdict: only the events before the break of this truncated trace were kept, "
@@ -971,9 +1006,8 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, hos
     if idle is None or not math.isfinite(model.step_us):
         return None, None, ["the step windows are undefined (timestamps out of range?): no regime"]
     idle = float(idle)
-    T = model.step_us
     ev.append(
-        f"median step {_ms(T)}: GPU busy {_ms(float(w['gpu_busy_us'].median()))} "
+        f"median step {_ms(model.step_us)}: GPU busy {_ms(float(w['gpu_busy_us'].median()))} "
         f"({1 - idle:.0%}), idle {idle:.0%}"
     )
     if model.graph_replays and trace.kernels.height == 0:
@@ -983,75 +1017,95 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, hos
             ["CUDA graph launches but no kernels recorded: the GPU timeline is incomplete"],
         )
     if idle >= 0.5:
-        c = {
-            k: model.idle_us.get(k, 0.0)
-            for k in (
-                "host sync",
-                "kernel launch",
-                "python",
-                "kernel wait",
-                "dataloader",
-                "host work",
-            )
-        }
-        cand = {
-            "host synchronization": c["host sync"] + model.sync_us,
-            "host-device transfer": model.pageable_block_us,
-            "kernel launch": c["kernel launch"] + c["python"] + c["kernel wait"],
-            "host work": c["dataloader"] + c["host work"] + model.dataloader_us,
-        }
-        bott = max(cand, key=cand.get)
-        if cand[bott] <= 0:
-            return (
-                None,
-                None,
-                [
-                    *ev,
-                    "no bottleneck: no cause of the idle time has any evidence (no sync, launch, "
-                    "copy or host work measured in the idle gaps)",
-                ],
-            )
-        if bott == "kernel launch" and not (w["kernels"].median() or 0):
-            return (
-                None,
-                None,
-                [
-                    *ev,
-                    "no bottleneck: the median step runs no kernel, so its idle time cannot be "
-                    "kernel launch cost",
-                ],
-            )
-        ev.append(
-            "idle by cause (median per step): "
-            + ", ".join(
-                f"{k} {_ms(v)}"
-                for k, v in sorted(model.idle_us.items(), key=lambda x: -x[1])
-                if v > 0
-            )
+        return _overhead_verdict(w, model, host_op, ev)
+    return _gpu_bound_verdict(trace, w, kinds, memcpy, ops_tbl, primary, ev)
+
+
+def _repair_evidence(trace: Trace) -> list[str]:
+    """The evidence line of a trace salvaged with --repair (none for a whole trace)."""
+    if not trace.metadata.get("repairs"):
+        return []
+    return [
+        "this trace was salvaged with --repair ("
+        + "; ".join(trace.metadata["repairs"])
+        + "): "
+        + (
+            "the numbers cover only what was recovered, and the GPU timeline may be incomplete"
+            if trace.truncated
+            else "the numbers cover the events that could be read"
         )
-        ev.append(
-            f"{fx.kernels_label(float(w['kernels'].median() or 0.0))} per step, host busy {_ms(model.host_us)}, "
-            f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
+    ]
+
+
+def _overhead_verdict(w: pl.DataFrame, model: fx.StepModel, host_op, ev: list[str]):
+    """The verdict of a step whose GPU idles half of it or more: overhead-bound, the bottleneck
+    the idle cause with the most time (host sync, transfer, launch or host work)."""
+    c = {
+        k: model.idle_us.get(k, 0.0)
+        for k in ("host sync", "kernel launch", "python", "kernel wait", "dataloader", "host work")
+    }
+    cand = {
+        "host synchronization": c["host sync"] + model.sync_us,
+        "host-device transfer": model.pageable_block_us,
+        "kernel launch": c["kernel launch"] + c["python"] + c["kernel wait"],
+        "host work": c["dataloader"] + c["host work"] + model.dataloader_us,
+    }
+    bott = max(cand, key=cand.get)
+    if cand[bott] <= 0:
+        return (
+            None,
+            None,
+            [
+                *ev,
+                "no bottleneck: no cause of the idle time has any evidence (no sync, launch, "
+                "copy or host work measured in the idle gaps)",
+            ],
         )
-        # One top-level op holding most of the host time is host work inside that op (e.g.
-        # cuDNN re-planning), not per-kernel launch cost: name it (its idle gaps count as
-        # host work too: see idle_gaps' host_work_ops).
-        if host_op is not None:
-            ev.append(
-                f"{host_op['name']} holds {_ms(host_op['per_step_us'])} of host time per step "
-                f"({host_op['share']:.0%} of the step) for {host_op['kernels']:.0f} kernels "
-                f"({host_op['per_kernel_us']:.0f} us per kernel): host work inside one op, not "
-                "launch cost"
-            )
-            if bott == "kernel launch":
-                bott = "host work"
-        if bott == "kernel launch" and model.per_kernel_host_us:
-            ev.append(
-                f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "
-                f"against {model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
-            )
-        return "overhead-bound", bott, ev
-    # GPU-bound: what the device time is spent on
+    if bott == "kernel launch" and not (w["kernels"].median() or 0):
+        return (
+            None,
+            None,
+            [
+                *ev,
+                "no bottleneck: the median step runs no kernel, so its idle time cannot be "
+                "kernel launch cost",
+            ],
+        )
+    ev.append(
+        "idle by cause (median per step): "
+        + ", ".join(
+            f"{k} {_ms(v)}" for k, v in sorted(model.idle_us.items(), key=lambda x: -x[1]) if v > 0
+        )
+    )
+    ev.append(
+        f"{fx.kernels_label(float(w['kernels'].median() or 0.0))} per step, host busy {_ms(model.host_us)}, "
+        f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
+    )
+    # One top-level op holding most of the host time is host work inside that op (e.g.
+    # cuDNN re-planning), not per-kernel launch cost: name it (its idle gaps count as
+    # host work too: see idle_gaps' host_work_ops).
+    if host_op is not None:
+        ev.append(
+            f"{host_op['name']} holds {_ms(host_op['per_step_us'])} of host time per step "
+            f"({host_op['share']:.0%} of the step) for {host_op['kernels']:.0f} kernels "
+            f"({host_op['per_kernel_us']:.0f} us per kernel): host work inside one op, not "
+            "launch cost"
+        )
+        if bott == "kernel launch":
+            bott = "host work"
+    if bott == "kernel launch" and model.per_kernel_host_us:
+        ev.append(
+            f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "
+            f"against {model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
+        )
+    return "overhead-bound", bott, ev
+
+
+def _gpu_bound_verdict(trace, w, kinds, memcpy, ops_tbl, primary, ev: list[str]):
+    """The verdict of a step whose GPU is busy most of it, from what its device time is spent
+    on: communication or host-device copies holding half of it, else the roofline placement of
+    the ops (:func:`_roofline_verdict`) when it covers half of it, else kernel kinds
+    (:func:`_kernel_kind_verdict`)."""
     busy = kinds["device_time_us"].sum() or 1.0
     share = dict(
         zip(kinds["kind"].to_list(), (kinds["device_time_us"] / busy).to_list(), strict=True)
@@ -1069,49 +1123,64 @@ def _verdict(trace, w, causes, kinds, memcpy, ops_tbl, model, spec, primary, hos
     if hd / busy >= 0.5:
         ev.append(f"host-device copies take {hd / busy:.0%} of device time")
         return "bandwidth-bound", "host-device transfer", ev
-    if "regime" in ops_tbl.columns and ops_tbl.height:
-        mod = ops_tbl.filter(pl.col("regime").is_not_null())
-        total_dev = float(ops_tbl["device_time_us"].sum()) or 1.0
-        cov = float(mod["device_time_us"].sum()) / total_dev
-        if cov >= 0.5:
-            by = dict(mod.group_by("regime").agg(pl.col("device_time_us").sum()).rows())
-            comp = by.get("compute", 0.0)
-            bw = by.get("bandwidth", 0.0) + by.get("under-filled", 0.0)
-            ev.append(
-                f"FLOP/byte models cover {cov:.0%} of op device time: compute-side ops {_ms(comp)}, "
-                f"memory-side ops {_ms(bw)} in all analysed steps"
-            )
-            if comp >= bw:
-                c = mod.filter(pl.col("regime") == "compute").sort(
-                    "device_time_us", descending=True
-                )
-                tc = c.filter(
-                    pl.col("tensor_core")
-                    & ((pl.col("compute_dtype") != "fp32") | (pl.col("math_mode") == "tf32"))
-                )
-                tc_share = float(tc["device_time_us"].sum()) / (comp or 1.0)
-                top = c.row(0, named=True)
-                ev.append(
-                    f"top compute op {top['name']} at {_frac(top.get('bound_fraction'))} of its roof "
-                    f"({_num(top.get('achieved_tflops'))} TFLOP/s)"
-                )
-                return "compute-bound", ("tensor-core math" if tc_share >= 0.5 else "fp32 math"), ev
-            top = (
-                mod.filter(pl.col("regime") != "compute")
-                .sort("device_time_us", descending=True)
-                .row(0, named=True)
-            )
-            ev.append(
-                f"top memory-side op {top['name']} at {_num(top.get('achieved_gbps'))} GB/s "
-                f"({_frac(top.get('bound_fraction'))} of its roof)"
-            )
-            return "bandwidth-bound", "device memory", ev
+    placed = _roofline_verdict(ops_tbl, ev)
+    if placed:
+        return (*placed, ev)
+    return _kernel_kind_verdict(trace, w, primary, share, hd / busy, busy, ev)
+
+
+def _roofline_verdict(ops_tbl: pl.DataFrame, ev: list[str]) -> tuple[str, str] | None:
+    """(regime, bottleneck) from the op groups on the roofline when their FLOP/byte models
+    cover half the op device time or more: compute-bound (tensor-core or fp32 math) when the
+    compute-side ops hold at least as much time as the memory-side ones, else bandwidth-bound
+    on device memory. None, with the evidence line saying why, when they do not."""
+    if "regime" not in ops_tbl.columns or not ops_tbl.height:
+        ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
+        return None
+    mod = ops_tbl.filter(pl.col("regime").is_not_null())
+    total_dev = float(ops_tbl["device_time_us"].sum()) or 1.0
+    cov = float(mod["device_time_us"].sum()) / total_dev
+    if cov < 0.5:
         ev.append(
             f"FLOP/byte models cover only {cov:.0%} of device time: classified from kernel kinds"
         )
-    else:
-        ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
-    hd_share = hd / busy
+        return None
+    by = dict(mod.group_by("regime").agg(pl.col("device_time_us").sum()).rows())
+    comp = by.get("compute", 0.0)
+    bw = by.get("bandwidth", 0.0) + by.get("under-filled", 0.0)
+    ev.append(
+        f"FLOP/byte models cover {cov:.0%} of op device time: compute-side ops {_ms(comp)}, "
+        f"memory-side ops {_ms(bw)} in all analysed steps"
+    )
+    if comp >= bw:
+        c = mod.filter(pl.col("regime") == "compute").sort("device_time_us", descending=True)
+        tc = c.filter(
+            pl.col("tensor_core")
+            & ((pl.col("compute_dtype") != "fp32") | (pl.col("math_mode") == "tf32"))
+        )
+        tc_share = float(tc["device_time_us"].sum()) / (comp or 1.0)
+        top = c.row(0, named=True)
+        ev.append(
+            f"top compute op {top['name']} at {_frac(top.get('bound_fraction'))} of its roof "
+            f"({_num(top.get('achieved_tflops'))} TFLOP/s)"
+        )
+        return "compute-bound", ("tensor-core math" if tc_share >= 0.5 else "fp32 math")
+    top = (
+        mod.filter(pl.col("regime") != "compute")
+        .sort("device_time_us", descending=True)
+        .row(0, named=True)
+    )
+    ev.append(
+        f"top memory-side op {top['name']} at {_num(top.get('achieved_gbps'))} GB/s "
+        f"({_frac(top.get('bound_fraction'))} of its roof)"
+    )
+    return "bandwidth-bound", "device memory"
+
+
+def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]):
+    """(regime, bottleneck, evidence) from the kernel kinds' ``share`` of device time: the
+    largest of matrix math, device memory, communication and host-device copies (``hd_share``),
+    under-filled matrix kernels counted with the memory side."""
     # Matrix kernels with fewer blocks than SMs (skinny GEMMs, GEMV in decode) cannot be
     # bound by the math units: count them with the memory side.
     small = _underfilled_matrix_share(trace, w, primary) / busy
