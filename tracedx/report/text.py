@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import polars as pl
-
 from tracedx.analysis.ops import HOST_DEVICE_COPY
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import diagnosis_dict
@@ -82,9 +80,19 @@ def render_text(diag, width: int = WIDTH) -> str:
 
 def _render(diag, width: int) -> str:
     d = safe_strings(diagnosis_dict(diag))
+    nsteps = d["steps"]["count"]
+    every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
+    out = _header(d) + [""] + _verdict_lines(d) + [""] + _time_lines(d, every)
+    out += _top_level_op_lines(d, width) + _op_lines(d, every, width) + [""] + _fix_lines(d)
+    notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
+    if notes:
+        out += ["", "NOTES"] + [f"  - {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def _header(d: dict) -> list[str]:
+    """The trace's path, then its GPU, steps and PyTorch version on one line."""
     st = d["steps"]
-    out: list[str] = []
-    dev = d["trace"]["device"]
     name = d["trace"]["device_name"] or ("unnamed GPU" if d["trace"]["devices"] else "no GPU")
     head = [term(name, HEADER_CHARS)]
     if st["synthetic"]:
@@ -94,20 +102,23 @@ def _render(diag, width: int) -> str:
         head.append(f"{st['count']} step{'s' if st['count'] != 1 else ''} ({nums[0]}..{nums[-1]})")
     if d["trace"]["pytorch_version"]:
         head.append(f"PyTorch {term(d['trace']['pytorch_version'], HEADER_CHARS)}")
-    out.append(f"tracedx · {term(d['trace']['path'], HEADER_CHARS)}")
-    out.append(" · ".join(head))
-    out.append("")
+    return [f"tracedx · {term(d['trace']['path'], HEADER_CHARS)}", " · ".join(head)]
+
+
+def _verdict_lines(d: dict) -> list[str]:
+    """The verdict and its evidence, less the lines the next section shows with their scope."""
     if d["regime"]:
-        out.append(f"VERDICT: {d['regime'].upper()}, bottleneck: {d['bottleneck']}")
+        out = [f"VERDICT: {d['regime'].upper()}, bottleneck: {d['bottleneck']}"]
     else:
-        out.append("VERDICT: no regime (see below)")
-    for e in d["evidence"]:
-        if not e.startswith(_SHOWN_BELOW):
-            out.append(f"  - {e}")
-    out.append("")
-    nsteps = st["count"]
-    every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
-    out.append(f"WHERE THE TIME GOES (median per step, over {every}, unless marked)")
+        out = ["VERDICT: no regime (see below)"]
+    return out + [f"  - {e}" for e in d["evidence"] if not e.startswith(_SHOWN_BELOW)]
+
+
+def _time_lines(d: dict, every: str) -> list[str]:
+    """WHERE THE TIME GOES: the median step's figures, then device time by kind, the largest
+    copies, idle gaps and sync sites."""
+    st = d["steps"]
+    out = [f"WHERE THE TIME GOES (median per step, over {every}, unless marked)"]
     rng = st["range"]
     out.append(f"  step time      {_ms(st['step_time_ms'])}{_rng(rng, 'step_time_us')}")
     out.append(f"  CPU time       {_ms(st['cpu_time_ms'])}  (host window of the step)")
@@ -152,92 +163,100 @@ def _render(diag, width: int) -> str:
             f"  largest gap    {g['duration_us'] / 1e3:.3f} ms in step {g['step']}: {g['cause']} "
             "(one gap)"
         )
+    n = max(st["count"], 1)
     for s in d["sync_sites"][:3]:
         where = f" at {s['site']}" if s["site"] else ""
-        n = max(st["count"], 1)
         out.append(
             f"  sync site      {s['op']} -> {s['call']}{where}: {_per(s['count'] / n)} x, "
             f"{s['blocked_us'] / n / 1e3:.3f} ms (mean per step)"
         )
+    return out
+
+
+def _top_level_op_lines(d: dict, width: int) -> list[str]:
+    """The five costliest top-level ops, mean per step: host against device time, or host time
+    alone when the trace has no GPU activity (the device columns would be all zeros)."""
     tops = [t for t in d["top_level_ops"][:5] if t["host_time_us"] or t["device_time_us"]]
-    if tops and not d["trace"]["devices"]:  # no GPU: device columns would be all zeros
-        n = max(st["count"], 1)
+    if not tops:
+        return []
+    n = max(d["steps"]["count"], 1)
+    if not d["trace"]["devices"]:
         w = max(40, min(60, width - 12))  # the op column takes the width the numbers leave
-        out += ["", "HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)"]
+        out = ["", "HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)"]
         out.append(f"  {'op':<{w}} {'host ms':>9}")
         for t in tops:
             out.append(f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f}")
-    elif tops:
-        n = max(st["count"], 1)
-        w = max(40, min(80, width - 48))
-        out.append("")
-        out.append("CPU VS DEVICE TIME (top-level ops, mean per step)")
+        return out
+    w = max(40, min(80, width - 48))
+    out = ["", "CPU VS DEVICE TIME (top-level ops, mean per step)"]
+    out.append(
+        f"  {'op':<{w}} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
+    )
+    for t in tops:
+        per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
         out.append(
-            f"  {'op':<{w}} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
+            f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f} "
+            f"{t['device_time_us'] / n / 1e3:>10.3f} {_per(t['kernels'] / n):>8} {per:>15}"
         )
-        for t in tops:
-            per = "-" if t["host_us_per_kernel"] is None else f"{t['host_us_per_kernel']:.1f}"
-            out.append(
-                f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f} "
-                f"{t['device_time_us'] / n / 1e3:>10.3f} {_per(t['kernels'] / n):>8} {per:>15}"
-            )
+    return out
+
+
+def _cell(v, fmt: str) -> str:
+    """A number of the ops table, ``-`` where it is missing (None or NaN)."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _op_lines(d: dict, every: str, width: int) -> list[str]:
+    """The six op groups with the most device time, on the roofline of the device's peaks."""
     ops = d["ops"][:6]
-    if ops:
-        out.append("")
-        ridge = ""
-        if dev:
-            bf = dev["peak_tflops"].get("bf16")
-            f32 = dev["peak_tflops"].get("fp32")
-            bw = dev["bandwidth_gbs"]
-            ridge = f"  [{term(dev['name'], HEADER_CHARS)}: {bw:.0f} GB/s"
-            if bf:
-                ridge += f"; ridge bf16 {bf * 1e3 / bw:.0f}"
-            if f32:
-                ridge += f", fp32 {f32 * 1e3 / bw:.0f}"
-            ridge += " FLOP/B]" if (bf or f32) else "]"
-        names = [o["name"] for o in ops]
-        # the op column takes what the fixed columns (54) and the longest regime leave
-        reg_w = max(len(o["regime"] or _unplaced(o)) for o in ops)
-        op_w = max(20, min(40, width - 54 - reg_w))
-        out.append(f"TOP OPS BY DEVICE TIME (count and ms: totals over {every})")
-        if ridge:
-            out.append(ridge)
+    if not ops:
+        return []
+    out = ["", f"TOP OPS BY DEVICE TIME (count and ms: totals over {every})"]
+    dev = d["trace"]["device"]
+    if dev:
+        bf = dev["peak_tflops"].get("bf16")
+        f32 = dev["peak_tflops"].get("fp32")
+        bw = dev["bandwidth_gbs"]
+        ridge = f"  [{term(dev['name'], HEADER_CHARS)}: {bw:.0f} GB/s"
+        if bf:
+            ridge += f"; ridge bf16 {bf * 1e3 / bw:.0f}"
+        if f32:
+            ridge += f", fp32 {f32 * 1e3 / bw:.0f}"
+        out.append(ridge + (" FLOP/B]" if (bf or f32) else "]"))
+    names = [o["name"] for o in ops]
+    # the op column takes what the fixed columns (54) and the longest regime leave
+    reg_w = max(len(o["regime"] or _unplaced(o)) for o in ops)
+    op_w = max(20, min(40, width - 54 - reg_w))
+    out.append(
+        f"  {'op (inputs where names repeat)':<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
+        f"{'TFLOP/s':>8} {'GB/s':>7} {'of roof':>7}  regime"
+    )
+    for o in ops:
+        label = o["name"]
+        if names.count(label) > 1 and _shape_tag(o["input_shapes"]):
+            label = f"{label} {_shape_tag(o['input_shapes'])}"
         out.append(
-            f"  {'op (inputs where names repeat)':<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
-            f"{'TFLOP/s':>8} {'GB/s':>7} {'of roof':>7}  regime"
+            f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
+            f"{_cell(o['intensity'], '8.1f'):>8} {_cell(o['achieved_tflops'], '8.1f'):>8} "
+            f"{_cell(o['achieved_gbps'], '7.0f'):>7} {_cell(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
         )
-        for o in ops:
+    return out
 
-            def f(v, fmt):
-                return (
-                    "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-                )
 
-            label = o["name"]
-            if names.count(label) > 1 and _shape_tag(o["input_shapes"]):
-                label = f"{label} {_shape_tag(o['input_shapes'])}"
-            out.append(
-                f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
-                f"{f(o['intensity'], '8.1f'):>8} {f(o['achieved_tflops'], '8.1f'):>8} "
-                f"{f(o['achieved_gbps'], '7.0f'):>7} {f(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
-            )
-    out.append("")
+def _fix_lines(d: dict) -> list[str]:
+    """FIXES: the three first recommended fixes with their Amdahl estimates, then the others."""
     rec = [f for f in d["findings"] if f["recommended"]]
     ref = d["estimates_against"] or {}
     if not d["findings"]:
-        out.append("FIXES")
-    elif ref.get("kind") == "unprofiled":
-        out.append(
+        return ["FIXES", "  no estimate (see the notes)"]
+    if ref.get("kind") == "unprofiled":
+        out = [
             "FIXES, in the order to apply them (Amdahl estimate against the unprofiled median "
             f"step, {ref['step_ms']:.3f} ms, profiler cost taken out: see the notes)"
-        )
+        ]
     else:
-        out.append(
-            "FIXES, in the order to apply them (Amdahl estimate against the traced median step)"
-        )
-    if not d["findings"]:
-        out.append("  no estimate (see the notes)")
-    elif not rec:
+        out = ["FIXES, in the order to apply them (Amdahl estimate against the traced median step)"]
+    if not rec:
         out.append("  none worth 5% or more")
     for i, f in enumerate(rec[:3], 1):
         s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.1f}x"
@@ -256,13 +275,7 @@ def _render(diag, width: int) -> str:
         out.append(
             "  not worth it (< 5%): " + ", ".join(f"{f['fix']} {speedup_label(f)}" for f in low)
         )
-    notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
-    if notes:
-        out.append("")
-        out.append("NOTES")
-        for n in notes:
-            out.append(f"  - {n}")
-    return "\n".join(out) + "\n"
+    return out
 
 
-__all__ = ["estimate_label", "render_text", "short_name", "speedup_label", "pl"]
+__all__ = ["estimate_label", "render_text", "short_name", "speedup_label"]
