@@ -131,122 +131,176 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     """
     steps = trace.steps.sort("start_us")
     gpu = trace.gpu_activity()
-    syncs = (
-        sync_calls(trace)
-        .filter(pl.col("step").is_not_null())
-        .group_by("step")
-        .agg(sync_us=sum_us("duration_us"))
+    rows = [
+        _device_windows(
+            steps, gpu.filter(pl.col("device") == dev) if dev is not None else gpu.clear(), dev
+        )
+        for dev in trace.devices or [None]
+    ]
+    out = _step_metrics(pl.concat(rows, how="vertical_relaxed"), trace.has_gpu_activity)
+    return (
+        _with_copy_bytes_and_syncs(out, trace)
+        .select(list(_WINDOW_COLUMNS))
+        .sort("device", "step", nulls_last=True)
     )
-    rows = []
-    devices = trace.devices or [None]
-    for dev in devices:
-        g = gpu.filter(pl.col("device") == dev) if dev is not None else gpu.clear()
-        first = (
-            g.filter(pl.col("step").is_not_null())
-            .group_by("step")
-            .agg(
-                gpu_start_us=pl.col("start_us").min(),
-                last_end_us=pl.col("end_us").max(),
-                kernels=(pl.col("kind") == "kernel").sum(),
-                memcpys=(pl.col("kind") == "memcpy").sum(),
-                memsets=(pl.col("kind") == "memset").sum(),
-                memcpy_us=sum_us(pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us"))),
-            )
+
+
+_WINDOW_COLUMNS = (
+    "step",
+    "device",
+    "cpu_start_us",
+    "cpu_end_us",
+    "cpu_time_us",
+    "gpu_start_us",
+    "gpu_end_us",
+    "gpu_window_us",
+    "window_start_us",
+    "window_end_us",
+    "overlap_prev_us",
+    "step_time_us",
+    "gpu_busy_us",
+    "idle_us",
+    "idle_fraction",
+    "kernels",
+    "memcpys",
+    "memsets",
+    "memcpy_us",
+    "memcpy_bytes",
+    "sync_us",
+)
+
+
+def _device_windows(steps: pl.DataFrame, g: pl.DataFrame, dev: int | None) -> pl.DataFrame:
+    """One device's steps (``g``: its GPU events): the CPU and GPU windows, the tiled windows
+    (``window_start_us``, ``window_end_us``), busy and idle time (``_idle_us``, unclipped)."""
+    s = _chosen_windows(_gpu_windows(steps, g, dev))
+    starts, ends = _tile(s)
+    s = s.with_columns(
+        window_start_us=pl.Series(starts, dtype=pl.Float64),
+        window_end_us=pl.Series(ends, dtype=pl.Float64),
+    )
+    busy = _busy_per_step(g, s["step"].to_list(), starts, ends)
+    # The device's idle time inside each window (what the idle causes split): the window
+    # less the part any GPU event covers, whichever step launched it.
+    ms, me = union(_arr(g, "start_us"), _arr(g, "end_us"))
+    idle = (ends - starts) - overlap(ms, me, starts, ends) if s.height else np.empty(0)
+    return s.with_columns(
+        gpu_busy_us=pl.Series(busy).cast(pl.Float64),
+        _idle_us=pl.Series(idle, dtype=pl.Float64),
+        # how much of the step's own (CPU or GPU) window the previous step already counted
+        overlap_prev_us=(pl.col("window_start_us") - pl.col("chosen_start_us")).clip(
+            lower_bound=0.0
+        ),
+    ).drop("gpu_longer", "chosen_start_us", "chosen_end_us")
+
+
+def _gpu_windows(steps: pl.DataFrame, g: pl.DataFrame, dev: int | None) -> pl.DataFrame:
+    """Per step, in CPU start order: its CPU window, its GPU events' counts, and its GPU
+    window, from its first GPU event to the next step's first (its own last end for the last)."""
+    first = (
+        g.filter(pl.col("step").is_not_null())
+        .group_by("step")
+        .agg(
+            gpu_start_us=pl.col("start_us").min(),
+            last_end_us=pl.col("end_us").max(),
+            kernels=(pl.col("kind") == "kernel").sum(),
+            memcpys=(pl.col("kind") == "memcpy").sum(),
+            memsets=(pl.col("kind") == "memset").sum(),
+            memcpy_us=sum_us(pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us"))),
         )
-        s = (
-            steps.select(
-                "step",
-                pl.col("start_us").alias("cpu_start_us"),
-                pl.col("end_us").alias("cpu_end_us"),
-            )
-            .join(first, on="step", how="left")
-            .sort("cpu_start_us")
+    )
+    s = (
+        steps.select(
+            "step",
+            pl.col("start_us").alias("cpu_start_us"),
+            pl.col("end_us").alias("cpu_end_us"),
         )
-        # the GPU window ends where the next step with GPU work starts its first event
-        later = pl.col("gpu_start_us").shift(-1).fill_null(strategy="backward")
-        s = s.with_columns(
-            gpu_end_us=pl.when(pl.col("gpu_start_us").is_null())
-            .then(None)
-            .when(later.is_not_null() & (later > pl.col("gpu_start_us")))
-            .then(later)
-            .otherwise(pl.col("last_end_us")),
-            device=pl.lit(dev, pl.Int64),
+        .join(first, on="step", how="left")
+        .sort("cpu_start_us")
+    )
+    # the GPU window ends where the next step with GPU work starts its first event
+    later = pl.col("gpu_start_us").shift(-1).fill_null(strategy="backward")
+    return s.with_columns(
+        gpu_end_us=pl.when(pl.col("gpu_start_us").is_null())
+        .then(None)
+        .when(later.is_not_null() & (later > pl.col("gpu_start_us")))
+        .then(later)
+        .otherwise(pl.col("last_end_us")),
+        device=pl.lit(dev, pl.Int64),
+    )
+
+
+def _chosen_windows(s: pl.DataFrame) -> pl.DataFrame:
+    """The steps' intervals: all GPU windows or all CPU windows (``chosen_start_us``,
+    ``chosen_end_us``), and where each starts once no step overlaps the one before
+    (``window_start_us``)."""
+    return (
+        s.with_columns(
+            cpu_time_us=pl.col("cpu_end_us") - pl.col("cpu_start_us"),
+            gpu_window_us=pl.col("gpu_end_us") - pl.col("gpu_start_us"),
         )
-        s = (
-            s.with_columns(
-                cpu_time_us=pl.col("cpu_end_us") - pl.col("cpu_start_us"),
-                gpu_window_us=pl.col("gpu_end_us") - pl.col("gpu_start_us"),
-            )
-            .with_columns(
-                # The steps' intervals: GPU windows when, over the analysed steps, the GPU
-                # windows are the longer (the GPU binds and lags the CPU), else CPU windows
-                # One choice for all steps, so the intervals tile the timeline;
-                # choosing per step mixes windows that are offset in time.
-                gpu_longer=pl.col("gpu_window_us").is_not_null()
-                & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
-            )
-            .with_columns(
-                chosen_start_us=pl.when("gpu_longer")
-                .then("gpu_start_us")
-                .otherwise("cpu_start_us"),
-                chosen_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
-            )
-            # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
-            # the previous step's GPU window): a step starts no earlier than the previous ended.
-            .with_columns(
-                window_start_us=pl.max_horizontal(
-                    "chosen_start_us",
-                    pl.col("chosen_end_us").cum_max().shift(1).fill_null(float("-inf")),
-                ).cum_max(),
-            )
+        .with_columns(
+            # The steps' intervals: GPU windows when, over the analysed steps, the GPU
+            # windows are the longer (the GPU binds and lags the CPU), else CPU windows
+            # One choice for all steps, so the intervals tile the timeline;
+            # choosing per step mixes windows that are offset in time.
+            gpu_longer=pl.col("gpu_window_us").is_not_null()
+            & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
         )
-        # The windows tile the device timeline: each step ends where the next begins (a gap
-        # between two ProfilerStep ranges, the step marker's own host time, is the earlier
-        # step's); the last ends at its own end.
-        analysed = g.filter(pl.col("step").is_not_null())
-        starts = s["window_start_us"].to_numpy().astype(float)
-        if s.height:
-            ends = np.append(starts[1:], float(s["chosen_end_us"][-1]))
-            ends[-1] = max(ends[-1], starts[-1])
-        else:
-            ends = starts
-        s = s.with_columns(
-            window_start_us=pl.Series(starts, dtype=pl.Float64),
-            window_end_us=pl.Series(ends, dtype=pl.Float64),
+        .with_columns(
+            chosen_start_us=pl.when("gpu_longer").then("gpu_start_us").otherwise("cpu_start_us"),
+            chosen_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
         )
-        # GPU busy of a step: the union of the GPU events it launched (kernels, memcpys,
-        # memsets), an instant shared with an earlier step's events counted there only. An
-        # event with no launch record (launched before the trace, correlation lost) is the
-        # step whose interval holds its start.
-        rank = {st: i for i, st in enumerate(s["step"].to_list())}
-        own = analysed.filter(pl.col("step").is_in(list(rank)))
-        owner = np.array([rank[x] for x in own["step"].to_list()], dtype=int)
-        st_, en_ = _arr(own, "start_us"), _arr(own, "end_us")
-        orphans = g.filter(pl.col("step").is_null())
-        if orphans.height and s.height:
-            o_start = _arr(orphans, "start_us")
-            k = np.searchsorted(starts, o_start, side="right") - 1
-            keep = (k >= 0) & (o_start < ends[-1])
-            st_ = np.concatenate([st_, o_start[keep]])
-            en_ = np.concatenate([en_, _arr(orphans, "end_us")[keep]])
-            owner = np.concatenate([owner, k[keep]])
-        busy = owned_union(st_, en_, owner, s.height)
-        # The device's idle time inside each window (what the idle causes split): the window
-        # less the part any GPU event covers, whichever step launched it.
-        ms, me = union(_arr(g, "start_us"), _arr(g, "end_us"))
-        idle = (ends - starts) - overlap(ms, me, starts, ends) if s.height else np.empty(0)
-        s = s.with_columns(
-            gpu_busy_us=pl.Series(busy).cast(pl.Float64),
-            _idle_us=pl.Series(idle, dtype=pl.Float64),
-            # how much of the step's own (CPU or GPU) window the previous step already counted
-            overlap_prev_us=(pl.col("window_start_us") - pl.col("chosen_start_us")).clip(
-                lower_bound=0.0
-            ),
-        ).drop("gpu_longer", "chosen_start_us", "chosen_end_us")
-        rows.append(s)
-    out = pl.concat(rows, how="vertical_relaxed")
-    has_gpu = trace.has_gpu_activity
-    out = (
+        # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
+        # the previous step's GPU window): a step starts no earlier than the previous ended.
+        .with_columns(
+            window_start_us=pl.max_horizontal(
+                "chosen_start_us",
+                pl.col("chosen_end_us").cum_max().shift(1).fill_null(float("-inf")),
+            ).cum_max(),
+        )
+    )
+
+
+def _tile(s: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the windows that tile the device timeline: each step ends where the
+    next begins (a gap between two ProfilerStep ranges, the step marker's own host time, is the
+    earlier step's); the last ends at its own end."""
+    starts = s["window_start_us"].to_numpy().astype(float)
+    if s.height:
+        ends = np.append(starts[1:], float(s["chosen_end_us"][-1]))
+        ends[-1] = max(ends[-1], starts[-1])
+    else:
+        ends = starts
+    return starts, ends
+
+
+def _busy_per_step(
+    g: pl.DataFrame, steps: list[int], starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """GPU busy of each of ``steps`` (windows ``starts`` to ``ends``): the union of the GPU
+    events it launched (kernels, memcpys, memsets), an instant shared with an earlier step's
+    events counted there only. An event with no launch record (launched before the trace,
+    correlation lost) is the step whose interval holds its start."""
+    rank = {st: i for i, st in enumerate(steps)}
+    own = g.filter(pl.col("step").is_not_null()).filter(pl.col("step").is_in(list(rank)))
+    owner = np.array([rank[x] for x in own["step"].to_list()], dtype=int)
+    st_, en_ = _arr(own, "start_us"), _arr(own, "end_us")
+    orphans = g.filter(pl.col("step").is_null())
+    if orphans.height and len(steps):
+        o_start = _arr(orphans, "start_us")
+        k = np.searchsorted(starts, o_start, side="right") - 1
+        keep = (k >= 0) & (o_start < ends[-1])
+        st_ = np.concatenate([st_, o_start[keep]])
+        en_ = np.concatenate([en_, _arr(orphans, "end_us")[keep]])
+        owner = np.concatenate([owner, k[keep]])
+    return owned_union(st_, en_, owner, len(steps))
+
+
+def _step_metrics(out: pl.DataFrame, has_gpu: bool) -> pl.DataFrame:
+    """Step time, idle time and fraction from the windows; counts of a step without GPU events
+    0; the GPU columns null for a trace without GPU activity."""
+    return (
         out.with_columns(
             step_time_us=pl.col("window_end_us") - pl.col("window_start_us"),
         )
@@ -269,12 +323,22 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             ),
         )
     )
+
+
+def _with_copy_bytes_and_syncs(out: pl.DataFrame, trace: Trace) -> pl.DataFrame:
+    """``memcpy_bytes`` per (step, device) and ``sync_us`` per step (0 where none)."""
     mem_bytes = (
         trace.memcpys.filter(pl.col("step").is_not_null())
         .group_by("step", "device")
         .agg(memcpy_bytes=pl.col("bytes").sum())
     )
-    out = (
+    syncs = (
+        sync_calls(trace)
+        .filter(pl.col("step").is_not_null())
+        .group_by("step")
+        .agg(sync_us=sum_us("duration_us"))
+    )
+    return (
         out.join(mem_bytes, on=["step", "device"], how="left")
         .join(syncs, on="step", how="left")
         .with_columns(
@@ -282,29 +346,6 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             sync_us=pl.col("sync_us").fill_null(0.0),
         )
     )
-    return out.select(
-        "step",
-        "device",
-        "cpu_start_us",
-        "cpu_end_us",
-        "cpu_time_us",
-        "gpu_start_us",
-        "gpu_end_us",
-        "gpu_window_us",
-        "window_start_us",
-        "window_end_us",
-        "overlap_prev_us",
-        "step_time_us",
-        "gpu_busy_us",
-        "idle_us",
-        "idle_fraction",
-        "kernels",
-        "memcpys",
-        "memsets",
-        "memcpy_us",
-        "memcpy_bytes",
-        "sync_us",
-    ).sort("device", "step", nulls_last=True)
 
 
 def idle_gaps(
