@@ -252,3 +252,19 @@ def test_json_is_the_same_whatever_the_thread_count():
         capture_output=True, env=env, timeout=120, check=True,
     )  # fmt: skip
     assert here.stdout_bytes and here.stdout_bytes == other.stdout
+
+
+def test_inside_disjoint_intervals():
+    """intervals.inside: [start, end) membership in union()'s intervals (the DataLoader,
+    optimizer and outside-the-model windows of the diagnosis and the batch estimate)."""
+    import numpy as np
+
+    from tracedx.analysis.intervals import inside, union
+
+    s, e = union(np.array([5.0, 0.0, 2.0, 2.5]), np.array([6.0, 1.0, 3.0, 4.0]))
+    t = np.array([-1.0, 0.0, 1.0, 2.0, 3.5, 4.0, 4.5, 5.999, 6.0, np.nan])
+    assert inside(s, e, t).tolist() == [
+        False, True, False, True, True, False, False, True, False, False
+    ]  # fmt: skip
+    assert inside(np.empty(0), np.empty(0), t).tolist() == [False] * len(t)
+    assert inside(s, e, np.empty(0)).tolist() == []

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kind_expr
 from tracedx.trace import Trace
 
@@ -146,14 +147,8 @@ def batch_model(
     )
     # launched inside the optimizer (host time of the launch inside its annotation)
     ann = trace.annotations.filter(pl.col("name").str.contains(_OPTIMIZER_RE))
-    in_opt = np.zeros(k.height, dtype=bool)
-    if ann.height:
-        from tracedx.analysis.intervals import union
-
-        a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
-        ls = k["launch_start_us"].fill_null(float("nan")).to_numpy()
-        j = np.searchsorted(a_s, ls, side="right") - 1
-        in_opt = (j >= 0) & (ls < a_e[np.maximum(j, 0)])
+    a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
+    in_opt = inside(a_s, a_e, k["launch_start_us"].fill_null(float("nan")).to_numpy())
     ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
         "op_id", "name", "input_shapes", "input_dtypes"
     )

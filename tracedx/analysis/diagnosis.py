@@ -17,7 +17,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import sum_us
+from tracedx.analysis.intervals import inside, sum_us, union
 from tracedx.analysis.kernels import gpu_breakdown, kind_expr
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
@@ -407,8 +407,6 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     step traced on gpt2_decode-compile, as much as the view ops it replaced; 0.05 ms on
     gpt2_train-compile).
     """
-    from tracedx.analysis.intervals import union
-
     st = trace.steps.filter(pl.col("step").is_in(steps))
     n = max(st.height, 1)
     if st.height == 0:
@@ -419,13 +417,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
         [ann["start_us"].to_numpy(), dl["start_us"].to_numpy() if dl.height else []]
     )
     xe = np.concatenate([ann["end_us"].to_numpy(), dl["end_us"].to_numpy() if dl.height else []])
-    out_s, out_e = union(xs, xe) if len(xs) else (np.empty(0), np.empty(0))
-
-    def outside(t: np.ndarray) -> np.ndarray:
-        if len(out_s) == 0 or len(t) == 0:
-            return np.zeros(len(t), dtype=bool)
-        j = np.searchsorted(out_s, t, side="right") - 1
-        return (j >= 0) & (t < out_e[np.maximum(j, 0)])
+    out_s, out_e = union(xs, xe)
 
     ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
         "op_id", "parent_id", "top_op_id", "name", "start_us", "end_us", "duration_us"
@@ -435,7 +427,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     none = top.filter(
         ~pl.col("op_id").is_in(tops_gpu) & ~pl.col("name").str.contains(_KEPT_NO_GPU_RE)
     )
-    none = none.filter(pl.Series(~outside(none["start_us"].to_numpy())))
+    none = none.filter(pl.Series(~inside(out_s, out_e, none["start_us"].to_numpy())))
     no_gpu_us = float(none["duration_us"].sum()) / n
     events = ops.filter(pl.col("top_op_id").is_in(none["op_id"].implode())).height / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
@@ -805,7 +797,6 @@ def _step_model(
     """
     # only the columns used: filtering the whole op table copies its nested shape columns
     all_ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "duration_us", "step")
-    from tracedx.analysis.intervals import union
 
     def per_step_median(df: pl.DataFrame, value: str) -> float:
         # median over the analysed steps, counting steps where df has no row as 0
@@ -847,28 +838,19 @@ def _step_model(
             trace.steps.select("step", "start_us").sort("start_us"), on="start_us"
         )
         dl = dl.filter(pl.col("step").is_in(steps))
-    dl_s, dl_e = (
-        union(dl["start_us"].to_numpy(), dl["end_us"].to_numpy()) if dl.height else ((), ())
-    )
+    dl_s, dl_e = union(dl["start_us"].to_numpy(), dl["end_us"].to_numpy())
     dl_us = float(sum(e - s for s, e in zip(dl_s, dl_e, strict=True))) / n
 
     ops = all_ops.filter(pl.col("step").is_in(steps))
     in_gpu_tree = pl.col("top_op_id").is_in(gpu_tree_tops(trace).implode())
 
     # a host event is "inside the DataLoader" when it starts in a DataLoader window
-    def in_dl(df: pl.DataFrame) -> np.ndarray:
-        t = df["start_us"].to_numpy()
-        if len(dl_s) == 0 or len(t) == 0:
-            return np.zeros(len(t), dtype=bool)
-        k = np.searchsorted(np.asarray(dl_s), t, side="right") - 1
-        return (k >= 0) & (t < np.asarray(dl_e)[np.maximum(k, 0)])
-
-    ops_dl = in_dl(ops)
+    ops_dl = inside(dl_s, dl_e, ops["start_us"].to_numpy())
     ops = ops.with_columns(in_dl=pl.Series(ops_dl))
     top_no_gpu = ops.filter(pl.col("parent_id").is_null() & ~in_gpu_tree & ~pl.col("in_dl"))
     host_no_gpu = float(top_no_gpu["duration_us"].sum()) / n + dl_us
     la = trace.launches.filter(pl.col("step").is_in(steps))
-    la_dl = in_dl(la)
+    la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy())
     host_events = (ops.height + la.height) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n
     no_gpu_events = ops.filter(~in_gpu_tree | pl.col("in_dl")).height / n + float(la_dl.sum()) / n

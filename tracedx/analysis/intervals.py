@@ -73,6 +73,15 @@ def overlap(m_start: np.ndarray, m_end: np.ndarray, a: np.ndarray, b: np.ndarray
     return np.maximum(covered_before(b) - covered_before(a), 0.0)
 
 
+def inside(m_start: np.ndarray, m_end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each time of ``t`` lies in one of the disjoint sorted intervals
+    [m_start, m_end) (:func:`union`'s output): a bool array of t's length (NaN lies in none)."""
+    if len(m_start) == 0 or len(t) == 0:
+        return np.zeros(len(t), dtype=bool)
+    j = np.searchsorted(m_start, t, side="right") - 1
+    return (j >= 0) & (t < m_end[np.maximum(j, 0)])
+
+
 def gaps(
     m_start: np.ndarray, m_end: np.ndarray, a: float, b: float
 ) -> tuple[np.ndarray, np.ndarray]:
