@@ -388,19 +388,47 @@ def make_finding(
     # units. Unprofiled reference: the model (profiler cost removed) gives the ratio T'/T on its
     # own scale, applied to the measured unprofiled step.
     t = model.predict() if model.unprofiled_step_us else model.reference_step_us
-    f, s, sp = amdahl_terms(t, new_us, region_us)
-    est_ms = model.reference_step_us / sp / 1e3
+    return amdahl_finding(
+        fix,
+        title,
+        t,
+        new_us,
+        region_us,
+        derivation,
+        evidence,
+        reference_us=model.reference_step_us,
+        change=change if isinstance(change, Change) else None,
+    )
+
+
+def amdahl_finding(
+    fix: str,
+    title: str,
+    t_us: float,
+    new_us: float,
+    region_us: float,
+    derivation: str,
+    evidence: list[str],
+    reference_us: float | None = None,
+    change: Change | None = None,
+) -> Finding:
+    """The Finding of a fix that takes the step from ``t_us`` to ``new_us`` by acting on
+    ``region_us`` of it (:func:`amdahl_terms`), recommended at a speedup of
+    :data:`MIN_RECOMMENDED_SPEEDUP` or more; its estimated step is ``reference_us`` (``t_us``
+    when None) over the speedup, in ms."""
+    f, s, sp = amdahl_terms(t_us, new_us, region_us)
+    ref = t_us if reference_us is None else reference_us
     return Finding(
         fix,
         title,
         f,
         s,
         sp,
-        est_ms,
+        ref / sp / 1e3,
         derivation,
         evidence,
         recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
-        change=change if isinstance(change, Change) else None,
+        change=change,
     )
 
 

@@ -22,26 +22,11 @@ speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
 
 from __future__ import annotations
 
-from tracedx.analysis.findings import MIN_RECOMMENDED_SPEEDUP, Finding, amdahl_terms
+from tracedx.analysis.findings import Finding, amdahl_finding
 
 
 def _ms(us: float) -> str:
     return f"{us / 1e3:.3f} ms"
-
-
-def _finding(fix, title, t_us, new_us, region_us, derivation, evidence) -> Finding:
-    f, s, sp = amdahl_terms(t_us, new_us, region_us)
-    return Finding(
-        fix,
-        title,
-        f,
-        s,
-        sp,
-        t_us / sp / 1e3,
-        derivation,
-        evidence,
-        recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
-    )
 
 
 def balance_ranks(
@@ -69,7 +54,7 @@ def balance_ranks(
             "a torchrun job unprofiled) to settle how much of it is real"
         )
     deriv = f"balance: T' = T - min(excess, median peer exposed wait) = {_ms(t_us)} - {_ms(gain)}"
-    return _finding(
+    return amdahl_finding(
         "balance-ranks",
         f"Remove rank {rank}'s excess ({cause}) so that it stops pacing the others",
         t_us,
@@ -124,7 +109,7 @@ def overlap_communication(
         f"overlap: T' = max(T - H, U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
         f"{_ms(comm_alone_us)}), set by {bound}"
     )
-    return _finding(
+    return amdahl_finding(
         "overlap-communication",
         "Overlap the exposed communication transfer with compute",
         t_us,
