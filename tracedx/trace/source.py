@@ -208,7 +208,7 @@ def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | 
 
     Raises ZeroFilled (a TraceFormatError) saying the file is zero-filled."""
     # JSON text holds no NUL byte at all, and one byte is searched (memchr) several times
-    # faster than a run of them: 0.3 against 4 ms for 8 MB, the GIL held
+    # faster than a run of them: about 1 against 4 ms for 8 MB, the GIL held
     if data.find(0) < 0:
         return None
     i = data.find(_ZEROS)
@@ -617,10 +617,14 @@ CHUNK_BYTES = 8 << 20
 # bytes; measured on benchmarks/bench.py's 107 MB trace, the read's peak resident set went
 # from 201 to 179 MB with no measurable change of time.)
 # A second process decodes and converts chunks alongside (it takes each chunk offered while
-# fewer than two of its chunks are out) when the JSON is at least this big. Measured on the
-# 2-core benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and
-# about 5% at 300 MB, for 100 to 150 MB more memory (its own interpreter and imports), 15% at
-# 650 MB and 25 to 35% of the load at 1 GB.
+# fewer than three of its chunks are out; near the end of a plain file, only while it would not
+# finish after this process) when the JSON is at least this big. Measured on the 2-core
+# benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and about 5% at
+# 300 MB, for 100 to 150 MB more memory (its own interpreter and imports), 15% at 650 MB and
+# 25 to 35% of the load at 1 GB. Since a plain file's chunks are read by the worker itself
+# (parallel.Span), on 2 pinned cores of an idle machine at 1 GB: the worker converts 63 of 130
+# chunks (55 when they were piped) and waits 0.3 s for work, not 1.1 s, and the 1 GB diagnose
+# takes 7.5 s, not 8.3 s (median of 3, interleaved).
 PARALLEL_MIN_BYTES = 256 << 20
 _READ_BYTES = 8 << 20
 _GZIP_IN = 1 << 20
@@ -918,7 +922,7 @@ def _start_worker(p: Path):
 
     try:
         with open(p, "rb") as f:
-            plain = f.read(2) != _GZIP_MAGIC
+            plain = f.read(2) != _GZIP_MAGIC and hasattr(os, "preadv")
             return Worker(f.fileno() if plain else None)
     except OSError:
         return None
