@@ -1,4 +1,4 @@
-"""The cache of loaded traces (tracedx.trace.cache): a cached load is the same Trace (tables,
+"""The cache of loaded traces (tracedx.cache): a cached load is the same Trace (tables,
 dtypes, metadata, warnings) and gives the same diagnosis JSON; a changed file, another tracedx
 version or another --repair misses; a corrupt entry is ignored and rewritten; the CLI says on
 stderr when it used the cache and --no-cache bypasses it."""
@@ -18,9 +18,9 @@ from conftest import SAMPLES
 from polars.testing import assert_frame_equal
 
 import tracedx
+from tracedx import cache
 from tracedx.cli import main
 from tracedx.report import render
-from tracedx.trace import cache
 
 # a trace with ops, steps and input shapes; one with python frames; one with h2d copies
 NAMES = ["add_loop-eager.json.gz", "item_loop-sync-stack.json.gz", "h2d_copy-pageable.json.gz"]
