@@ -215,18 +215,15 @@ def write(trace, path: str | os.PathLike, *, repair: bool = False) -> Path | Non
 
 def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_note=None):
     """:func:`tracedx.load` through the cache: the stored Trace when there is one, else the file
-    read and stored. ``on_note(message)`` hears one line when the cache is used or cannot be
-    written. Returns ``(trace, hit)``; raises what :func:`tracedx.load` raises."""
+    read and stored. ``on_note(message)`` hears one line when the cache cannot be written.
+    Returns ``(trace, hit)`` (``hit``: the tables came from the cache); raises what
+    :func:`tracedx.load` raises."""
     from tracedx.trace import load as load_file
 
     if not Path(path).is_file():
         return load_file(path, repair=repair, progress=progress), False
     cached = read(path, repair=repair)
     if cached is not None:
-        if on_note:
-            on_note(
-                f"using the cached tables of {path} (in {cache_dir()}; --no-cache reads the file)"
-            )
         return cached, True
     trace = load_file(path, repair=repair, progress=progress)
     try:
