@@ -435,11 +435,13 @@ def diagnose(
     from tracedx.report import render
 
     with _spinner(f"reading {files[0]}", quiet) as status:
-        # text, json and md render from a cached result's document; --html and the gate need
-        # the Diagnosis itself
-        whole = html_path is not None or max_step_ms is not None
-        diag = _load_and_diagnose(files[0], **analysis, status=status, document=not whole)
-    click.echo(render(diag, fmt, width=_width()), nl=False)
+        # a cached result comes back as its document (a dict), which the report renders from
+        diag = _load_and_diagnose(files[0], **analysis, status=status, document=True)
+        if isinstance(diag, dict) and (html_path or max_step_ms is not None):
+            doc, diag = diag, _load_and_diagnose(files[0], **analysis, status=status)
+        else:
+            doc = diag
+    click.echo(render(doc, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
         _say(f"wrote {html_path}")
