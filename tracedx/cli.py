@@ -13,6 +13,7 @@ import sys
 import click
 
 from tracedx import __version__
+from tracedx.alloc import release_promptly
 from tracedx.console import columns, fit
 from tracedx.errors import TraceError
 from tracedx.report.safe import term
@@ -87,6 +88,12 @@ class _Group(click.Group):
             extra.setdefault("terminal_width", width)
             extra.setdefault("max_content_width", width)
         return super().make_context(info_name, args, parent, **extra)
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name != "capture":  # capture runs the user's program: its allocator is its own
+            release_promptly()
+        return name, cmd, rest
 
     def invoke(self, ctx: click.Context):
         _NOTES.clear()

@@ -12,17 +12,18 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.alloc import trim_heap
 from tracedx.trace.begin_end import read_tables
 from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
     api_kind_expr,
     assign_step,
     build_op_tree,
+    external_id_index,
     extract_steps,
     launch_table,
     link_gpu,
     link_launches_to_ops,
-    reused_external_ids,
 )
 from tracedx.trace.source import TRUNCATED_NOTE
 from tracedx.trace.tables import COMM_SCHEMA, DataWarning
@@ -359,6 +360,7 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     """
     p = Path(path)
     doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
+    trim_heap()  # the decoded events are gone: the heap they left free goes back
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
     ns = _nanoseconds(doc, raw)
     if ns:
@@ -469,9 +471,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
                 ),
             ]
         ).sort("start_us")
-    reused_ids = reused_external_ids(ops)
-    launches, _ = link_launches_to_ops(launches, ops, reused_ids)
-    reused = reused_ids.len()
+    ext_index = external_id_index(ops)
+    launches, _ = link_launches_to_ops(launches, ops, ext_index)
+    reused = ext_index.filter(pl.col("n_ops") > 1).height
     if reused:
         warnings.append(
             DataWarning(
