@@ -239,12 +239,15 @@ def result_key(path: str | os.PathLike, options: Mapping[str, Any]) -> str | Non
     ``options`` as :func:`tracedx.analysis.diagnosis.diagnose` takes them (``device``,
     ``peak_tflops``, ``bandwidth_gbs``, ``calibration``, ``steps``), the content of the
     calibration file when one is named (a re-run ``tracedx calibrate`` misses), and ``path`` as
-    given (the report prints it). None when the calibration file cannot be read or is over
-    :data:`CALIBRATION_MAX_BYTES`: nothing is cached, and the diagnosis says what is wrong."""
+    given (the report prints it). None when the calibration is not a regular file that can be
+    read, or is over :data:`CALIBRATION_MAX_BYTES`: nothing is cached, and the diagnosis says
+    what is wrong."""
     opts = dict(sorted(options.items()))
     cal = opts.get("calibration")
     if cal is not None:
         try:
+            if not os.path.isfile(cal):  # a pipe read here would be empty for the diagnosis
+                return None
             with open(cal, "rb") as f:
                 data = f.read(CALIBRATION_MAX_BYTES + 1)
         except (OSError, TypeError, ValueError):
@@ -333,9 +336,9 @@ def write_result(
 ) -> bool:
     """Store a diagnosis of ``path`` under ``key`` in its entry: ``doc`` (its
     :meth:`~tracedx.analysis.diagnosis.Diagnosis.to_dict`) and the Diagnosis, its Trace left
-    out. Stores nothing and returns False when there is no entry (its tables were not cached)
-    or when ``doc`` does not survive JSON unchanged (it would render differently). Raises
-    ``OSError`` when the entry cannot be written."""
+    out. Stores nothing and returns False when there is no entry (its tables were not cached),
+    when ``doc`` does not survive JSON unchanged (it would render differently) or when the
+    Diagnosis does not pickle. Raises ``OSError`` when the entry cannot be written."""
     entry = entry_path(path, repair=repair)
     if not (entry / META_NAME).is_file():
         return False
@@ -346,9 +349,12 @@ def write_result(
     if json.loads(text)["doc"] != doc:
         return False
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(
-        {"format": FORMAT, "key": key, "diagnosis": diagnosis}
-    )
+    try:
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(
+            {"format": FORMAT, "key": key, "diagnosis": diagnosis}
+        )
+    except Exception:  # an object that does not pickle: nothing is stored, nothing fails
+        return False
     doc_path, pickle_path = _result_paths(entry, key)
     _replace_file(pickle_path, buf.getvalue())  # first: a document never lacks its object
     _replace_file(doc_path, text.encode())

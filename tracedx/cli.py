@@ -355,10 +355,7 @@ def _load_and_diagnose(
     if not no_cache and os.path.isfile(trace_path):
         from tracedx import cache
 
-        try:
-            key = cache.result_key(trace_path, options)
-        except OSError:
-            key = None
+        key = cache.result_key(trace_path, options)
         read = cache.read_result_doc if document else cache.read_result
         hit = read(trace_path, key, repair=repair) if key else None
         if hit is not None:
