@@ -248,3 +248,21 @@ def test_the_result_key_holds_every_analysis_option(trace, tmp_path):
         str(Path("./" + os.path.relpath(trace))) == str(Path(trace))
     )
     assert cache.result_key(trace, {**base, "calibration": str(tmp_path / "none")}) is None
+
+
+def test_a_calibration_that_is_not_a_regular_file_is_not_opened_for_the_key(trace, tmp_path):
+    import signal
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def hung(signum, frame):  # opening a FIFO blocks until a writer comes
+        raise AssertionError("the key opened the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        assert cache.result_key(trace, {**OPTIONS, "steps": None, "calibration": str(fifo)}) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
