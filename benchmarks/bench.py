@@ -403,7 +403,7 @@ def bench_file(path: Path, runs: int, hta_py: Path | None, hta_runs: int, timeou
                 _ok(_run_wait4([sys.executable, "-m", "tracedx.cli", "--help"], 60))["wall_s"]
             )
             r = _ok(_run_wait4(cmd, timeout, env))
-            if b"using the cached tables" not in r["stderr"]:
+            if b"reused the cached diagnosis" not in r["stderr"]:
                 raise RuntimeError("the second run did not use the cache")
             x["cached"].append(r["wall_s"])
     out = {"ok": True, **{k: _rng(v) for k, v in t.items()}, **{k: _rng(v) for k, v in x.items()}}

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import math
 
-import polars as pl
-
-from tracedx.analysis.ops import HOST_DEVICE_COPY
+from tracedx.analysis import HOST_DEVICE_COPY
 from tracedx.console import WIDTH, fit
-from tracedx.report.json import diagnosis_dict
+from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, safe_strings, term
 
 
@@ -81,7 +79,7 @@ def render_text(diag, width: int = WIDTH) -> str:
 
 
 def _render(diag, width: int) -> str:
-    d = safe_strings(diagnosis_dict(diag))
+    d = safe_strings(as_doc(diag))
     st = d["steps"]
     out: list[str] = []
     dev = d["trace"]["device"]
@@ -265,4 +263,4 @@ def _render(diag, width: int) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["estimate_label", "render_text", "short_name", "speedup_label", "pl"]
+__all__ = ["estimate_label", "render_text", "short_name", "speedup_label"]
