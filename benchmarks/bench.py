@@ -403,7 +403,7 @@ def bench_file(path: Path, runs: int, hta_py: Path | None, hta_runs: int, timeou
                 _ok(_run_wait4([sys.executable, "-m", "tracedx.cli", "--help"], 60))["wall_s"]
             )
             r = _ok(_run_wait4(cmd, timeout, env))
-            if b"using the cached tables" not in r["stderr"]:
+            if b"reused the cached diagnosis" not in r["stderr"]:
                 raise RuntimeError("the second run did not use the cache")
             x["cached"].append(r["wall_s"])
     out = {"ok": True, **{k: _rng(v) for k, v in t.items()}, **{k: _rng(v) for k, v in x.items()}}
@@ -552,6 +552,17 @@ def render_table(files: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _compile_tracedx() -> None:
+    """Write tracedx's bytecode once, as ``pip install`` does for an installed package: a
+    source checkout run with ``PYTHONDONTWRITEBYTECODE=1`` (set on this project's machines)
+    would otherwise compile every module in every run, while HTA's installed packages read
+    theirs (``import tracedx.trace`` measured here: 0.67-0.80 s without bytecode, 0.42-0.47 s
+    with it)."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "tracedx"), quiet=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -595,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [s for s in sizes if s < 1000]
     source = args.source or _default_source()
     print(f"source: {source}", flush=True)
+    _compile_tracedx()
     files = ensure_traces(source, sizes, gz=not args.no_gzip)
 
     hta_py, hta_version = (None, "not run (--no-hta)")

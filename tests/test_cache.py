@@ -1,4 +1,4 @@
-"""The cache of loaded traces (tracedx.trace.cache): a cached load is the same Trace (tables,
+"""The cache of loaded traces (tracedx.cache): a cached load is the same Trace (tables,
 dtypes, metadata, warnings) and gives the same diagnosis JSON; a changed file, another tracedx
 version or another --repair misses; a corrupt entry is ignored and rewritten; the CLI says on
 stderr when it used the cache and --no-cache bypasses it."""
@@ -18,9 +18,9 @@ from conftest import SAMPLES
 from polars.testing import assert_frame_equal
 
 import tracedx
+from tracedx import cache
 from tracedx.cli import main
 from tracedx.report import render
-from tracedx.trace import cache
 
 # a trace with ops, steps and input shapes; one with python frames; one with h2d copies
 NAMES = ["add_loop-eager.json.gz", "item_loop-sync-stack.json.gz", "h2d_copy-pageable.json.gz"]
@@ -131,11 +131,11 @@ def test_cli_uses_the_cache_and_no_cache_bypasses_it(tmp_path):
     second = run(main, ["diagnose", p, "--format", "json"])
     assert second.exit_code == 0
     # the notice is wrapped to 100 columns (stderr is not a terminal here)
-    assert f"tracedx: using the cached tables of {p}" in " ".join(second.stderr.split())
+    assert f"tracedx: reused the cached diagnosis of {p}" in " ".join(second.stderr.split())
     assert json.loads(second.stdout) == json.loads(cold.stdout)
     assert second.stdout == cold.stdout
     other = run(main, ["diagnose", p, "--steps", "4..5", "--format", "md"])
-    assert other.exit_code == 0 and "cached" in other.stderr
+    assert other.exit_code == 0 and "using the cached tables" in other.stderr
     again = run(main, ["diagnose", p, "--format", "json", "--no-cache"])
     assert "cache" not in again.stderr and again.stdout == cold.stdout
 
@@ -157,5 +157,13 @@ def test_an_error_after_a_cached_load_is_still_one_line(tmp_path):
     r = run(main, ["diff", p, str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "using the cached" not in r.stderr
     ok = run(main, ["diff", p, p, "--format", "json"])
-    assert ok.exit_code == 0 and ok.stderr.count("using the cached tables") == 2
-    assert ok.stderr.index("cached") > 0 and json.loads(ok.stdout)
+    assert ok.exit_code == 0 and json.loads(ok.stdout)
+    # one note for the command, however many traces it read from the cache
+    assert ok.stderr.count("tracedx:") == 1 and ok.stderr.count("the cached tables") == 1
+    q = str(shutil.copy(p, tmp_path / "u.json.gz"))
+    assert run(main, ["diagnose", q, "--format", "json"]).exit_code == 0
+    two = run(main, ["diff", p, q, "--format", "json"])
+    assert " ".join(two.stderr.split()) == (
+        f"tracedx: using the cached tables of {p} and {q} (in {cache.cache_dir()}; --no-cache "
+        "reads the files)"
+    )

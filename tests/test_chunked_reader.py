@@ -70,8 +70,8 @@ def forced_worker(small_chunks, monkeypatch):
     monkeypatch.setattr(source, "_idle_cpu", lambda: True)
     start = source._start_worker
 
-    def started():
-        w = start()
+    def started(p):
+        w = start(p)
         deadline = time.monotonic() + 60
         while not w.can_take() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -80,27 +80,39 @@ def forced_worker(small_chunks, monkeypatch):
     monkeypatch.setattr(source, "_start_worker", started)
 
 
-def test_worker_process_equals_the_reference(forced_worker, monkeypatch, tmp_path):
+def _plain(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.json"
+    path.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    return path
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_worker_process_equals_the_reference(forced_worker, monkeypatch, tmp_path, gzipped):
     # the spool folder goes in a temporary folder of this test's own: another process's
     # reader (a second test run beside this one) must not count as a folder left behind
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = SAMPLE if gzipped else _plain(tmp_path)
     handed = []
     submit = parallel.Worker.submit
 
     def counting(self, slot, payload):
-        handed.append(slot)
+        handed.append(type(payload))
         return submit(self, slot, payload)
 
     monkeypatch.setattr(parallel.Worker, "submit", counting)
-    fast, chunks = _fast(SAMPLE)
+    fast, chunks = _fast(path)
     assert handed, "the worker converted no chunk"
     assert len(handed) < chunks
-    _same(_reference(SAMPLE), fast)
+    # a plain file's chunks are handed as spans the worker reads itself; gzip's bytes are piped
+    assert set(handed) == ({bytes} if gzipped else {parallel.Span})
+    _same(_reference(path), fast)
     # the worker's spool folder is gone with it
     assert not list(tmp_path.glob("tracedx-chunks-*"))
 
 
-def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch):
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch, tmp_path, gzipped):
+    path = SAMPLE if gzipped else _plain(tmp_path)
     killed = []
 
     def broken(self, slot, payload):
@@ -109,10 +121,10 @@ def test_a_dead_worker_falls_back_to_the_same_tables(forced_worker, monkeypatch)
         killed.append(slot)
 
     monkeypatch.setattr(parallel.Worker, "submit", broken)
-    fast, chunks = _fast(SAMPLE)
+    fast, chunks = _fast(path)
     assert killed
     assert chunks == 1  # the reference path: one sink.add of every event
-    _same(_reference(SAMPLE), fast)
+    _same(_reference(path), fast)
 
 
 def _collective_trace(path: Path) -> Path:
@@ -165,15 +177,17 @@ def test_cpu_times_count_only_this_process_cpus():
 
 
 class _ShortWrites:
-    """A pipe end whose ``write`` takes at most 4 KiB per call (as an unbuffered pipe may)."""
+    """A pipe end whose ``write`` takes at most ``most`` bytes per call (as an unbuffered pipe
+    may)."""
 
-    def __init__(self, f):
+    def __init__(self, f, most: int):
         self._f = f
+        self.most = most
         self.calls = 0
 
     def write(self, data):
         self.calls += 1
-        return self._f.write(memoryview(data)[:4096])
+        return self._f.write(memoryview(data)[: self.most])
 
     def close(self):
         self._f.close()
@@ -198,13 +212,18 @@ def test_write_all_finishes_short_writes():
     assert bytes(f.got) == b"0123456789" * 5
 
 
-def test_worker_with_short_writes_equals_the_reference(forced_worker, monkeypatch):
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_worker_with_short_writes_equals_the_reference(
+    forced_worker, monkeypatch, tmp_path, gzipped
+):
+    # gzip: chunks' bytes, 4 KiB per write; plain: spans of a few hundred bytes, 64 per write
+    path = SAMPLE if gzipped else _plain(tmp_path)
     popen = parallel.subprocess.Popen
     pipes = []
 
     def short_popen(*a, **k):
         p = popen(*a, **k)
-        p.stdin = _ShortWrites(p.stdin)
+        p.stdin = _ShortWrites(p.stdin, 4096 if gzipped else 64)
         pipes.append(p.stdin)
         return p
 
@@ -217,20 +236,58 @@ def test_worker_with_short_writes_equals_the_reference(forced_worker, monkeypatc
         return submit(self, slot, payload)
 
     monkeypatch.setattr(parallel.Worker, "submit", counting)
-    fast, chunks = _fast(SAMPLE)
-    assert handed and pipes and pipes[0].calls > 10 * len(handed)  # short writes happened
+    fast, chunks = _fast(path)
+    assert handed and pipes and pipes[0].calls > 5 * len(handed)  # short writes happened
     assert chunks > 1  # the worker's chunks were used, not the fallback
-    _same(_reference(SAMPLE), fast)
+    _same(_reference(path), fast)
 
 
-def test_a_stuck_worker_times_out_to_the_one_process_reader(forced_worker, monkeypatch):
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_a_stuck_worker_times_out_to_the_one_process_reader(
+    forced_worker, monkeypatch, tmp_path, gzipped
+):
+    path = SAMPLE if gzipped else _plain(tmp_path)
+
     def stuck(self, slot, payload):  # the chunk never reaches the worker: no result comes
         self.inflight.append(slot)
 
     monkeypatch.setattr(parallel.Worker, "submit", stuck)
     monkeypatch.setattr(parallel.Worker, "timeout_s", 0.5)
     t0 = time.monotonic()
-    fast, chunks = _fast(SAMPLE)
+    fast, chunks = _fast(path)
     assert time.monotonic() - t0 < 30
     assert chunks == 1  # the reference path
-    _same(_reference(SAMPLE), fast)
+    _same(_reference(path), fast)
+
+
+def test_read_span_reads_the_bytes_the_parent_cut(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(b'[{"ph":"X"},{"ph":"i","name":"a"},{"ph":"X"}]')
+    span = parallel.Span(12, 22, b'{"ph"', b'"a"},')
+    with open(path, "rb") as f:
+        buf = source.read_span(f.fileno(), span)
+        assert bytes(buf) == b'[{"ph":"i","name":"a"},' + source._SENTINEL + b"]"
+        assert [e.name for e in source.decode_middle_chunk(buf)] == ["a"]
+        for changed in (span._replace(head=b'{"pH"'), span._replace(tail=b'"b"},')):
+            with pytest.raises(source._NotFast, match="changed while it was read"):
+                source.read_span(f.fileno(), changed)
+        with pytest.raises(source._NotFast, match="changed"):  # past the end: a shorter file
+            source.read_span(f.fileno(), span._replace(offset=40))
+
+
+def test_a_file_changed_under_the_worker_falls_back_to_the_reference(
+    forced_worker, monkeypatch, tmp_path
+):
+    path = _plain(tmp_path)
+    submit = parallel.Worker.submit
+    changed = []
+
+    def other_bytes(self, slot, payload):  # as if the file no longer held what the parent read
+        changed.append(slot)
+        return submit(self, slot, payload._replace(head=b"x" + payload.head[1:]))
+
+    monkeypatch.setattr(parallel.Worker, "submit", other_bytes)
+    fast, chunks = _fast(path)
+    assert changed
+    assert chunks == 1  # the reference path
+    _same(_reference(path), fast)

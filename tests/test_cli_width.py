@@ -46,7 +46,7 @@ def test_cache_notice_fits_100_columns_as_one_indented_message(tmp_path):
     _fits(r.stderr)
     assert len(r.stderr.splitlines()) > 1  # the notice is longer than 100 columns: wrapped
     [msg] = _messages(r.stderr)
-    assert msg.startswith(f"tracedx: using the cached tables of {p} (in ")
+    assert msg.startswith(f"tracedx: reused the cached diagnosis of {p} (in ")
     assert msg.endswith("; --no-cache reads the file)")
 
 

@@ -50,11 +50,33 @@ _NOTES: list[str] = []
 """Notes for stderr printed once the command has answered (the cache's), and not at all when
 it fails, so an error stays one line."""
 
+_CACHE_USED: list[tuple[str, str]] = []
+"""What the command took from the cache: ``("diagnosis" | "tables", trace path)``, said in one
+note however many traces it read."""
+
+
+def _cache_note() -> str | None:
+    """The one note saying what came from the cache (None when nothing did)."""
+    if not _CACHE_USED:
+        return None
+    from tracedx.cache import cache_dir
+
+    parts, paths = [], []
+    for what, verb in (("diagnosis", "reused"), ("tables", "using")):
+        mine = list(dict.fromkeys(p for w, p in _CACHE_USED if w == what))
+        if mine:
+            parts.append(f"{verb} the cached {what} of {' and '.join(mine)}")
+            paths += mine
+    files = "files" if len(set(paths)) > 1 else "file"
+    return f"{'; '.join(parts)} (in {cache_dir()}; --no-cache reads the {files})"
+
 
 def _flush_notes() -> None:
-    for msg in _NOTES:
+    note = _cache_note()
+    for msg in [note] + _NOTES if note else _NOTES:
         _say(f"tracedx: {msg}")
     _NOTES.clear()
+    _CACHE_USED.clear()
 
 
 class _Group(click.Group):
@@ -75,6 +97,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         _NOTES.clear()
+        _CACHE_USED.clear()
         try:
             out = super().invoke(ctx)
             _flush_notes()
@@ -137,8 +160,8 @@ _format_option = click.option(
 _no_cache_option = click.option(
     "--no-cache",
     is_flag=True,
-    help="Read the trace file even when the cache holds its tables "
-    "($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx); nor store them.",
+    help="Read the trace file and diagnose it even when the cache holds its tables and "
+    "diagnosis ($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx); nor store them.",
 )
 
 
@@ -167,9 +190,12 @@ def _load(path, repair, no_cache, status=None):
         from tracedx.trace import load
 
         return load(path, repair=repair, progress=progress)
-    from tracedx.trace import cache
+    from tracedx import cache
 
-    return cache.load(path, repair=repair, progress=progress, on_note=_NOTES.append)[0]
+    trace, hit = cache.load(path, repair=repair, progress=progress, on_note=_NOTES.append)
+    if hit:
+        _CACHE_USED.append(("tables", str(path)))
+    return trace
 
 
 def _analysis_options(f):
@@ -311,20 +337,40 @@ def _load_and_diagnose(
     repair,
     no_cache,
     status=None,
+    document=False,
 ):
-    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
+    """The Diagnosis of one trace file. Unless ``no_cache``, through the cache
+    (:mod:`tracedx.cache`): a diagnosis made before with the same analysis options is reused
+    (with ``document``, as its ``tracedx.diagnosis/1`` dict, which the text, json and md
+    reports render from without loading polars); else the tables (cached, or read) are
+    diagnosed and the result stored for the next run."""
+    options = {
+        "device": device_name,
+        "peak_tflops": peak_tflops,
+        "bandwidth_gbs": bandwidth_gbs,
+        "calibration": calibration,
+        "steps": steps,
+    }
+    key = None
+    if not no_cache and os.path.isfile(trace_path):
+        from tracedx import cache
 
+        key = cache.result_key(trace_path, options)
+        read = cache.read_result_doc if document else cache.read_result
+        hit = read(trace_path, key, repair=repair) if key else None
+        if hit is not None:
+            _CACHE_USED.append(("diagnosis", str(trace_path)))
+            return hit
     trace = _load(trace_path, repair, no_cache, status)
     if status:
         status.update("diagnosing")
-    return run_diagnosis(
-        trace,
-        device=device_name,
-        peak_tflops=peak_tflops,
-        bandwidth_gbs=bandwidth_gbs,
-        calibration=calibration,
-        steps=steps,
-    )
+    from tracedx.analysis.diagnosis import diagnose as run_diagnosis
+
+    diag = run_diagnosis(trace, **options)
+    if key:
+        with contextlib.suppress(OSError):  # the tables' note already says the cache is unwritable
+            cache.write_result(trace_path, key, diag.to_dict(), diag, repair=repair)
+    return diag
 
 
 @main.command()
@@ -393,8 +439,13 @@ def diagnose(
     from tracedx.report import render
 
     with _spinner(f"reading {files[0]}", quiet) as status:
-        diag = _load_and_diagnose(files[0], **analysis, status=status)
-    click.echo(render(diag, fmt, width=_width()), nl=False)
+        # a cached result comes back as its document (a dict), which the report renders from
+        diag = _load_and_diagnose(files[0], **analysis, status=status, document=True)
+        if isinstance(diag, dict) and (html_path or max_step_ms is not None):
+            doc, diag = diag, _load_and_diagnose(files[0], **analysis, status=status)
+        else:
+            doc = diag
+    click.echo(render(doc, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
         _say(f"wrote {html_path}")

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracedx.analysis import HOST_DEVICE_COPY
 from tracedx.analysis.intervals import PS_PER_US, sum_ps, sum_us
 from tracedx.analysis.kernels import is_tf32_expr, kind_expr
 from tracedx.trace import Trace
-
-# kernel_kind of an op group whose device time is mostly host-device memcpys (see op_groups)
-HOST_DEVICE_COPY = "host-device copy"
 
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:

@@ -43,11 +43,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
 from tracedx.analysis.intervals import gaps as _gaps
 from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
 from tracedx.trace import Trace
 
-CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work", "python")
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
 
 

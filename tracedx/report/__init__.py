@@ -4,8 +4,9 @@ from __future__ import annotations
 
 
 def render(diag, fmt: str = "text", width: int | None = None) -> str:
-    """Render a Diagnosis as ``text`` (wrapped to ``width`` columns, 100 by default), ``json``
-    or ``md``. Raises ValueError for another format."""
+    """Render a Diagnosis, or its ``tracedx.diagnosis/1`` document (a dict: a cached result),
+    as ``text`` (wrapped to ``width`` columns, 100 by default), ``json`` or ``md``: the same
+    report from either. Raises ValueError for another format."""
     if fmt == "text":
         from tracedx.report.text import WIDTH, render_text
 

@@ -6,9 +6,7 @@ import json
 import math
 from typing import Any
 
-import polars as pl
-
-from tracedx.analysis.timeline import CAUSES
+from tracedx.analysis import CAUSES
 
 SCHEMA = "tracedx.diagnosis/1"
 CAUSE_ORDER = {c: i for i, c in enumerate(CAUSES)}
@@ -28,7 +26,7 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v / 1e3, 6)
 
 
-def _records(df: pl.DataFrame, limit: int | None = None) -> list[dict]:
+def _records(df, limit: int | None = None) -> list[dict]:
     if limit is not None:
         df = df.head(limit)
     return df.to_dicts()
@@ -121,6 +119,8 @@ def diagnosis_dict(diag) -> dict[str, Any]:
         steps["unprofiled_step_ms"] = diag.summary["unprofiled_step_ms"]
     causes = diag.idle_causes
     if diag.primary_device is not None and causes.height:
+        import polars as pl
+
         per = (
             causes.filter(pl.col("device") == diag.primary_device)
             .group_by("cause", maintain_order=True)  # the same key order on every run
@@ -172,5 +172,12 @@ def diagnosis_dict(diag) -> dict[str, Any]:
     return _clean(doc)
 
 
+def as_doc(diag) -> dict[str, Any]:
+    """The document of a Diagnosis (:func:`diagnosis_dict`), or ``diag`` itself when it is
+    already one (a dict: a cached result, read back without polars)."""
+    return diag if isinstance(diag, dict) else diagnosis_dict(diag)
+
+
 def render_json(diag) -> str:
-    return json.dumps(diagnosis_dict(diag), indent=2, allow_nan=False, default=str) + "\n"
+    """The JSON report of a Diagnosis or of its document (:func:`as_doc`)."""
+    return json.dumps(as_doc(diag), indent=2, allow_nan=False, default=str) + "\n"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from tracedx.report.json import diagnosis_dict
+from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
 from tracedx.report.text import _unplaced, estimate_label, speedup_label
 
 
 def render_markdown(diag) -> str:
-    d = safe_strings(diagnosis_dict(diag))
+    d = safe_strings(as_doc(diag))
     st = d["steps"]
     out = [
         f"# tracedx diagnosis: {md_code(term(d['trace']['path'], HEADER_CHARS), table=False)}",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from tracedx.analysis.ops import HOST_DEVICE_COPY
+from tracedx.analysis import HOST_DEVICE_COPY
 from tracedx.console import WIDTH, fit
-from tracedx.report.json import diagnosis_dict
+from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, safe_strings, term
 
 
@@ -79,7 +79,7 @@ def render_text(diag, width: int = WIDTH) -> str:
 
 
 def _render(diag, width: int) -> str:
-    d = safe_strings(diagnosis_dict(diag))
+    d = safe_strings(as_doc(diag))
     nsteps = d["steps"]["count"]
     every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
     out = _header(d) + [""] + _verdict_lines(d) + [""] + _time_lines(d, every)

@@ -19,11 +19,11 @@ from tracedx.trace.link import (
     api_kind_expr,
     assign_step,
     build_op_tree,
+    external_id_index,
     extract_steps,
     launch_table,
     link_gpu,
     link_launches_to_ops,
-    reused_external_ids,
 )
 from tracedx.trace.source import TRUNCATED_NOTE
 from tracedx.trace.tables import COMM_SCHEMA, DataWarning
@@ -471,9 +471,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
                 ),
             ]
         ).sort("start_us")
-    reused_ids = reused_external_ids(ops)
-    launches, _ = link_launches_to_ops(launches, ops, reused_ids)
-    reused = reused_ids.len()
+    ext_index = external_id_index(ops)
+    launches, _ = link_launches_to_ops(launches, ops, ext_index)
+    reused = ext_index.filter(pl.col("n_ops") > 1).height
     if reused:
         warnings.append(
             DataWarning(

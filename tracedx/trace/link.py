@@ -330,31 +330,26 @@ def assign_step(
 
 
 def link_launches_to_ops(
-    launches: pl.DataFrame, ops: pl.DataFrame, reused: pl.Series | None = None
+    launches: pl.DataFrame, ops: pl.DataFrame, index: pl.DataFrame | None = None
 ) -> tuple[pl.DataFrame, int]:
     """Add ``op_id`` to launches: by External id, else innermost op on the thread holding the launch.
 
-    ``reused``: :func:`reused_external_ids` of ``ops`` when the caller has it (else computed).
+    ``index``: :func:`external_id_index` of ``ops`` when the caller has it (else computed).
     Returns (launches, number linked by time containment).
     """
     if launches.height == 0:
         return launches.with_columns(op_id=pl.lit(None, pl.Int64)), 0
-    by_ext = (
-        ops.select("external_id", pl.col("op_id").alias("__ext_op"))
-        .filter(pl.col("external_id").is_not_null())
-        .unique("external_id", keep="first")
+    if index is None:
+        index = external_id_index(ops)
+    # An External id that several ops share (a corrupt or reused id) does not say which op
+    # launched: the op holding the launch in time does, else the first op of the id.
+    by_ext = index.select(
+        "external_id",
+        __ext_first=pl.col("first_op_id"),
+        __ext_op=pl.when(pl.col("n_ops") == 1).then(pl.col("first_op_id")),
     )
     launches = launches.with_row_index("__lrow").join(
         by_ext, on="external_id", how="left", maintain_order="left"
-    )
-    # An External id that several ops share (a corrupt or reused id) does not say which op
-    # launched: the op holding the launch in time does, else the first op of the id.
-    dup = reused_external_ids(ops) if reused is None else reused
-    launches = launches.with_columns(
-        __ext_first=pl.col("__ext_op"),
-        __ext_op=pl.when(pl.col("external_id").is_in(dup.implode()))
-        .then(None)
-        .otherwise(pl.col("__ext_op")),
     )
     missing = launches.filter(pl.col("__ext_op").is_null())
     by_time = 0
@@ -396,12 +391,18 @@ def link_launches_to_ops(
     return launches, by_time
 
 
-def reused_external_ids(ops: pl.DataFrame) -> pl.Series:
-    """External ids that more than one op carries (each op should have its own)."""
-    ext = ops.select("external_id").filter(pl.col("external_id").is_not_null())
-    if ext.height == 0:
-        return pl.Series("external_id", [], dtype=ops.schema.get("external_id", pl.Int64))
-    return ext.filter(pl.col("external_id").is_duplicated())["external_id"].unique().sort()
+def external_id_index(ops: pl.DataFrame) -> pl.DataFrame:
+    """One row per External id that ops carry: ``external_id``, ``first_op_id`` (the first op
+    in table order carrying it), ``n_ops`` (how many do: each op should have its own, so more
+    than 1 is a reused id). One hash pass over the ops."""
+    return (
+        ops.lazy()
+        .select("external_id", "op_id")
+        .filter(pl.col("external_id").is_not_null())
+        .group_by("external_id")
+        .agg(first_op_id=pl.col("op_id").first(), n_ops=pl.len())
+        .collect()
+    )
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:

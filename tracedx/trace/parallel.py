@@ -4,7 +4,9 @@ Decoding JSON into Python objects holds the GIL, so a second core needs a second
 worker is a fresh interpreter (``python -m tracedx.trace.parallel``), not a fork, so it is safe
 whatever the parent has done with polars' thread pool, and no multiprocessing bootstrap re-runs
 the user's ``__main__``. It reads chunks (``[`` events, sentinel ``]``: see ``source``) from
-stdin and writes each chunk's pickled :class:`~tracedx.trace.tables.ChunkColumns` to a file in
+stdin, or for a plain (not gzip) file only where each chunk lies in it (a :class:`Span`: it reads
+the bytes itself from the parent's file descriptor, so the parent neither joins nor pipes them),
+and writes each chunk's pickled :class:`~tracedx.trace.tables.ChunkColumns` to a file in
 a folder the parent made, telling the parent its name over stdout, one per chunk, in order. A
 file, not the pipe: the parent's thread that reads the pipe needs the GIL, which the parent's
 own decoding holds for tens of milliseconds at a time, so megabytes of results through a 64 KB
@@ -15,6 +17,7 @@ reader fall back to its reference path, never to a different result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -25,19 +28,37 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 _HEADER = struct.Struct("<Q")
-_HELLO = b"tracedx-chunk-worker 1\n"
+# a chunk: its offset in the file (-1: its bytes follow on the pipe), its length, and the length
+# of the head and tail of the span that follow (to check that the file still holds those bytes)
+_CHUNK = struct.Struct("<qQI")
+_HELLO = b"tracedx-chunk-worker 2\n"
 
 
-def _read_exact(f, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        got = f.read(n - len(buf))
-        if not got:
+class Span(NamedTuple):
+    """Where a chunk's bytes lie in the (plain) file, with its first and last bytes as the
+    parent read them: the worker checks that it reads the same."""
+
+    offset: int
+    length: int
+    head: bytes
+    tail: bytes
+
+
+def _read_exact(f, n: int) -> bytearray | None:
+    """Exactly ``n`` bytes from ``f`` (None at end of input), read in place: no copies."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
             return None
-        buf += got
-    return bytes(buf)
+        got += k
+    view.release()
+    return buf
 
 
 def write_all(f, data) -> None:
@@ -56,12 +77,13 @@ def write_all(f, data) -> None:
         view = view[n:]
 
 
-def worker_main(spool: str) -> int:
-    """The worker's loop: chunk in, columns out (a file in ``spool``), until stdin closes."""
+def worker_main(spool: str, fd: int | None = None) -> int:
+    """The worker's loop: chunk in, columns out (a file in ``spool``), until stdin closes.
+    ``fd``: the parent's trace file, for chunks sent as a :class:`Span`."""
     import gc
 
     gc.disable()
-    from tracedx.trace.source import decode_middle_chunk
+    from tracedx.trace.source import decode_middle_chunk, read_span
     from tracedx.trace.tables import Converter
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -70,13 +92,17 @@ def worker_main(spool: str) -> int:
     conv = Converter()
     count = 0
     while True:
-        head = _read_exact(inp, _HEADER.size)
+        head = _read_exact(inp, _CHUNK.size)
         if head is None:
             return 0
-        payload = _read_exact(inp, _HEADER.unpack(head)[0])
+        offset, length, check = _CHUNK.unpack(head)
+        payload = _read_exact(inp, length if offset < 0 else 2 * check)
         if payload is None:
             return 1
         try:
+            if offset >= 0:
+                ends = bytes(payload)
+                payload = read_span(fd, Span(offset, length, ends[:check], ends[check:]))
             events = decode_middle_chunk(payload)
             del payload
             result = ("ok", conv.convert(events))
@@ -103,8 +129,11 @@ class WorkerError(Exception):
 class Worker:
     """The parent's handle: :meth:`submit` chunks, :meth:`poll`/:meth:`wait` for their columns.
 
-    Sending and receiving run in threads (pipe I/O releases the GIL), so the parent keeps
-    decoding its own chunks meanwhile. At most ``max_inflight`` chunks are out at once. A chunk
+    Receiving runs in a thread, and so does sending chunks' bytes (pipe I/O releases the GIL),
+    so the parent keeps decoding its own chunks meanwhile. A :class:`Span` (``reads_file``: the
+    worker has the file) is a few hundred bytes, written at once: a sending thread would wait
+    for the GIL, which the parent's own decoding holds for tens of milliseconds, while the
+    worker waits for its next chunk. At most ``max_inflight`` chunks are out at once. A chunk
     whose columns do not come back within ``timeout_s`` seconds (a worker stuck or starved)
     raises :class:`WorkerError`, and the reader falls back to its one-process path.
     """
@@ -112,13 +141,14 @@ class Worker:
     # A 16 MB chunk takes the worker about 0.1 to 0.3 s; a minute is a hang, not a slow core.
     timeout_s = 60.0
 
-    def __init__(self, max_inflight: int = 2) -> None:
+    def __init__(self, fd: int | None = None, max_inflight: int = 3) -> None:
         import tracedx
 
         env = dict(os.environ)
         root = str(Path(tracedx.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.max_inflight = max_inflight
+        self.reads_file = fd is not None  # chunks may be sent as a Span of file ``fd``
         self.inflight: list[int] = []  # slots, oldest first
         self.ready = False
         self.failed: str | None = None
@@ -128,20 +158,24 @@ class Worker:
         self._spool = tempfile.mkdtemp(prefix="tracedx-chunks-")
         try:
             self._p = subprocess.Popen(
-                [sys.executable, "-m", "tracedx.trace.parallel", self._spool],
+                [sys.executable, "-m", "tracedx.trace.parallel", self._spool]
+                + ([str(fd)] if fd is not None else []),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 env=env,
                 bufsize=0,
+                pass_fds=() if fd is None else (fd,),
             )
         except BaseException:
             shutil.rmtree(self._spool, ignore_errors=True)
             raise
         self._rx = threading.Thread(target=self._receive, daemon=True)
-        self._tx = threading.Thread(target=self._send, daemon=True)
         self._rx.start()
-        self._tx.start()
+        self._tx = None
+        if not self.reads_file:  # (one writer: the order of the chunks is kept)
+            self._tx = threading.Thread(target=self._send, daemon=True)
+            self._tx.start()
 
     # -- threads ------------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -167,19 +201,29 @@ class Worker:
             self._results.put(("dead", f"{type(e).__name__}: {e}"))
 
     def _send(self) -> None:
+        while (payload := self._outbox.get()) is not None:
+            if not self._write(payload):
+                return
+            del payload
+        self._close_input()
+
+    def _write(self, payload: bytes | Span) -> bool:
         f = self._p.stdin
         try:
-            while True:
-                payload = self._outbox.get()
-                if payload is None:
-                    f.close()
-                    return
-                write_all(f, _HEADER.pack(len(payload)))
+            if isinstance(payload, Span):
+                offset, length, head, tail = payload
+                write_all(f, _CHUNK.pack(offset, length, len(head)) + head + tail)
+            else:
+                write_all(f, _CHUNK.pack(-1, len(payload), 0))
                 write_all(f, payload)
-                del payload
+            return True
         except Exception as e:  # the worker died (or its pipe broke): the parent stops waiting
             self._results.put(("dead", f"sending a chunk: {type(e).__name__}: {e}"))
-            return
+            return False
+
+    def _close_input(self) -> None:
+        with contextlib.suppress(OSError):  # a broken pipe: the worker is gone already
+            self._p.stdin.close()
 
     # -- the parent's side ----------------------------------------------------------------------
     def _take(self, block: bool):
@@ -228,9 +272,13 @@ class Worker:
             self.failed = value if kind == "dead" else str(value)
             raise WorkerError(self.failed)
 
-    def submit(self, slot: int, payload: bytes) -> None:
+    def submit(self, slot: int, payload: bytes | Span) -> None:
+        """Hand the worker a chunk: its bytes, or (``reads_file``) where it lies in the file."""
         self.inflight.append(slot)
-        self._outbox.put(payload)
+        if self._tx is None:
+            self._write(payload)
+        else:
+            self._outbox.put(payload)
 
     def poll(self, block: bool = False):
         """``(slot, columns)`` of the oldest chunk out if it is done (or when ``block``)."""
@@ -245,7 +293,10 @@ class Worker:
         """Stop the worker: let it finish (it has nothing left), or kill it when ``abandon``."""
         if abandon or self.inflight:
             self._p.kill()
-        self._outbox.put(None)
+        if self._tx is None:
+            self._close_input()
+        else:
+            self._outbox.put(None)
         try:
             self._p.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -254,15 +305,15 @@ class Worker:
         shutil.rmtree(self._spool, ignore_errors=True)
 
 
-def _main(spool: str) -> int:
+def _main(spool: str, fd: int | None) -> int:
     # the parent closes stdin only after taking every result, or kills this process: either
     # way nothing in the spool is needed once the loop ends (a parent killed outright leaves
     # its worker at end of input, and the spool goes with it)
     try:
-        return worker_main(spool)
+        return worker_main(spool, fd)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1]))
+    sys.exit(_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -58,7 +58,15 @@ def _marker_search():
     memmem.restype = ctypes.c_void_p
     memmem.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     n = len(COMM_MARKER)
-    return lambda data: memmem(bytes(data), len(data), COMM_MARKER, n) is not None
+
+    def search(data) -> bool:
+        if type(data) is bytearray:  # a chunk the worker read in place: searched, not copied
+            where = (ctypes.c_char * len(data)).from_buffer(data)
+        else:
+            where = bytes(data)
+        return memmem(where, len(data), COMM_MARKER, n) is not None
+
+    return search
 
 
 has_comms = _marker_search()
@@ -199,6 +207,10 @@ def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | 
     before it, returns its index in ``data`` (the salvage keeps what came before).
 
     Raises ZeroFilled (a TraceFormatError) saying the file is zero-filled."""
+    # JSON text holds no NUL byte at all, and one byte is searched (memchr) several times
+    # faster than a run of them: about 1 against 4 ms for 8 MB, the GIL held
+    if data.find(0) < 0:
+        return None
     i = data.find(_ZEROS)
     if i < 0:
         return None
@@ -605,10 +617,14 @@ CHUNK_BYTES = 8 << 20
 # bytes; measured on benchmarks/bench.py's 107 MB trace, the read's peak resident set went
 # from 201 to 179 MB with no measurable change of time.)
 # A second process decodes and converts chunks alongside (it takes each chunk offered while
-# fewer than two of its chunks are out) when the JSON is at least this big. Measured on the
-# 2-core benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and
-# about 5% at 300 MB, for 100 to 150 MB more memory (its own interpreter and imports), 15% at
-# 650 MB and 25 to 35% of the load at 1 GB.
+# fewer than three of its chunks are out; near the end of a plain file, only while it would not
+# finish after this process) when the JSON is at least this big. Measured on the 2-core
+# benchmark machine (benchmarks/bench.py's traces), it saved no time at 100 MB and about 5% at
+# 300 MB, for 100 to 150 MB more memory (its own interpreter and imports), 15% at 650 MB and
+# 25 to 35% of the load at 1 GB. Since a plain file's chunks are read by the worker itself
+# (parallel.Span), on 2 pinned cores of an idle machine at 1 GB: the worker converts 63 of 130
+# chunks (55 when they were piped) and waits 0.3 s for work, not 1.1 s, and the 1 GB diagnose
+# takes 7.5 s, not 8.3 s (median of 3, interleaved).
 PARALLEL_MIN_BYTES = 256 << 20
 _READ_BYTES = 8 << 20
 _GZIP_IN = 1 << 20
@@ -810,7 +826,32 @@ def _is_sentinel(ev) -> bool:
     return getattr(ev, "ph", None) == "M" and getattr(ev, "name", None) == _SENTINEL_NAME
 
 
-def decode_middle_chunk(payload: bytes) -> list:
+def read_span(fd: int, span) -> bytearray:
+    """The middle chunk ``[`` bytes sentinel ``]`` of a :class:`~tracedx.trace.parallel.Span`
+    of the file ``fd``, read in place (run by the worker process: the parent neither joins nor
+    pipes the bytes). Raises _NotFast when the file does not hold the bytes the parent read
+    there (it changed, or shrank)."""
+    offset, length, head, tail = span
+    buf = bytearray(1 + length + len(_SENTINEL) + 1)
+    buf[0:1] = b"["
+    view = memoryview(buf)[1 : 1 + length]
+    got = 0
+    while got < length and (n := os.preadv(fd, [view[got:]], offset + got)):
+        got += n
+    view.release()
+    if (
+        got < length
+        or buf[1 : 1 + len(head)] != head
+        or buf[1 + length - len(tail) : 1 + length] != tail
+    ):
+        raise _NotFast(
+            f"the file changed while it was read (bytes {offset:,} to {offset + length:,})"
+        )
+    buf[1 + length :] = _SENTINEL + b"]"
+    return buf
+
+
+def decode_middle_chunk(payload: bytes | bytearray) -> list:
     """Events of a middle chunk, ``[`` events sentinel ``]`` (also run by the worker process)."""
     _check_text(payload)
     events = _decode_part(payload, _FAST_LIST, "chunk")
@@ -874,11 +915,15 @@ def _cpu_times(cpus: set[int]) -> tuple[int, int]:
     return busy, idle
 
 
-def _start_worker():
+def _start_worker(p: Path):
+    """A worker process, or None when it cannot start. For a plain file it gets a descriptor
+    of ``p`` of its own, to read the chunks it is handed as spans (see :func:`read_span`)."""
     from tracedx.trace.parallel import Worker
 
     try:
-        return Worker()
+        with open(p, "rb") as f:
+            plain = f.read(2) != _GZIP_MAGIC and hasattr(os, "preadv")
+            return Worker(f.fileno() if plain else None)
     except OSError:
         return None
 
@@ -900,7 +945,7 @@ def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
     ok = False
     try:
         if _json_size(p) >= PARALLEL_MIN_BYTES and _idle_cpu():
-            worker = _start_worker()
+            worker = _start_worker(p)
         doc = _read_chunks(reader, sink, worker, p)
         ok = True
         return doc
@@ -914,9 +959,24 @@ class _NoWorker(Exception):
     """Never raised: stands for parallel.WorkerError when no worker runs (not imported then)."""
 
 
+def _ends(parts: list, n: int = 256) -> tuple[bytes, bytes]:
+    """The first and the last ``n`` bytes of the bytes ``parts`` (all of them when fewer)."""
+    head = bytearray()
+    for part in parts:
+        head += part[: n - len(head)]
+        if len(head) >= n:
+            break
+    tail = bytearray()
+    for part in reversed(parts):
+        tail[:0] = part[max(len(part) - (n - len(tail)), 0) :]
+        if len(tail) >= n:
+            break
+    return bytes(head), bytes(tail)
+
+
 def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile:
     if worker is not None:
-        from tracedx.trace.parallel import WorkerError
+        from tracedx.trace.parallel import Span, WorkerError
     else:
         WorkerError = _NoWorker  # noqa: N806 (the class caught below)
 
@@ -928,14 +988,20 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
         except WorkerError as e:
             raise _NotFast(f"worker: {e}") from None
 
+    file_size = p.stat().st_size
     pending: list = []  # blocks (or the tail of one) not decoded yet
     size = 0
+    at = raw = 0  # where pending starts in the file, and the file's bytes in it
+    squeezed = False  # whether a block of pending is not the file's bytes (see _squeeze)
     spaces = 0  # bytes of blocks of spaces only in pending
     head: FastPart | None = None
     key_block = -1  # the index in pending of the block holding the traceEvents key
     key_at = -1  # its offset in that block
     for block in reader:
-        block = _squeeze(block)
+        raw += len(block)
+        blank = _squeeze(block)
+        squeezed |= blank is not block
+        block = blank
         if _blank(block, b" "):
             spaces += len(block)
         pending.append(block)
@@ -986,8 +1052,6 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
             sink.add(events)
             del events
         else:
-            payload = b"".join((b"[", *parts, _SENTINEL, b"]"))
-            del parts
             if worker is not None:
                 try:
                     use_worker = worker.can_take()
@@ -996,17 +1060,33 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
                     worker, use_worker = None, False
             else:
                 use_worker = False
+            # a worker with the file reads the bytes itself: no join, no copy through the pipe
+            # (a chunk with a blank block read as one LF, not the file's bytes, stays here)
+            # Near the end, a chunk that would wait behind the worker's others stays here too,
+            # so that both processes finish about together.
+            chunk = None
+            if use_worker and worker.reads_file:
+                length = raw - len(last) + cut
+                left = (file_size - at - length) // CHUNK_BYTES  # chunks after this one
+                use_worker = not squeezed and len(worker.inflight) <= left
+                if use_worker:
+                    chunk = Span(at, length, *_ends(parts))
+            if chunk is None:
+                chunk = b"".join((b"[", *parts, _SENTINEL, b"]"))
+            del parts
             if use_worker:
-                worker.submit(sink.reserve(), payload)
-                del payload
+                worker.submit(sink.reserve(), chunk)
+                del chunk
             else:
-                events = decode_middle_chunk(payload)
-                del payload
+                events = decode_middle_chunk(chunk)
+                del chunk
                 sink.add(events)
                 del events
         collect(False)
+        at += raw - len(last) + cut
         pending = [memoryview(last)[cut:]]
-        size = len(pending[0])
+        size = raw = len(pending[0])
+        squeezed = False
         spaces = 0
     rest = b"".join(pending)
     del pending
