@@ -28,6 +28,7 @@ from tracedx.analysis.timeline import (
     step_windows,
     sync_calls,
 )
+from tracedx.console import plural
 from tracedx.errors import TraceError
 from tracedx.results import Presentable
 from tracedx.trace import Trace
@@ -512,17 +513,27 @@ def diagnose(
     partial = _incomplete_steps(trace)
     if partial and not trace.steps_synthetic:
         kept = [s for s in chosen if s not in partial]
-        which = ", ".join(str(s) for s in partial)
+        # the steps after the recorded ones: the last of the trace, one in the usual case
+        which = (
+            f"step {partial[0]} is"
+            if len(partial) == 1
+            else f"steps {partial[0]}..{partial[-1]} ({len(partial)}) are"
+        )
         if kept and steps is None:
             chosen = kept
             notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
-                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
+                f"{which} incomplete (the script ended or was stopped inside it; tracedx "
+                f"capture recorded {plural(len(trace.steps) - len(partial), 'complete step')}): "
+                "left out"
             )
         elif any(s in partial for s in chosen):
             notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it): its "
-                "numbers are not a whole step's"
+                f"{which} incomplete (the script ended or was stopped inside it): "
+                + (
+                    "its numbers are not a whole step's"
+                    if len(partial) == 1
+                    else "their numbers are not whole steps'"
+                )
             )
     if trace.steps_synthetic:
         notes.append(

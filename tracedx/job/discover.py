@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracedx.console import plural
 from tracedx.errors import TraceError
 
 __all__ = [
@@ -186,10 +187,6 @@ def _ranges(values: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
 def _as_int(v) -> int | None:
     if isinstance(v, bool):
         return None
@@ -334,7 +331,7 @@ def _assume_ranks(
         rank_of[i], source_of[i] = r, "file order"
         assumed.append(f"{entries[i][0]} as rank {r}")
     return [
-        f"the rank of {_plural(len(unknown), 'file')} cannot be told (no "
+        f"the rank of {plural(len(unknown), 'file')} cannot be told (no "
         "distributedInfo, no record_param_comms Rank, no rank in the file name): "
         f"taken in file-name order, {'; '.join(assumed)}; per-rank results for "
         f"{'it' if len(unknown) == 1 else 'them'} may be attributed to the wrong rank"
@@ -393,15 +390,15 @@ def _missing_notes(
     missing = [r for r in missing if r not in bad]
     if lost:
         notes.append(
-            f"{_plural(len(lost), 'rank')} of the {world_size} in the job "
+            f"{plural(len(lost), 'rank')} of the {world_size} in the job "
             f"{'is' if len(lost) == 1 else 'are'} unreadable (rank {_ranges(lost)}: its "
-            f"trace could not be read): the job is analysed on {_plural(len(ranks), 'rank')}"
+            f"trace could not be read): the job is analysed on {plural(len(ranks), 'rank')}"
         )
     if missing:
         notes.append(
-            f"{_plural(len(missing), 'rank')} of the {world_size} in the job "
+            f"{plural(len(missing), 'rank')} of the {world_size} in the job "
             f"{'has' if len(missing) == 1 else 'have'} no trace (rank "
-            f"{_ranges(missing)}): the job is analysed on {_plural(len(ranks), 'rank')}, "
+            f"{_ranges(missing)}): the job is analysed on {plural(len(ranks), 'rank')}, "
             "and a straggler among the missing ones cannot be seen"
         )
     if outside:
@@ -428,7 +425,7 @@ def _common_steps(
         if common:
             notes.append(
                 f"the ranks cover different ProfilerStep numbers ({covered}): the job is "
-                f"analysed on the {_plural(len(common), 'step')} all ranks cover "
+                f"analysed on the {plural(len(common), 'step')} all ranks cover "
                 f"({_ranges(common)})"
             )
         else:
