@@ -302,6 +302,12 @@ def test_one_job_beside_a_single_trace_is_refused():
     )
     # without the collective counts, a trace that says nothing is not known to be single
     assert resolve_ranks(entries).ranks == (0, 1, 2)
+    # the job's traces in the very folder given: its files, not its folder, are to be given
+    side_by_side = [("/d/rank0.json", _rank(0)), ("/d/rank1.json", _rank(1)), entries[2]]
+    assert _refusal(side_by_side, [3, 3, 0]) == (
+        "/d/ holds 1 job (rank0.json, rank1.json) and 1 single-process trace; diagnose the "
+        "job's files, or one trace"
+    )
 
 
 def test_single_traces_only_are_not_one_job():

@@ -550,7 +550,10 @@ def check_one_job(
     # whole rank sets side by side: two runs, or two profiling windows of one run
     # (torchtitan's iteration_10/, iteration_20/); the traces cannot tell which
     if len(jobs) == 1:
-        found, one = f"1 job ({names})", "the job's folder"
+        folder = _common([_job_folder(p) for p, _ in jobs[0]])
+        apart = folder and top and os.path.normpath(folder) != os.path.normpath(top)
+        # the job's own folder, unless that is the folder given: then its files
+        found, one = f"1 job ({names})", "the job's folder" if apart else "the job's files"
     else:
         found = f"{len(jobs)} whole rank sets, separate jobs or profiling windows ({names})"
         one = "one of these folders"
