@@ -50,6 +50,10 @@ def test_files_globs_urls_and_repeats(tmp_path):
     assert expand_inputs([str(b), str(a)]) == [str(b), str(a)]
     assert expand_inputs(["s3://bucket/job/rank0.json"]) == ["s3://bucket/job/rank0.json"]
     assert expand_inputs([str(tmp_path / "**" / "rank-1.json")]) == [str(b)]
+    # a glob matching folders searches them, as naming each folder would
+    c = _touch(tmp_path / "run1" / "rank0.json")
+    d = _touch(tmp_path / "run2" / "sub" / "rank0.json.gz")
+    assert expand_inputs([str(tmp_path / "run*")]) == [str(c), str(d)]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +61,7 @@ def test_files_globs_urls_and_repeats(tmp_path):
     [
         (lambda p: [], "no trace given"),
         (lambda p: [p / "nope.json"], "no such file or directory"),
-        (lambda p: [str(p / "x*.json")], "no file matches this pattern"),
+        (lambda p: [str(p / "x*.json")], "no file or directory of traces matches this pattern"),
         (lambda p: [p], "no trace files"),
     ],
 )

@@ -64,20 +64,30 @@ def _is_trace_name(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(TRACE_SUFFIXES)
 
 
+def _dir_traces(folder: str) -> list[str]:
+    """The trace files below ``folder``, sorted (summaries folders skipped)."""
+    return sorted(
+        str(Path(root) / name)
+        for root, _dirs, files in os.walk(folder)
+        for name in files
+        if _is_trace_name(name) and not _skipped_below(Path(root), Path(folder))
+    )
+
+
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
     """The trace files named by ``inputs``, each once, as strings.
 
-        Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
-        an existing file (kept whatever its name); an existing directory (searched recursively for
-        ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
-        folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
-    folders of a ``--summaries`` directory are skipped); a glob pattern
-        (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
-        works on every shell. Directories and globs give their files in sorted order; the same file
-        named twice is kept once (the first time).
+    Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
+    an existing file (kept whatever its name); an existing directory (searched recursively for
+    ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
+    folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
+    folders of a ``--summaries`` directory are skipped); a glob pattern (``*``, ``?``,
+    ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern works on every
+    shell, a matching directory searched as above. Directories and globs give their files in
+    sorted order; the same file named twice is kept once (the first time).
 
-        Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
-        input, an input does not exist, a glob matches nothing or a directory holds no trace file.
+    Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
+    input, an input does not exist, a glob matches nothing or a directory holds no trace file.
     """
     out: list[str] = []
     seen: set[str] = set()
@@ -95,12 +105,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
         if is_url(item):
             add(item)
         elif os.path.isdir(item):
-            found = sorted(
-                str(Path(root) / name)
-                for root, dirs, files in os.walk(item)
-                for name in files
-                if _is_trace_name(name) and not _skipped_below(Path(root), Path(item))
-            )
+            found = _dir_traces(item)
             if not found:
                 raise TraceError(f"{item}: no trace files (*.json, *.json.gz) in this directory")
             for f in found:
@@ -108,9 +113,14 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
         elif os.path.exists(item):
             add(item)
         elif _GLOB_CHARS.search(item):
-            found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
+            # a matching directory is searched as a directory given by name would be
+            found = [
+                f
+                for m in sorted(glob.glob(item, recursive=True))
+                for f in (_dir_traces(m) if os.path.isdir(m) else [m] if os.path.isfile(m) else [])
+            ]
             if not found:
-                raise TraceError(f"{item}: no file matches this pattern")
+                raise TraceError(f"{item}: no file or directory of traces matches this pattern")
             for f in found:
                 add(f)
         else:
