@@ -157,15 +157,15 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
         return available
     m = re.fullmatch(r"\s*(\d+)?\s*(\.\.)?\s*(\d+)?\s*", spec)
     if not m or (m.group(1) is None and m.group(3) is None):
-        raise TraceError(f"--steps {spec!r}: expected N..M, N.. , ..M or N")
+        raise TraceError(f"steps {spec!r}: expected N..M, N.. , ..M or N")
     lo = int(m.group(1)) if m.group(1) else -math.inf
     hi = int(m.group(3)) if m.group(3) else (math.inf if m.group(2) else lo)
     if hi < lo:
-        raise TraceError(f"--steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
+        raise TraceError(f"steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
     chosen = [s for s in available if lo <= s <= hi]
     if not chosen:
         raise TraceError(
-            f"--steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
+            f"steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
         )
     return chosen
 
