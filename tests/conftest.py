@@ -25,6 +25,22 @@ def case(name: str) -> Path:
     return p
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache_dir(tmp_path_factory):
+    """A cache folder of the test session's own for what runs before a test's own folder is set
+    (module-scoped fixtures, such as test_hostile's measured bombs), so nothing reaches the
+    user's ~/.cache/tracedx."""
+    import os
+
+    old = os.environ.get("TRACEDX_CACHE_DIR")
+    os.environ["TRACEDX_CACHE_DIR"] = str(tmp_path_factory.mktemp("tracedx-session-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRACEDX_CACHE_DIR", None)
+    else:
+        os.environ["TRACEDX_CACHE_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
 def _own_cache_dir(tmp_path_factory, monkeypatch):
     """Each test gets an empty cache of loaded traces (never the user's ~/.cache/tracedx), so

@@ -89,6 +89,11 @@ def test_cpu_capture_incomplete_last_step_and_no_usdt_noise(tmp_path):
     )
     assert tracedx.diagnose(t, steps="3..4").steps == [3, 4]  # asked for: kept, and flagged
     assert any("step 4 is incomplete" in n for n in tracedx.diagnose(t, steps="3..4").notes)
+    t.metadata["tracedx"]["active_steps_recorded"] = 1  # as if the script ended in step 3
+    assert tracedx.diagnose(t).notes[0] == (
+        "steps 3..4 (2) are incomplete (the script ended or was stopped inside it; tracedx "
+        "capture recorded 1 complete step): left out"
+    )
     # a machine with no GPU: said plainly, no CUPTI advice, no unknown-device note
     if not __import__("torch").cuda.is_available():
         text = " ".join(d.to_text().split())

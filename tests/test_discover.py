@@ -50,6 +50,10 @@ def test_files_globs_urls_and_repeats(tmp_path):
     assert expand_inputs([str(b), str(a)]) == [str(b), str(a)]
     assert expand_inputs(["s3://bucket/job/rank0.json"]) == ["s3://bucket/job/rank0.json"]
     assert expand_inputs([str(tmp_path / "**" / "rank-1.json")]) == [str(b)]
+    # a glob matching folders searches them, as naming each folder would
+    c = _touch(tmp_path / "run1" / "rank0.json")
+    d = _touch(tmp_path / "run2" / "sub" / "rank0.json.gz")
+    assert expand_inputs([str(tmp_path / "run*")]) == [str(c), str(d)]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +61,7 @@ def test_files_globs_urls_and_repeats(tmp_path):
     [
         (lambda p: [], "no trace given"),
         (lambda p: [p / "nope.json"], "no such file or directory"),
-        (lambda p: [str(p / "x*.json")], "no file matches this pattern"),
+        (lambda p: [str(p / "x*.json")], "no file or directory of traces matches this pattern"),
         (lambda p: [p], "no trace files"),
     ],
 )
@@ -302,6 +306,12 @@ def test_one_job_beside_a_single_trace_is_refused():
     )
     # without the collective counts, a trace that says nothing is not known to be single
     assert resolve_ranks(entries).ranks == (0, 1, 2)
+    # the job's traces in the very folder given: its files, not its folder, are to be given
+    side_by_side = [("/d/rank0.json", _rank(0)), ("/d/rank1.json", _rank(1)), entries[2]]
+    assert _refusal(side_by_side, [3, 3, 0]) == (
+        "/d/ holds 1 job (rank0.json, rank1.json) and 1 single-process trace; diagnose the "
+        "job's files, or one trace"
+    )
 
 
 def test_single_traces_only_are_not_one_job():

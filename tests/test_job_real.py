@@ -48,6 +48,27 @@ def test_gloo_balanced_sample_is_communication_bound():
     assert not any("device work" in e for e in jd.evidence)
 
 
+def test_ranks_of_two_runs_are_said_to_be_so():
+    """rank 0 of the balanced gloo run and rank 1 of the straggler run, given as files: their
+    collectives match by sequence number, but on their one host's clock the two never ran at
+    the same time (14.7 s apart), which the job's notes say; the balanced run's own two ranks
+    get no such note."""
+    runs = ROOT / "sample_traces"
+    mixed = diagnose_job(
+        load_job(
+            [
+                str(runs / "ddp_mlp-gloo-balanced" / "rank0.json.gz"),
+                str(runs / "ddp_mlp-gloo-host-straggler" / "rank1.json.gz"),
+            ],
+            progress=False,
+        )
+    )
+    [note] = [n for n in mixed.notes if "different runs" in n]
+    assert note.startswith("rank 0's collectives all end 14.7 s before rank 1's first")
+    one = diagnose_job(load_job([str(runs / "ddp_mlp-gloo-balanced")], progress=False))
+    assert not any("different runs" in n for n in one.notes)
+
+
 def test_c16_nccl_pair_one_verdict():
     """C16a/b: two ranks of one NCCL job whose single-rank verdicts differ (compute-bound on
     rank 0, bandwidth-bound on rank 1): the job gets one, compute-bound, and the all-reduce is

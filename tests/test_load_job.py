@@ -155,7 +155,7 @@ def test_cli_several_files_directory_and_glob_print_the_job_report(host_job):
     "argv, words",
     [
         (["/nonexistent/rank0.json", "/nonexistent/rank1.json"], "no such file or directory"),
-        (["/nonexistent/*.json"], "no file matches this pattern"),
+        (["/nonexistent/*.json"], "no file or directory of traces matches this pattern"),
     ],
 )
 def test_cli_bad_job_input_is_one_line_exit_2(argv, words):

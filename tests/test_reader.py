@@ -764,3 +764,13 @@ def test_float_columns_non_finite_become_null_finite_kept():
         None,
         3.0,
     ]
+
+
+def test_a_directory_points_to_load_job(tmp_path):
+    from tracedx.errors import TraceFormatError
+
+    with pytest.raises(
+        TraceFormatError,
+        match=r"is a directory, not a trace file \(a job's traces: tracedx.load_job\)",
+    ):
+        tracedx.load(tmp_path)

@@ -84,3 +84,8 @@ def fit_to(text: str, stream=None) -> str:
 
 
 __all__ = ["MIN_WIDTH", "WIDTH", "columns", "fit", "fit_to"]
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
+    return f"{n} {word}" + ("" if n == 1 else "s")

@@ -28,6 +28,7 @@ from tracedx.analysis.timeline import (
     step_windows,
     sync_calls,
 )
+from tracedx.console import plural
 from tracedx.errors import TraceError
 from tracedx.results import Presentable
 from tracedx.trace import Trace
@@ -156,15 +157,15 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
         return available
     m = re.fullmatch(r"\s*(\d+)?\s*(\.\.)?\s*(\d+)?\s*", spec)
     if not m or (m.group(1) is None and m.group(3) is None):
-        raise TraceError(f"--steps {spec!r}: expected N..M, N.. , ..M or N")
+        raise TraceError(f"steps {spec!r}: expected N..M, N.. , ..M or N")
     lo = int(m.group(1)) if m.group(1) else -math.inf
     hi = int(m.group(3)) if m.group(3) else (math.inf if m.group(2) else lo)
     if hi < lo:
-        raise TraceError(f"--steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
+        raise TraceError(f"steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
     chosen = [s for s in available if lo <= s <= hi]
     if not chosen:
         raise TraceError(
-            f"--steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
+            f"steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
         )
     return chosen
 
@@ -592,17 +593,27 @@ def _analysed_steps(trace: Trace, spec: str | None, notes: list[str]) -> list[in
     partial = _incomplete_steps(trace)
     if partial and not trace.steps_synthetic:
         kept = [s for s in chosen if s not in partial]
-        which = ", ".join(str(s) for s in partial)
+        # the steps after the recorded ones: the last of the trace, one in the usual case
+        which = (
+            f"step {partial[0]} is"
+            if len(partial) == 1
+            else f"steps {partial[0]}..{partial[-1]} ({len(partial)}) are"
+        )
         if kept and spec is None:
             chosen = kept
             notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it; tracedx "
-                f"capture recorded {len(trace.steps) - len(partial)} complete steps): left out"
+                f"{which} incomplete (the script ended or was stopped inside it; tracedx "
+                f"capture recorded {plural(len(trace.steps) - len(partial), 'complete step')}): "
+                "left out"
             )
         elif any(s in partial for s in chosen):
             notes.append(
-                f"step {which} is incomplete (the script ended or was stopped inside it): its "
-                "numbers are not a whole step's"
+                f"{which} incomplete (the script ended or was stopped inside it): "
+                + (
+                    "its numbers are not a whole step's"
+                    if len(partial) == 1
+                    else "their numbers are not whole steps'"
+                )
             )
     if trace.steps_synthetic:
         notes.append(

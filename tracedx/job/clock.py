@@ -318,6 +318,28 @@ def _decide(
     return "corrected", off, before, after, note
 
 
+def _runs_apart(members: pl.DataFrame) -> list[str]:
+    """A note when ranks said to share one host's clock never run at the same time: the span of
+    one rank's collective ends lies wholly before another's. A job's ranks run together (their
+    collectives end within microseconds to milliseconds of each other), so such traces are of
+    different runs, matched only by their collectives' sequence numbers."""
+    if members.height == 0:
+        return []
+    span = members.group_by("rank").agg(
+        first=pl.col("abs_end_us").min(), last=pl.col("abs_end_us").max()
+    )
+    early = span.sort("last").row(0, named=True)
+    late = span.sort("first", descending=True).row(0, named=True)
+    gap_s = (late["first"] - early["last"]) / 1e6
+    if not gap_s > 0:
+        return []
+    return [
+        f"rank {early['rank']}'s collectives all end {gap_s:.1f} s before rank {late['rank']}'s "
+        "first on their host's shared clock: the ranks never ran at the same time, so these "
+        "traces are probably of different runs, not one job"
+    ]
+
+
 def _one_host(
     members: pl.DataFrame,
     collectives: pl.DataFrame,
@@ -342,7 +364,7 @@ def _one_host(
             "is estimated on its own",
         )
         return per
-    notes = []
+    notes = [] if source == "assumed" else _runs_apart(members)
     if source == "assumed" and len(host_of) > 1:
         notes.append(
             "no hostnames in the file names: the ranks are taken to share one host's clock"

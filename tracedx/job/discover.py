@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracedx.console import plural
 from tracedx.errors import TraceError
 
 __all__ = [
@@ -63,20 +64,30 @@ def _is_trace_name(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(TRACE_SUFFIXES)
 
 
+def _dir_traces(folder: str) -> list[str]:
+    """The trace files below ``folder``, sorted (summaries folders skipped)."""
+    return sorted(
+        str(Path(root) / name)
+        for root, _dirs, files in os.walk(folder)
+        for name in files
+        if _is_trace_name(name) and not _skipped_below(Path(root), Path(folder))
+    )
+
+
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
     """The trace files named by ``inputs``, each once, as strings.
 
-        Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
-        an existing file (kept whatever its name); an existing directory (searched recursively for
-        ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
-        folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
-    folders of a ``--summaries`` directory are skipped); a glob pattern
-        (``*``, ``?``, ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern
-        works on every shell. Directories and globs give their files in sorted order; the same file
-        named twice is kept once (the first time).
+    Each input is one of: an fsspec URL (passed through unchanged, read by whoever opens it);
+    an existing file (kept whatever its name); an existing directory (searched recursively for
+    ``*.json`` and ``*.json.gz``, which covers ``*.pt.trace.json[.gz]``; hidden files and
+    folders, such as a capture's temporary ``.tracedx-*.json``, and the ``*.rank-summary``
+    folders of a ``--summaries`` directory are skipped); a glob pattern (``*``, ``?``,
+    ``[...]``; ``**`` spans folders), expanded here so that a quoted pattern works on every
+    shell, a matching directory searched as above. Directories and globs give their files in
+    sorted order; the same file named twice is kept once (the first time).
 
-        Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
-        input, an input does not exist, a glob matches nothing or a directory holds no trace file.
+    Raises :class:`~tracedx.errors.TraceError` (exit status 2 in the CLI) when there is no
+    input, an input does not exist, a glob matches nothing or a directory holds no trace file.
     """
     out: list[str] = []
     seen: set[str] = set()
@@ -94,12 +105,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
         if is_url(item):
             add(item)
         elif os.path.isdir(item):
-            found = sorted(
-                str(Path(root) / name)
-                for root, dirs, files in os.walk(item)
-                for name in files
-                if _is_trace_name(name) and not _skipped_below(Path(root), Path(item))
-            )
+            found = _dir_traces(item)
             if not found:
                 raise TraceError(f"{item}: no trace files (*.json, *.json.gz) in this directory")
             for f in found:
@@ -107,9 +113,14 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[str]:
         elif os.path.exists(item):
             add(item)
         elif _GLOB_CHARS.search(item):
-            found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
+            # a matching directory is searched as a directory given by name would be
+            found = [
+                f
+                for m in sorted(glob.glob(item, recursive=True))
+                for f in (_dir_traces(m) if os.path.isdir(m) else [m] if os.path.isfile(m) else [])
+            ]
             if not found:
-                raise TraceError(f"{item}: no file matches this pattern")
+                raise TraceError(f"{item}: no file or directory of traces matches this pattern")
             for f in found:
                 add(f)
         else:
@@ -184,10 +195,6 @@ def _ranges(values: Iterable[int]) -> str:
         parts.append(str(vs[i]) if i == j else f"{vs[i]}-{vs[j]}")
         i = j + 1
     return ", ".join(parts)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _as_int(v) -> int | None:
@@ -334,7 +341,7 @@ def _assume_ranks(
         rank_of[i], source_of[i] = r, "file order"
         assumed.append(f"{entries[i][0]} as rank {r}")
     return [
-        f"the rank of {_plural(len(unknown), 'file')} cannot be told (no "
+        f"the rank of {plural(len(unknown), 'file')} cannot be told (no "
         "distributedInfo, no record_param_comms Rank, no rank in the file name): "
         f"taken in file-name order, {'; '.join(assumed)}; per-rank results for "
         f"{'it' if len(unknown) == 1 else 'them'} may be attributed to the wrong rank"
@@ -393,15 +400,15 @@ def _missing_notes(
     missing = [r for r in missing if r not in bad]
     if lost:
         notes.append(
-            f"{_plural(len(lost), 'rank')} of the {world_size} in the job "
+            f"{plural(len(lost), 'rank')} of the {world_size} in the job "
             f"{'is' if len(lost) == 1 else 'are'} unreadable (rank {_ranges(lost)}: its "
-            f"trace could not be read): the job is analysed on {_plural(len(ranks), 'rank')}"
+            f"trace could not be read): the job is analysed on {plural(len(ranks), 'rank')}"
         )
     if missing:
         notes.append(
-            f"{_plural(len(missing), 'rank')} of the {world_size} in the job "
+            f"{plural(len(missing), 'rank')} of the {world_size} in the job "
             f"{'has' if len(missing) == 1 else 'have'} no trace (rank "
-            f"{_ranges(missing)}): the job is analysed on {_plural(len(ranks), 'rank')}, "
+            f"{_ranges(missing)}): the job is analysed on {plural(len(ranks), 'rank')}, "
             "and a straggler among the missing ones cannot be seen"
         )
     if outside:
@@ -428,7 +435,7 @@ def _common_steps(
         if common:
             notes.append(
                 f"the ranks cover different ProfilerStep numbers ({covered}): the job is "
-                f"analysed on the {_plural(len(common), 'step')} all ranks cover "
+                f"analysed on the {plural(len(common), 'step')} all ranks cover "
                 f"({_ranges(common)})"
             )
         else:
@@ -553,7 +560,10 @@ def check_one_job(
     # whole rank sets side by side: two runs, or two profiling windows of one run
     # (torchtitan's iteration_10/, iteration_20/); the traces cannot tell which
     if len(jobs) == 1:
-        found, one = f"1 job ({names})", "the job's folder"
+        folder = _common([_job_folder(p) for p, _ in jobs[0]])
+        apart = folder and top and os.path.normpath(folder) != os.path.normpath(top)
+        # the job's own folder, unless that is the folder given: then its files
+        found, one = f"1 job ({names})", "the job's folder" if apart else "the job's files"
     else:
         found = f"{len(jobs)} whole rank sets, separate jobs or profiling windows ({names})"
         one = "one of these folders"

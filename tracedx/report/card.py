@@ -267,7 +267,7 @@ def _job_rows(d: dict) -> list[tuple[str, str]]:
     st = d["steps"]
     pe = st["parallel_efficiency"]
     rows = [
-        ("step", f"{_ms(st['step_time_ms'])} (the typical rank's median per step)"),
+        ("step", f"{_ms(st['step_time_ms'])} (per step the median over ranks, then over steps)"),
         ("compute", _ms(st["compute_ms"])),
         (
             "exposed wait",

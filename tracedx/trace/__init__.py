@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from tracedx.alloc import trim_heap
+from tracedx.errors import TraceFormatError
 from tracedx.trace.begin_end import read_tables
 from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
@@ -359,6 +360,10 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             not a chrome trace; the message is one line that says what and where.
     """
     p = Path(path)
+    if p.is_dir():
+        raise TraceFormatError(
+            f"{p}: is a directory, not a trace file (a job's traces: tracedx.load_job)"
+        )
     doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
     trim_heap()  # the decoded events are gone: the heap they left free goes back
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
