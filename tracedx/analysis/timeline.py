@@ -21,10 +21,11 @@ Definitions:
   kernels run late in its CPU window and past its end: ``elementwise-compile``'s one 126 us
   kernel per step is 126 us of busy time in every step, not 71 to 116). The steps' busy times
   add up to the union of all GPU events launched in the analysed steps.
-- idle = step time - busy (0 when a step's own GPU work outlasts its interval); idle fraction =
-  idle / step time. Over the analysed steps the idle time by cause adds up to the idle time
-  (when no GPU event from outside the analysed steps runs inside them); per step it can differ
-  by the GPU work that ran in a neighbour's interval.
+- idle = the step interval's time that no GPU event of the device covers (what the idle causes
+  split); idle fraction = idle / step time. Over the analysed steps, step time - busy adds up to
+  the idle time (when no GPU event from outside the analysed steps runs inside them); per step
+  they differ by the GPU work that ran across the interval's edges (a step's kernel running on
+  into the next interval is busy time of its own step and covers time of the next).
 
 Idle gaps are the uncovered stretches of the GPU window. Each gets one cause:
 ``kernel wait`` (the next GPU event was already launched before the gap began: a GPU-side
