@@ -86,6 +86,28 @@ def test_a_changed_file_misses(tmp_path):
     assert cache.entry_path(p, repair=True) != cache.entry_path(p)
 
 
+def test_a_file_replaced_while_read_is_not_cached_as_the_new_one(tmp_path):
+    """A trace replaced while it is read (a new capture written over it): what was read is of
+    the old file, so nothing is stored under the new file's key, and a note says why."""
+    p = tmp_path / "t.json.gz"
+    shutil.copy(SAMPLES / NAMES[0], p)
+    other = SAMPLES / NAMES[1]
+    notes: list[str] = []
+
+    def replace(_bytes_read):
+        if not notes:
+            notes.append("replaced")
+            tmp = tmp_path / "new.json.gz"
+            shutil.copy(other, tmp)
+            os.replace(tmp, p)
+
+    cache.load(p, progress=replace, on_note=notes.append)
+    assert notes[1:] == [f"{p} changed while it was read: its tables were not cached"]
+    again, hit = cache.load(p)
+    assert not hit
+    assert_frame_equal(again.kernels, tracedx.load(other).kernels)
+
+
 def test_another_version_misses(tmp_path, monkeypatch):
     p = shutil.copy(SAMPLES / NAMES[0], tmp_path / "t.json.gz")
     cache.load(p)

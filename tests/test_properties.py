@@ -216,13 +216,18 @@ def test_invariants_on_random_traces(steps, multi_gpu, no_markers):
         assert not t.has_gpu_activity
         return
     # the estimates are stated per typical (median) step of the verdict's GPU
-    busy = float(d.windows.filter(pl.col("device") == d.primary_device)["gpu_busy_us"].median())
+    mine = d.windows.filter(pl.col("device") == d.primary_device)
+    busy = float(mine["gpu_busy_us"].median())
+    step = float(mine["step_time_us"].median())
     for f in d.findings:
         assert f.estimated_speedup >= 1.0 - EPS
         assert 0.0 <= f.fraction <= 1.0 + EPS
         if f.fix in LAUNCH_GAP_FIXES:
-            # removing launch gaps never makes the step faster than its GPU busy time
-            assert f.estimated_step_ms * 1e3 >= busy - 1e-6, (f.fix, f.estimated_step_ms, busy)
+            # removing launch gaps never makes the step faster than its GPU busy time, or than
+            # the step as it is where a step's own GPU work runs on past its interval (its busy
+            # time is then longer than its step time: the last step of a trace, cut at its end)
+            floor = min(busy, step)
+            assert f.estimated_step_ms * 1e3 >= floor - 1e-6, (f.fix, f.estimated_step_ms, busy)
 
 
 def test_estimate_never_below_busy_with_uneven_steps(tmp_path):

@@ -40,6 +40,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,13 +74,24 @@ _CODE: list[str] = []
 
 
 def code_fingerprint() -> str:
-    """A SHA-256 (hex) over the relative path, size and mtime (ns) of every ``.py`` file of the
-    tracedx package being run: an edited install (``pip install -e``) keeps its version number
-    but must not reuse what older code computed. Stats about a hundred files (about a
-    millisecond); computed once per process."""
+    """A SHA-256 (hex) over the installed polars, msgspec and numpy (their ``__init__`` files'
+    path, size and mtime), Python's version, and the relative path, size and mtime (ns) of
+    every ``.py`` file of the tracedx package being run: an upgraded library, or an edited
+    install (``pip install -e``) that keeps its version number, must not reuse what other code
+    computed. Stats about a hundred files (about a millisecond); computed once per process."""
     if not _CODE:
         root = Path(__file__).resolve().parent
         h = hashlib.sha256()
+        # the libraries the tables and the analysis are computed with (their installed files,
+        # found without importing them: an upgrade rewrites them), and the interpreter
+        from importlib.util import find_spec
+
+        for name in ("polars", "msgspec", "numpy"):
+            spec = find_spec(name)
+            origin = spec.origin if spec is not None else None
+            st = os.stat(origin) if origin and os.path.exists(origin) else None
+            h.update(f"{name}\0{origin}\0{st and (st.st_size, st.st_mtime_ns)}\0".encode())
+        h.update(f"{sys.version_info[:3]}\0".encode())
         for folder, dirs, files in sorted(os.walk(root)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
@@ -175,12 +187,17 @@ def _private(folder: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def write(trace, path: str | os.PathLike, *, repair: bool = False) -> Path | None:
+def write(
+    trace, path: str | os.PathLike, *, repair: bool = False, entry: Path | None = None
+) -> Path | None:
     """Store ``trace`` (loaded from ``path`` with ``repair``) as the entry of ``path``.
 
-    Returns the entry's folder, or None when the Trace's metadata does not survive JSON
-    unchanged (nothing is stored that would read back different). Raises ``OSError`` when the
-    cache folder cannot be written.
+    ``entry``: :func:`entry_path` of ``path`` taken before it was read; when the file's key
+    is no longer that (the file changed while it was read), nothing is stored.
+
+    Returns the entry's folder, or None when the file changed or the Trace's metadata does not
+    survive JSON unchanged (nothing is stored that would read back different). Raises
+    ``OSError`` when the cache folder cannot be written.
     """
     doc = {
         "format": FORMAT,
@@ -192,7 +209,10 @@ def write(trace, path: str | os.PathLike, *, repair: bool = False) -> Path | Non
     text = json.dumps(doc)
     if json.loads(text)["metadata"] != trace.metadata:
         return None
-    entry = entry_path(path, repair=repair)
+    now = entry_path(path, repair=repair)
+    if entry is not None and now != entry:
+        return None
+    entry = now
     entry.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
@@ -225,9 +245,20 @@ def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_not
     cached = read(path, repair=repair)
     if cached is not None:
         return cached, True
+    try:
+        before = entry_path(path, repair=repair)  # the key of what is about to be read
+    except OSError:
+        before = None
     trace = load_file(path, repair=repair, progress=progress)
     try:
-        write(trace, path, repair=repair)
+        stored = before is not None and write(trace, path, repair=repair, entry=before)
+        if (
+            not stored
+            and on_note
+            and before is not None
+            and entry_path(path, repair=repair) != before
+        ):
+            on_note(f"{path} changed while it was read: its tables were not cached")
     except OSError as e:
         if on_note:
             on_note(f"cannot write the cache in {cache_dir()}: {e.strerror or e}")
@@ -332,16 +363,25 @@ def _replace_file(target: Path, data: bytes) -> None:
 
 
 def write_result(
-    path: str | os.PathLike, key: str, doc: dict, diagnosis, *, repair: bool = False
+    path: str | os.PathLike,
+    key: str,
+    doc: dict,
+    diagnosis,
+    *,
+    repair: bool = False,
+    entry: Path | None = None,
 ) -> bool:
     """Store a diagnosis of ``path`` under ``key`` in its entry: ``doc`` (its
     :meth:`~tracedx.analysis.diagnosis.Diagnosis.to_dict`) and the Diagnosis, its Trace left
     out. Stores nothing and returns False when there is no entry (its tables were not cached),
     when ``doc`` does not survive JSON unchanged (it would render differently) or when the
-    Diagnosis does not pickle. Raises ``OSError`` when the entry cannot be written."""
-    entry = entry_path(path, repair=repair)
-    if not (entry / META_NAME).is_file():
+    Diagnosis does not pickle, and when ``entry`` (:func:`entry_path` taken before the trace
+    was read) is no longer the file's (it changed since). Raises ``OSError`` when the entry
+    cannot be written."""
+    now = entry_path(path, repair=repair)
+    if (entry is not None and now != entry) or not (now / META_NAME).is_file():
         return False
+    entry = now
     try:
         text = json.dumps({"format": FORMAT, "key": key, "doc": doc}, allow_nan=False)
     except (TypeError, ValueError):

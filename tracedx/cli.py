@@ -357,6 +357,10 @@ def _load_and_diagnose(
         from tracedx import cache
 
         key = cache.result_key(trace_path, options)
+        try:
+            before = cache.entry_path(trace_path, repair=repair)  # the file as it is now
+        except OSError:
+            before, key = None, None
         read = cache.read_result_doc if document else cache.read_result
         hit = read(trace_path, key, repair=repair) if key else None
         if hit is not None:
@@ -370,7 +374,7 @@ def _load_and_diagnose(
     diag = run_diagnosis(trace, **options)
     if key:
         with contextlib.suppress(OSError):  # the tables' note already says the cache is unwritable
-            cache.write_result(trace_path, key, diag.to_dict(), diag, repair=repair)
+            cache.write_result(trace_path, key, diag.to_dict(), diag, repair=repair, entry=before)
     return diag
 
 
