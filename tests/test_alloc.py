@@ -39,13 +39,6 @@ def test_release_promptly_keeps_the_users_own_setting():
     assert _run(env_value="narenas:2") == "narenas:2"
 
 
-def test_release_promptly_does_nothing_once_polars_is_loaded():
-    # jemalloc has read its settings by then (polars writes its own into the variable as it
-    # loads): setting it now would only mislead
-    value = _run(pre="import polars")
-    assert alloc.JEMALLOC_CONF not in value
-
-
 def test_trim_heap_is_harmless():
     alloc.trim_heap()
     alloc.trim_heap()  # the second call reuses the looked-up function

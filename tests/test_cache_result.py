@@ -17,6 +17,7 @@ from tracebuilder import T0, TraceBuilder
 import tracedx
 from tracedx import cache
 from tracedx.cli import main
+from tracedx.errors import TraceFormatError
 
 CALIBRATION = {
     "schema": "tracedx.calibration/1",
@@ -214,6 +215,13 @@ def test_a_cached_diagnosis_reads_its_tables_only_when_used(trace):
     assert again.trace.ops.equals(fresh.trace.ops) and again.trace.kernels.equals(
         fresh.trace.kernels
     )
+    # ... but not from a trace file that changed since: its tables are not the diagnosis's
+    stale = cache.read_result(trace, key)
+    (cache.entry_path(trace) / "kernels.arrow").unlink()
+    st = os.stat(trace)
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with pytest.raises(TraceFormatError, match="changed or gone since its diagnosis was cached"):
+        stale.trace.kernels  # noqa: B018 (the attribute read is the test)
 
 
 def test_a_pickle_in_a_folder_others_may_write_is_not_read(trace):

@@ -7,7 +7,6 @@ C library's malloc (Python's lists and large objects). Neither changes a result.
 from __future__ import annotations
 
 import os
-import sys
 
 JEMALLOC_ENV = "_RJEM_MALLOC_CONF"
 JEMALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
@@ -30,8 +29,7 @@ def release_promptly() -> None:
     (with :func:`trim_heap`) instead of 266-275 MB, the 1,085 MB one at 957-998 instead of
     1,109-1,160 MB, for about 0.1 s (100 MB) and 0.5 s (1 GB) more system CPU and no change of
     user CPU or wall time beyond the noise."""
-    if "polars" not in sys.modules:
-        os.environ.setdefault(JEMALLOC_ENV, JEMALLOC_CONF)
+    os.environ.setdefault(JEMALLOC_ENV, JEMALLOC_CONF)  # once polars is loaded, it holds its own
 
 
 def _malloc_trim():

@@ -83,7 +83,7 @@ def fit_to(text: str, stream=None) -> str:
     return fit(text, columns(stream))
 
 
-__all__ = ["MIN_WIDTH", "WIDTH", "columns", "fit", "fit_to"]
+__all__ = ["MIN_WIDTH", "WIDTH", "columns", "fit", "fit_to", "plural"]
 
 
 def plural(n: int, word: str) -> str:

@@ -13,7 +13,8 @@ class LazyTrace(Trace):
     IPC files when first used: a cached Diagnosis renders its text without any, its HTML
     timeline with the few it draws. A table that cannot be read then (the entry was removed or
     damaged since) is a miss: the trace file is read again for the tables not read yet (the same
-    tables: the entry's key is the file's). Made by
+    tables: the entry's key is the file's), unless the file has changed since (its key is no
+    longer the entry's): then a one-line TraceFormatError. Made by
     :func:`tracedx.cache.read` (``lazy=True``)."""
 
     @classmethod
@@ -49,9 +50,21 @@ class LazyTrace(Trace):
             self._read_table(name)
 
     def _read_file(self) -> None:
+        from tracedx.cache import entry_path
+        from tracedx.errors import TraceFormatError
         from tracedx.trace import load as load_file
 
-        fresh = load_file(self.path, repair=self.__dict__["_repair"])
+        repair = self.__dict__["_repair"]
+        try:
+            same = entry_path(self.path, repair=repair) == self.__dict__["_entry"]
+        except OSError:
+            same = False
+        if not same:  # its tables would not be the ones the cached diagnosis was made from
+            raise TraceFormatError(
+                f"{self.path}: changed or gone since its diagnosis was cached, and the cached "
+                "tables cannot be read: run the command again"
+            )
+        fresh = load_file(self.path, repair=repair)
         unread = self.__dict__["_unread"]
         for name in sorted(unread):
             self.__dict__[name] = getattr(fresh, name)
