@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tracedx.files import CALIBRATION_MAX_BYTES  # a larger calibration is not keyed
+
 ENV_VAR = "TRACEDX_CACHE_DIR"
 EDGE_BYTES = 64 * 1024
 """Bytes hashed at each end of the file (a gzip file's last 8 bytes are its CRC-32 and size)."""
@@ -53,9 +55,6 @@ FORMAT = 2
 """The entry layout's version: a new layout never reads an old entry."""
 META_NAME = "trace.json"
 RESULT_PREFIX = "result-"
-CALIBRATION_MAX_BYTES = 1 << 20
-"""A calibration file larger than this is not keyed (no result is cached: the diagnosis says
-why the file is unusable)."""
 DIR_MODE = 0o700
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tracedx.errors import DeviceSpecError
-from tracedx.files import read_capped
+from tracedx.files import CALIBRATION_MAX_BYTES, read_capped
 
 PEAK_KEYS = ("fp64", "fp64_tc", "fp32", "fp32_tc", "tf32", "bf16", "fp16", "fp8")
 """The peak keys a :class:`DeviceSpec` may carry (see the module docstring)."""
@@ -733,7 +733,6 @@ _CAL_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 # A calibration file is a few hundred bytes; anything this large is not one.
-_CALIBRATION_MAX_BYTES = 1 << 20
 # No device comes near these (an H200 is about 2,000 dense bf16 TFLOP/s and 4,800 GB/s): a
 # larger figure is a corrupt file, and would make every achieved fraction 0.
 _MAX_FIGURE = 1e7
@@ -762,7 +761,7 @@ def load_calibration(path: str | Path) -> dict:
             positive finite number (one line naming the file and the key).
     """
     p = Path(path)
-    raw = read_capped(p, "calibration file", DeviceSpecError, _CALIBRATION_MAX_BYTES)
+    raw = read_capped(p, "calibration file", DeviceSpecError, CALIBRATION_MAX_BYTES)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

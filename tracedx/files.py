@@ -15,6 +15,9 @@ from pathlib import Path
 
 from tracedx.errors import TraceError
 
+CALIBRATION_MAX_BYTES = 1 << 20
+"""The largest calibration file read (``tracedx calibrate`` writes a few KB)."""
+
 
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
