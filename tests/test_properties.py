@@ -330,15 +330,15 @@ def test_op_tree_nesting_matches_the_stack_walk(rows):
     tid = np.array([r[1] for r in rows])
     start = np.array([float(r[2]) for r in rows])
     end = np.array([float(r[2] + r[3]) for r in rows])
-    parent, depth, root = link._nest(pid, tid, start, end)
+    new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+    parent, depth, root = link._nest(new, start, end)
     ref = _stack_nest(pid * 10 + tid, start, end)
     assert parent.tolist() == ref[0]
     assert depth.tolist() == ref[1]
     assert root.tolist() == ref[2]
     # the linear path is right wherever it does not flag the group (any input: it is checked)
-    new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
     group = np.cumsum(new) - 1
-    fp, fd, fr, bad = link._nest_forest(new, group, start, end)
+    fp, fd, fr, bad = link._nest_forest(new, start, end)
     ok = ~bad[group]
     assert fp[ok].tolist() == np.array(ref[0])[ok].tolist()
     assert fd[ok].tolist() == np.array(ref[1])[ok].tolist()
@@ -385,7 +385,7 @@ def test_op_tree_nested_ranges_take_the_linear_path(sizes):
     end = np.array([r[3] for r in rows])
     new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
     ref = _stack_nest(pid * 10 + tid, start, end)
-    parent, depth, root, bad = link._nest_forest(new, np.cumsum(new) - 1, start, end)
+    parent, depth, root, bad = link._nest_forest(new, start, end)
     assert not bad.any()
     assert (parent.tolist(), depth.tolist(), root.tolist()) == tuple(ref)
 
@@ -403,9 +403,10 @@ def test_op_tree_long_overlapping_run_stays_fast():
     s1 = np.arange(2000) * 3.0
     s2 = s1[-1] + 10 + np.arange(200_000) * 3.0
     start, end = np.r_[s1, s2], np.r_[s1 + 4, s2 + 2]
-    z = np.zeros(len(start), dtype=np.int64)
+    new = np.zeros(len(start), dtype=bool)
+    new[0] = True
     t = time.perf_counter()
-    parent, depth, _ = _nest(z, z, start, end)
+    parent, depth, _ = _nest(new, start, end)
     assert time.perf_counter() - t < 2.0  # about 0.1 s here
     assert parent[1] == 0 and parent[1999] == 1998 and depth[1999] == 1999
     assert (parent[2000:] == -1).all()

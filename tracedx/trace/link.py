@@ -66,41 +66,98 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
             top_op_id=pl.lit(None, pl.Int64),
             depth=pl.lit(0, pl.Int32),
         ), 0
-    srt = ops.select("op_id", "pid", "tid", "start_us", "end_us").sort(
+    order, new, start, end = thread_order(ops)
+    parent, depth, root = _nest(new, start, end)
+    has = parent >= 0
+    pp = np.where(has, parent, 0)
+    bad = int(np.count_nonzero(has & (end > end[pp] + 1e-6)))
+    if order is not None:  # positions in stack order -> op_id (the row number)
+        parent = np.where(has, order[pp], -1)
+        root = order[root]
+        n = len(order)
+        parent_of, top_of, depth_of = (
+            np.empty(n, np.int64),
+            np.empty(n, np.int64),
+            np.empty(n, np.int32),
+        )
+        parent_of[order], top_of[order], depth_of[order] = parent, root, depth
+        parent, root, depth = parent_of, top_of, depth_of
+    return ops.with_columns(
+        parent_id=pl.when(pl.Series(parent >= 0)).then(pl.Series(parent)),
+        top_op_id=pl.Series(root),
+        depth=pl.Series(depth),
+    ), bad
+
+
+def thread_order(
+    ops: pl.DataFrame,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """The ops in the op tree's order: by (pid, tid) (nulls last), then start, then longer first.
+
+    Returns (order, new, start, end): the row numbers in that order (None when the table is in
+    it already), where each (pid, tid) begins in it (a null id reads as -1, so it joins an
+    adjacent -1), and the ops' start_us and end_us in it. Equal keys keep table order.
+
+    Real traces list each thread's ops by start, in a few runs of rows of one thread: the runs
+    are put in (pid, tid) order (a sort of the runs, not of the rows) and the result is checked
+    to be in order; anything else takes a full sort.
+    """
+    n = ops.height
+    ids = [ops[c] for c in ("pid", "tid")]
+    key = [s.fill_null(-1).to_numpy() for s in ids]
+    start = ops["start_us"].to_numpy()
+    end = ops["end_us"].to_numpy()
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for k, s in zip(key, ids, strict=True):
+        change[1:] |= k[1:] != k[:-1]
+        if s.null_count():
+            null = s.is_null().to_numpy()
+            change[1:] |= null[1:] != null[:-1]
+    heads = np.flatnonzero(change)
+    if len(heads) <= max(n // 16, 1):
+        nulls = [
+            s.is_null().to_numpy()[heads] if s.null_count() else np.zeros(len(heads), bool)
+            for s in ids
+        ]
+        runs = np.lexsort((key[1][heads], nulls[1], key[0][heads], nulls[0]))
+        lengths = np.diff(np.r_[heads, n])[runs]
+        if len(runs) == 1:
+            order = None
+            s, e = start, end
+        else:
+            offset = np.repeat(heads[runs] - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+            order = offset + np.arange(n)
+            s, e = start[order], end[order]
+        # a group begins where the (filled) ids differ from the run before
+        rk = [k[heads][runs] for k in key]
+        new = np.zeros(n, dtype=bool)
+        new[np.r_[0, np.cumsum(lengths)[:-1]]] = np.r_[
+            True, (rk[0][1:] != rk[0][:-1]) | (rk[1][1:] != rk[1][:-1])
+        ]
+        ok = (s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))
+        if (ok | new[1:]).all():
+            return order, new, s, e
+    srt = ops.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("row"), "pid", "tid", "start_us", "end_us"
+    ).sort(
         ["pid", "tid", "start_us", "end_us"],
         descending=[False, False, False, True],
         nulls_last=True,
     )
-    ids = srt["op_id"].to_numpy()
+    order = srt["row"].to_numpy()
     pid = srt["pid"].fill_null(-1).to_numpy()
     tid = srt["tid"].fill_null(-1).to_numpy()
-    start = srt["start_us"].to_numpy()
-    end = srt["end_us"].to_numpy()
-    parent_pos, depth, root_pos = _nest(pid, tid, start, end)
-    has = parent_pos >= 0
-    pp = np.where(has, parent_pos, 0)
-    parent = np.where(has, ids[pp], -1)
-    top = ids[root_pos]
-    bad = int(np.count_nonzero(has & (end > end[pp] + 1e-6)))
-    # op_id is the row number: scatter the answers back into row order
-    n = len(ids)
-    parent_of, top_of, depth_of = (
-        np.empty(n, np.int64),
-        np.empty(n, np.int64),
-        np.empty(n, np.int32),
-    )
-    parent_of[ids], top_of[ids], depth_of[ids] = parent, top, depth
-    return ops.with_columns(
-        parent_id=pl.when(pl.Series(parent_of >= 0)).then(pl.Series(parent_of)),
-        top_op_id=pl.Series(top_of),
-        depth=pl.Series(depth_of),
-    ), bad
+    new = np.ones(n, dtype=bool)
+    new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    return order, new, srt["start_us"].to_numpy(), srt["end_us"].to_numpy()
 
 
 def _nest(
-    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parent position, depth and root position of each interval (sorted by group, start, -end).
+    """Parent position, depth and root position of each interval (sorted by group, start, -end;
+    ``new`` marks each group's first row).
 
     The answer of a stack walked in order (pop while the top ends at or before the start; the
     top left is the parent), without a Python loop. Ranges that nest (the usual case) take a
@@ -112,12 +169,9 @@ def _nest(
     n = len(start)
     if n == 0:
         return np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
-    group = np.cumsum(new) - 1
-    parent, depth, root, bad = _nest_forest(new, group, start, end)
+    parent, depth, root, bad = _nest_forest(new, start, end)
     if bad.any():
-        rows = np.flatnonzero(bad[group])
+        rows = np.flatnonzero(bad[np.cumsum(new) - 1])
         p, d, r = _nest_lifting(new[rows], start[rows], end[rows])
         parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
         depth[rows] = d
@@ -126,7 +180,7 @@ def _nest(
 
 
 def _nest_forest(
-    new: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The stack walk's answer for groups whose ranges nest, and which groups it holds for.
 
@@ -138,13 +192,19 @@ def _nest_forest(
     ends at or before the child starts. With those, every interval between a parent and its
     child ends at or before the child's start, so the stack walk gives the same parent. A
     group failing any check is flagged (``bad``, one bool per group) and its rows are not to be
-    used. Linear after a sort of each group's ends and one of the depths.
+    used.
+
+    The parent comes without a search: where depths never step up by more than one (checked),
+    an interval one level below the one before it is a first child, whose parent is the one
+    before it; the parent of any other is that of its first sibling, the last first child at
+    its depth before it. In (depth, position) order, which one stable sort of the depths gives,
+    that is a running maximum. Linear after a sort of each group's ends and one of the depths.
     """
     n = len(start)
     pos = np.arange(n)
     heads = np.flatnonzero(new)
     tails = np.r_[heads[1:], n]
-    first = np.repeat(heads, tails - heads)  # first row of each row's group
+    first = np.repeat(heads, tails - heads) if len(heads) > 1 else np.zeros(n, np.int64)
     # intervals of the group ending at or before start[i] (starts are sorted in a group)
     closed = np.empty(n, np.int64)
     for lo, hi in zip(heads, tails, strict=True):
@@ -152,47 +212,52 @@ def _nest_forest(
     # less the ones not earlier than i: length-0 intervals at start[i] from i on (they sort
     # last among the intervals starting there)
     zero = end == start
-    run_head = new.copy()
-    run_head[1:] |= start[1:] != start[:-1]
-    run = np.cumsum(run_head) - 1
-    run_end = np.r_[np.flatnonzero(run_head)[1:], n][run]
-    zeros_in_run = np.bincount(run, weights=zero)[run].astype(np.int64)
-    closed -= np.where(zero, run_end - pos, zeros_in_run)
-    depth = (pos - first) - closed
-    bad_row = ~(np.isfinite(start) & np.isfinite(end)) | (depth < 0)
-    step_up = np.zeros(n, dtype=bool)
-    step_up[1:] = (depth[1:] > depth[:-1] + 1) & ~new[1:]
-    bad_row |= step_up | (new & (depth != 0))
-    depth = np.maximum(depth, 0)
-    # last earlier row at depth d - 1 (parent) and at depth d (previous sibling): rows sorted
-    # by (depth, position), as one int64 key
-    small = depth.astype(np.int16) if depth.max() < 2**15 else depth
+    if zero.any():
+        run_head = new.copy()
+        run_head[1:] |= start[1:] != start[:-1]
+        run = np.cumsum(run_head) - 1
+        run_end = np.r_[np.flatnonzero(run_head)[1:], n][run]
+        zeros_in_run = np.bincount(run, weights=zero)[run].astype(np.int64)
+        closed -= np.where(zero, run_end - pos, zeros_in_run)
+    depth = pos - first
+    depth -= closed
+    del closed
+    bad_row = ~(np.isfinite(start) & np.isfinite(end)) | (depth < 0) | (new & (depth != 0))
+    np.maximum(depth, 0, out=depth)
+    # first children: one level below the row before (in the group); more is a step up
+    first_child = np.zeros(n, dtype=bool)
+    step = depth[1:] - depth[:-1]
+    first_child[1:] = (step == 1) & ~new[1:]
+    bad_row[1:] |= (step > 1) & ~new[1:]
+    del step
+    top = int(depth.max())
+    small = depth.astype(np.int8 if top < 2**7 else np.int16 if top < 2**15 else np.int64)
     by_depth = np.argsort(small, kind="stable")
-    srt = depth[by_depth].astype(np.int64) * n + by_depth  # sorted
-    rank = np.empty(n, np.int64)
-    rank[by_depth] = pos
-    has = depth > 0
-    k_par = np.empty(n, np.int64)
-    k_par[by_depth] = np.searchsorted(srt, srt - n, side="left") - 1
-    kp = srt[np.maximum(k_par, 0)]
-    parent = np.where(has & (k_par >= 0), kp % n, -1)
-    par_ok = (k_par >= 0) & (kp // n == depth - 1) & (parent >= first)
-    bad_row |= has & ~par_ok
-    has &= par_ok
-    parent = np.where(has, parent, -1)
-    k_sib = rank - 1  # the previous row in (depth, position) order
-    ks = srt[np.maximum(k_sib, 0)]
-    sib = ks % n
-    sib_ok = (k_sib >= 0) & (ks // n == depth) & (sib >= first)
-    sib_ok &= np.where(has, sib > parent, True)
+    del small
+    d = depth[by_depth]
+    fc = first_child[by_depth]
+    # each row's first sibling (the last first child at or before it, in (depth, position) order)
+    k = np.maximum.accumulate(np.where(fc, pos, 0))
+    sib0 = by_depth[k]
+    has = (d > 0) & fc[k] & (d[k] == d)
+    sorted_parent = np.where(has, sib0 - 1, -1)
+    first_s = first[by_depth]
+    has &= sorted_parent >= first_s
+    bad_row[by_depth[(d > 0) & ~has]] = True
+    # the previous sibling (the row before in that order, not a first child) ends by the start
+    start_s = start[by_depth]
+    prev_end = end[by_depth[:-1]]
+    sib = (d[1:] == d[:-1]) & ~fc[1:] & (by_depth[:-1] >= first_s[1:])
+    bad_row[by_depth[1:][sib & ~(prev_end <= start_s[1:])]] = True
+    parent = np.empty(n, np.int64)
+    parent[by_depth] = np.where(has, sorted_parent, -1)
+    has = parent >= 0
     pp = np.maximum(parent, 0)
-    ss = np.maximum(sib, 0)
-    bad_row |= has & ~((end[pp] > start) & (end <= end[pp]) & (group[pp] == group))
-    bad_row |= sib_ok & ~(end[ss] <= start)
+    bad_row |= has & ~((end[pp] > start) & (end <= end[pp]))
     root = np.maximum.accumulate(np.where(depth == 0, pos, 0))
-    bad = np.zeros(int(group[-1]) + 1, dtype=bool)
-    bad[group[bad_row]] = True
-    return parent.astype(np.int64), depth.astype(np.int32), root.astype(np.int64), bad
+    bad = np.zeros(len(heads), dtype=bool)
+    bad[np.cumsum(new)[bad_row] - 1] = True
+    return parent, depth.astype(np.int32), root, bad
 
 
 def _nest_lifting(
