@@ -408,65 +408,107 @@ def link_launches_to_ops(
         index = external_id_index(ops)
     # An External id that several ops share (a corrupt or reused id) does not say which op
     # launched: the op holding the launch in time does, else the first op of the id.
-    by_ext = index.select(
-        "external_id",
-        __ext_first=pl.col("first_op_id"),
-        __ext_op=pl.when(pl.col("n_ops") == 1).then(pl.col("first_op_id")),
-    )
-    launches = launches.with_row_index("__lrow").join(
-        by_ext, on="external_id", how="left", maintain_order="left"
-    )
-    missing = launches.filter(pl.col("__ext_op").is_null())
+    row = _find(index["external_id"], launches["external_id"])
+    ext_first = _take(index["first_op_id"].to_numpy(), row)
+    op = np.where(_take(index["n_ops"].to_numpy(), row) == 1, ext_first, -1)
+    missing = np.flatnonzero(op < 0)
     by_time = 0
-    if missing.height and ops.height:
-        # innermost op on the same thread whose interval holds the launch start
-        cand = missing.select("__lrow", "pid", "tid", pl.col("start_us").alias("__t")).sort("__t")
-        o = ops.select(
-            "op_id", "pid", "tid", pl.col("start_us").alias("__t"), "end_us", "parent_id"
-        ).sort("__t")
-        j = cand.join_asof(
-            o, on="__t", by=["pid", "tid"], strategy="backward", check_sortedness=False
-        )
-        # walk up from the op that started last until one still runs at the launch
-        op_ids = ops["op_id"].to_numpy()
-        size = int(op_ids.max()) + 1
-        parent_of = np.full(size, -1, dtype=np.int64)
-        parent_of[op_ids] = ops["parent_id"].fill_null(-1).to_numpy()
-        end_of = np.full(size, np.nan)
-        end_of[op_ids] = ops["end_us"].to_numpy()
-        oid = j["op_id"].fill_null(-1).to_numpy().astype(np.int64)
-        t = j["__t"].to_numpy()
-        live = np.flatnonzero(oid >= 0)
-        while len(live):
-            up = end_of[oid[live]] <= t[live]  # [start, end): an op ending at t is over
-            live = live[up]
-            oid[live] = parent_of[oid[live]]
-            live = live[oid[live] >= 0]
-        fix = pl.DataFrame(
-            {"__lrow": j["__lrow"], "__time_op": pl.Series(oid).replace(-1, None)},
-            schema={"__lrow": pl.UInt32, "__time_op": pl.Int64},
-        )
-        launches = launches.join(fix, on="__lrow", how="left")
-        by_time = int(np.count_nonzero(oid >= 0))
-    else:
-        launches = launches.with_columns(__time_op=pl.lit(None, pl.Int64))
-    launches = launches.with_columns(
-        op_id=pl.coalesce("__ext_op", "__time_op", "__ext_first")
-    ).drop("__ext_op", "__time_op", "__ext_first", "__lrow")
-    return launches, by_time
+    if len(missing) and ops.height:
+        time_op = _holding_op(launches[missing], ops)
+        op[missing] = np.where(time_op >= 0, time_op, ext_first[missing])
+        by_time = int(np.count_nonzero(time_op >= 0))
+    return launches.with_columns(op_id=_with_nulls(op)), by_time
+
+
+def _find(keys: pl.Series, queries: pl.Series) -> np.ndarray:
+    """For each query, the first row of ``keys`` equal to it, -1 for none; a null matches
+    nothing. Integer keys: a binary search over them sorted (a stable sort, fast on the few
+    ascending runs that ids come in)."""
+    k = keys.fill_null(0).to_numpy()
+    q = queries.fill_null(0).to_numpy()
+    order = np.argsort(k, kind="stable")
+    if keys.null_count():
+        order = order[keys.is_not_null().to_numpy()[order]]
+    if len(order) == 0:
+        return np.full(len(q), -1, np.int64)
+    k = k[order]
+    i = np.minimum(np.searchsorted(k, q), len(k) - 1)
+    hit = k[i] == q
+    if queries.null_count():
+        hit &= queries.is_not_null().to_numpy()
+    return np.where(hit, order[i], -1)
+
+
+def _take(values: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """``values[row]``, -1 where ``row`` is -1."""
+    if len(values) == 0:
+        return np.full(len(row), -1, np.int64)
+    return np.where(row >= 0, values[np.maximum(row, 0)], -1)
+
+
+def _holding_op(launches: pl.DataFrame, ops: pl.DataFrame) -> np.ndarray:
+    """The op_id of the innermost op on each launch's (pid, tid) whose [start, end) holds the
+    launch's start, -1 for none (or a null pid or tid): the op that started last at or before
+    it (the shorter one on a tie), then up its parents until one still runs at the launch."""
+    order, _, start, _ = thread_order(ops)
+    ids = ops.select("op_id", "pid", "tid")
+    if order is not None:
+        ids = ids[order]
+    sorted_ids = ids["op_id"].to_numpy()
+    # the rows of one (pid, tid) are contiguous in that order
+    where = {
+        (p, t): (lo, hi)
+        for p, t, lo, hi in ids.with_row_index("lo")
+        .filter(pl.col("pid").is_not_null() & pl.col("tid").is_not_null())
+        .group_by("pid", "tid")
+        .agg(pl.col("lo").min(), hi=pl.col("lo").max() + 1)
+        .iter_rows()
+    }
+    t = launches["start_us"].to_numpy()
+    oid = np.full(len(t), -1, np.int64)
+    for (p, th), rows in launches.select("pid", "tid").with_row_index("i").group_by("pid", "tid"):
+        if (p, th) in where:
+            lo, hi = where[(p, th)]
+            i = rows["i"].to_numpy()
+            j = np.searchsorted(start[lo:hi], t[i], side="right") - 1
+            oid[i] = np.where(j >= 0, sorted_ids[lo + np.maximum(j, 0)], -1)
+    # walk up from the op that started last until one still runs at the launch
+    op_ids = ops["op_id"].to_numpy()
+    size = int(op_ids.max()) + 1
+    parent_of = np.full(size, -1, dtype=np.int64)
+    parent_of[op_ids] = ops["parent_id"].fill_null(-1).to_numpy()
+    end_of = np.full(size, np.nan)
+    end_of[op_ids] = ops["end_us"].to_numpy()
+    live = np.flatnonzero(oid >= 0)
+    while len(live):
+        up = end_of[oid[live]] <= t[live]  # [start, end): an op ending at t is over
+        live = live[up]
+        oid[live] = parent_of[oid[live]]
+        live = live[oid[live] >= 0]
+    return oid
+
+
+def _with_nulls(a: np.ndarray) -> pl.Series:
+    """An Int64 Series of ``a``, null where it is negative."""
+    return pl.Series(np.ma.masked_array(a, a < 0), dtype=pl.Int64)
 
 
 def external_id_index(ops: pl.DataFrame) -> pl.DataFrame:
-    """One row per External id that ops carry: ``external_id``, ``first_op_id`` (the first op
-    in table order carrying it), ``n_ops`` (how many do: each op should have its own, so more
-    than 1 is a reused id). One hash pass over the ops."""
-    return (
-        ops.lazy()
-        .select("external_id", "op_id")
-        .filter(pl.col("external_id").is_not_null())
-        .group_by("external_id")
-        .agg(first_op_id=pl.col("op_id").first(), n_ops=pl.len())
-        .collect()
+    """One row per External id that ops carry, by id: ``external_id``, ``first_op_id`` (the
+    first op in table order carrying it), ``n_ops`` (how many do: each op should have its own,
+    so more than 1 is a reused id). One stable sort of the ids (they come in a few ascending
+    runs, one per thread)."""
+    sub = ops.select("external_id", "op_id").drop_nulls("external_id")
+    e = sub["external_id"].to_numpy()
+    order = np.argsort(e, kind="stable")
+    e = e[order]
+    head = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]) if len(e) else np.empty(0, np.int64)
+    return pl.DataFrame(
+        {
+            "external_id": pl.Series(e[head], dtype=pl.Int64),
+            "first_op_id": pl.Series(sub["op_id"].to_numpy()[order[head]], dtype=pl.Int64),
+            "n_ops": pl.Series(np.diff(np.r_[head, len(e)]), dtype=pl.UInt32),
+        }
     )
 
 
