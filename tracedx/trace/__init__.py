@@ -282,9 +282,11 @@ def _nanoseconds(doc, raw) -> str | None:
     starts = [t["start_us"] for t in (raw.kernels, raw.ops, raw.launches) if t.height]
     if not starts:
         return None
-    med_start = float(pl.concat(starts).median())
-    if med_start > _NS_START:
-        return f"start times near {med_start:.3g}, which can only be ns"
+    # the median is over the bound only if some start is (a NaN never is)
+    if any((s > _NS_START).any() for s in starts):
+        med_start = float(pl.concat(starts).median())
+        if med_start > _NS_START:
+            return f"start times near {med_start:.3g}, which can only be ns"
     unit = doc.displayTimeUnit if isinstance(doc.displayTimeUnit, str) else ""
     if unit.lower() == "ns" and raw.kernels.height:
         med_k = float(raw.kernels["duration_us"].median())
@@ -381,7 +383,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
-    is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
+    is_step_op = raw.ops["name"].str.starts_with("ProfilerStep#")
+    if is_step_op.any():
+        is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
     step_ops = raw.ops.filter(is_step_op)
     # a copy of the op table only when there is something to take out
     ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op) if step_ops.height else raw.ops)
@@ -452,14 +456,10 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     kinds = raw.launches.select(pl.col("name").unique()).with_columns(
         api_kind=api_kind_expr("name")
     )
-    launches = raw.launches.join(
-        kinds, on="name", how="left", nulls_equal=True, maintain_order="left"
+    launches = raw.launches.with_columns(
+        api_kind=pl.col("name").replace_strict(kinds["name"], kinds["api_kind"])
     )
-    n_dup = (
-        launches.filter(pl.col("correlation").is_not_null())
-        .select(pl.col("correlation").is_duplicated().sum())
-        .item()
-    )
+    n_dup = _n_repeated(launches["correlation"].drop_nulls())
     if n_dup:
         warnings.append(
             DataWarning(
@@ -503,8 +503,11 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
     n_gpu_dup = 0
     deduped = []
     for t in (raw.kernels, raw.memcpys, raw.memsets):
-        # a copy only when there is something to drop (hashing the keys is the cheap part)
-        if t.height and t.select(pl.struct(_GPU_DUP_KEY).is_duplicated().any()).item():
+        # a copy only when there is something to drop (hashing the keys is the cheap part),
+        # and a look at the keys only when two events share a correlation id (or have none)
+        c = t["correlation"]
+        maybe = c.null_count() > 1 or _n_repeated(c.drop_nulls()) > 0
+        if maybe and t.select(pl.struct(_GPU_DUP_KEY).is_duplicated().any()).item():
             u = t.unique(subset=_GPU_DUP_KEY, keep="first", maintain_order=True)
             n_gpu_dup += t.height - u.height
             t = u
@@ -545,6 +548,16 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
 
 
 _GPU_DUP_KEY = ["device", "stream", "start_us", "duration_us", "name", "correlation"]
+
+
+def _n_repeated(ids: pl.Series) -> int:
+    """How many of ``ids`` (integers, no nulls) equal another of them (polars'
+    ``is_duplicated().sum()``); ids that strictly increase, as correlation ids are written, are
+    seen to repeat none without hashing them."""
+    v = ids.to_numpy()
+    if len(v) < 2 or (v[1:] > v[:-1]).all():
+        return 0
+    return int(ids.is_duplicated().sum())
 
 
 def _quality(

@@ -514,15 +514,20 @@ def external_id_index(ops: pl.DataFrame) -> pl.DataFrame:
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
-    info = launches.filter(pl.col("correlation").is_not_null()).select(
-        "correlation",
-        pl.col("name").alias("launch_name"),
-        pl.col("pid").alias("launch_pid"),
-        pl.col("tid").alias("launch_tid"),
-        pl.col("start_us").alias("launch_start_us"),
-        pl.col("duration_us").alias("launch_duration_us"),
-        "op_id",
-        pl.col("step").alias("step"),
+    info = (
+        launches.lazy()
+        .filter(pl.col("correlation").is_not_null())
+        .select(
+            "correlation",
+            pl.col("name").alias("launch_name"),
+            pl.col("pid").alias("launch_pid"),
+            pl.col("tid").alias("launch_tid"),
+            pl.col("start_us").alias("launch_start_us"),
+            pl.col("duration_us").alias("launch_duration_us"),
+            "op_id",
+            pl.col("step").alias("step"),
+        )
+        .collect()
     )
     if ops.height and ops.select((pl.col("op_id") == pl.int_range(pl.len())).all()).item():
         # op_id is the row number (build_op_tree's): look the names up by position
@@ -542,8 +547,11 @@ def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
 def link_gpu(gpu: pl.DataFrame, launch_info: pl.DataFrame) -> pl.DataFrame:
     """Add launch and op columns to a GPU table (kernels, memcpys, memsets, syncs) by correlation id.
 
-    ``launch_info`` is :func:`launch_table`. Adds ``launch_name``, ``launch_pid``,
-    ``launch_tid``, ``launch_start_us``, ``launch_duration_us``, ``op_id``, ``step`` (the
-    launch's step), ``op_name``, ``top_op_id``, ``top_op_name``.
+    ``launch_info`` is :func:`launch_table` (one row per correlation id). Adds
+    ``launch_name``, ``launch_pid``, ``launch_tid``, ``launch_start_us``,
+    ``launch_duration_us``, ``op_id``, ``step`` (the launch's step), ``op_name``,
+    ``top_op_id``, ``top_op_name``: null where no launch has the event's correlation id. The
+    left join by correlation id, as lookups: the GPU table's own columns are not copied.
     """
-    return gpu.join(launch_info, on="correlation", how="left")
+    at = _with_nulls(_find(launch_info["correlation"], gpu["correlation"]))
+    return gpu.with_columns(launch_info.select(pl.exclude("correlation").gather(at)))
