@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from tracedx.alloc import trim_heap
@@ -560,29 +561,22 @@ def _n_repeated(ids: pl.Series) -> int:
     return int(ids.is_duplicated().sum())
 
 
+def _column(tables: list[pl.DataFrame], name: str, fill=None) -> np.ndarray:
+    """A column of several tables as one array (nulls as ``fill``)."""
+    parts = [t[name] if fill is None else t[name].fill_null(fill) for t in tables if t.height]
+    return np.concatenate([s.to_numpy() for s in parts])
+
+
 def _quality(
     kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame, launches: pl.DataFrame
 ) -> list[DataWarning]:
-    """Data-quality counts that do not change the metrics but must be reported."""
+    """Data-quality counts that do not change the metrics but must be reported.
+
+    On the GPU events' columns as arrays, one stream at a time; each count is the rule stated
+    where it is made, and none depends on the order of the tables' rows."""
     out: list[DataWarning] = []
-    gpu = pl.concat(
-        [
-            t.select(
-                "device",
-                "stream",
-                "start_us",
-                "end_us",
-                "duration_us",
-                "correlation",
-                "launch_start_us",
-                "launch_duration_us",
-                unlinked=pl.col("launch_name").is_null(),
-            )
-            for t in (kernels, memcpys, memsets)
-        ],
-        how="vertical_relaxed",
-    )
-    if gpu.height == 0:
+    tables = [t for t in (kernels, memcpys, memsets) if t.height]
+    if not tables:
         n_launch = launches.filter(pl.col("api_kind").is_in(["kernel", "graph"])).height
         if n_launch:
             out.append(
@@ -593,21 +587,34 @@ def _quality(
                 )
             )
         return out
-    unlinked = int(gpu["unlinked"].sum())
+    n = sum(t.height for t in tables)
+    start = _column(tables, "start_us")
+    launch_start = _column(tables, "launch_start_us", np.nan)  # null: no launch
+    linked = ~np.isnan(launch_start)
+    unlinked = sum(t["launch_name"].null_count() for t in tables)
     if unlinked:
         out.append(
             DataWarning(
                 "unattributed_gpu",
                 unlinked,
-                f"{unlinked} of {_gpu_events(gpu.height, '', '').strip()} {'has' if unlinked == 1 else 'have'} no launch record (launched before the trace "
+                f"{unlinked} of {_gpu_events(n, '', '').strip()} {'has' if unlinked == 1 else 'have'} no launch record (launched before the trace "
                 "window, or correlation missing): counted in busy time, unattributed to ops",
             )
         )
-    corr = gpu["correlation"].drop_nulls().unique()
-    lk = launches.filter(
-        pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null()
+    corr = pl.concat([t["correlation"] for t in tables]).drop_nulls().to_numpy()
+    lk = (
+        launches.lazy()
+        .filter(pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null())
+        .select("correlation")
+        .collect()["correlation"]
+        .to_numpy()
     )
-    orphan = lk.filter(~pl.col("correlation").is_in(corr.implode())).height if lk.height else 0
+    if len(lk):
+        corr = np.sort(corr)
+        i = np.minimum(np.searchsorted(corr, lk), max(len(corr) - 1, 0))
+        orphan = int(np.count_nonzero(corr[i] != lk)) if len(corr) else len(lk)
+    else:
+        orphan = 0
     if orphan:
         out.append(
             DataWarning(
@@ -616,15 +623,15 @@ def _quality(
                 f"{orphan} kernel launches have no GPU event in the trace (the trace ended before they ran, or CUPTI dropped them)",
             )
         )
-    zero = gpu.filter(pl.col("duration_us") == 0).height
+    zero = int(sum((t["duration_us"] == 0).sum() for t in tables))
     if zero:
         out.append(
             DataWarning("zero_duration", zero, f"{_gpu_events(zero, 'has', 'have')} zero duration")
         )
-    lag = gpu.select(lag=pl.col("start_us") - pl.col("launch_start_us"))["lag"].drop_nulls()
-    early = int((lag < 0).sum())
+    lag = (start - launch_start)[linked]
+    early = int(np.count_nonzero(lag < 0))
     worst_early = -float(lag.min()) if early else 0.0
-    late = lag.filter(lag > MAX_LAUNCH_LAG_US)
+    late = lag[lag > MAX_LAUNCH_LAG_US]
     if early:
         out.append(
             DataWarning(
@@ -634,30 +641,55 @@ def _quality(
                 f"{worst_early / 1e3:.3f} ms (host and GPU clocks disagree)",
             )
         )
-    if worst_early > MAX_CLOCK_SKEW_US or late.len():
+    if worst_early > MAX_CLOCK_SKEW_US or len(late):
         what = []
         if worst_early > MAX_CLOCK_SKEW_US:
             what.append(f"a GPU event starts {worst_early / 1e3:,.3f} ms before its launch call")
-        if late.len():
+        if len(late):
             what.append(
-                f"{late.len()} GPU event(s) start up to {float(late.max()) / 1e6:,.3f} s after "
+                f"{len(late)} GPU event(s) start up to {float(late.max()) / 1e6:,.3f} s after "
                 "their launch call"
             )
         out.append(
             DataWarning(
                 INCONSISTENT_TIMESTAMPS,
-                early + late.len(),
+                early + len(late),
                 "the host and GPU timestamps are inconsistent ("
                 + "; ".join(what)
                 + "): no verdict and no fix estimate rest on them",
             )
         )
-    ov = (
-        gpu.sort("device", "stream", "start_us")
-        .with_columns(prev_end=pl.col("end_us").cum_max().shift(1).over("device", "stream"))
-        .filter(pl.col("start_us") < pl.col("prev_end") - 1e-3)
-        .height
+    end = _column(tables, "end_us")
+    launch_end = launch_start + _column(tables, "launch_duration_us", 0.0)
+    ov = ooo = 0
+    streams = (
+        pl.concat([t.select("device", "stream") for t in tables])
+        .with_row_index("row")
+        .group_by("device", "stream")
+        .agg(pl.col("row").cast(pl.Int64))
     )
+    in_stream = np.split(
+        streams["row"].explode().to_numpy(), np.cumsum(streams["row"].list.len().to_numpy())[:-1]
+    )
+    for device, stream, rows in zip(streams["device"], streams["stream"], in_stream, strict=True):
+        # by start, the shorter first on a tie (so the count does not depend on the table's
+        # order): an event starting before an earlier one ended
+        s, e = start[rows], end[rows]
+        if not ((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1]))).all():
+            rows = rows[np.lexsort((e, s))]
+            s, e = start[rows], end[rows]
+        ov += int(np.count_nonzero(s[1:] < np.maximum.accumulate(e)[:-1] - 1e-3))
+        # A stream runs its work in launch order. An event that starts before another event of
+        # its stream whose launch call had already returned when this one's began is out of
+        # order: the timestamps (or the correlation ids) are inconsistent.
+        if device is None or stream is None:
+            continue
+        rows = rows[linked[rows]]
+        by_end = rows[np.argsort(launch_end[rows], kind="stable")]
+        ends = launch_end[by_end]
+        latest = np.maximum.accumulate(start[by_end])
+        j = np.searchsorted(ends, launch_start[rows], side="left") - 1
+        ooo += int(np.count_nonzero((j >= 0) & (start[rows] < latest[np.maximum(j, 0)] - 1e-3)))
     if ov:
         out.append(
             DataWarning(
@@ -668,39 +700,6 @@ def _quality(
                 "union, so nothing is counted twice)",
             )
         )
-    # A stream runs its work in launch order. An event that starts before another event of its
-    # stream whose launch call had already returned when this one's began is out of order: the
-    # timestamps (or the correlation ids) are inconsistent.
-    g = gpu.filter(pl.col("launch_start_us").is_not_null()).with_columns(
-        __k=pl.col("launch_start_us"),
-        __end=pl.col("launch_start_us") + pl.col("launch_duration_us").fill_null(0.0),
-    )
-    done = (
-        g.sort("__end")
-        .select(
-            "device",
-            "stream",
-            pl.col("__end").alias("__k"),
-            pl.col("start_us").cum_max().over("device", "stream").alias("__max_start"),
-        )
-        .sort("__k")
-    )
-    ooo = (
-        g.select("device", "stream", "__k", "start_us")
-        .sort("__k")
-        .join_asof(
-            done,
-            on="__k",
-            by=["device", "stream"],
-            strategy="backward",
-            allow_exact_matches=False,
-            check_sortedness=False,  # both sides are sorted by __k above
-        )
-        .filter(pl.col("start_us") < pl.col("__max_start") - 1e-3)
-        .height
-        if g.height
-        else 0
-    )
     if ooo:
         out.append(
             DataWarning(

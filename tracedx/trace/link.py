@@ -144,6 +144,7 @@ def thread_order(
         ["pid", "tid", "start_us", "end_us"],
         descending=[False, False, False, True],
         nulls_last=True,
+        maintain_order=True,
     )
     order = srt["row"].to_numpy()
     pid = srt["pid"].fill_null(-1).to_numpy()
