@@ -104,7 +104,7 @@ def thread_order(
     """
     n = ops.height
     ids = [ops[c] for c in ("pid", "tid")]
-    key = [s.fill_null(-1).to_numpy() for s in ids]
+    key = [_ints(s, -1) for s in ids]
     start = ops["start_us"].to_numpy()
     end = ops["end_us"].to_numpy()
     change = np.zeros(n, dtype=bool)
@@ -425,8 +425,7 @@ def _find(keys: pl.Series, queries: pl.Series) -> np.ndarray:
     """For each query, the first row of ``keys`` equal to it, -1 for none; a null matches
     nothing. Integer keys: a binary search over them sorted (a stable sort, fast on the few
     ascending runs that ids come in)."""
-    k = keys.fill_null(0).to_numpy()
-    q = queries.fill_null(0).to_numpy()
+    k, q = _ints(keys, 0), _ints(queries, 0)
     order = np.argsort(k, kind="stable")
     if keys.null_count():
         order = order[keys.is_not_null().to_numpy()[order]]
@@ -440,6 +439,11 @@ def _find(keys: pl.Series, queries: pl.Series) -> np.ndarray:
     return np.where(hit, order[i], -1)
 
 
+def _ints(s: pl.Series, fill: int) -> np.ndarray:
+    """An integer Series as an array, nulls as ``fill`` (no copy when it has no nulls)."""
+    return s.fill_null(fill).to_numpy() if s.null_count() else s.to_numpy()
+
+
 def _take(values: np.ndarray, row: np.ndarray) -> np.ndarray:
     """``values[row]``, -1 where ``row`` is -1."""
     if len(values) == 0:
@@ -451,20 +455,26 @@ def _holding_op(launches: pl.DataFrame, ops: pl.DataFrame) -> np.ndarray:
     """The op_id of the innermost op on each launch's (pid, tid) whose [start, end) holds the
     launch's start, -1 for none (or a null pid or tid): the op that started last at or before
     it (the shorter one on a tie), then up its parents until one still runs at the launch."""
-    order, _, start, _ = thread_order(ops)
-    ids = ops.select("op_id", "pid", "tid")
-    if order is not None:
-        ids = ids[order]
-    sorted_ids = ids["op_id"].to_numpy()
-    # the rows of one (pid, tid) are contiguous in that order
+    order, new, start, _ = thread_order(ops)
+    # the rows of one (pid, tid) are contiguous in that order: a group of thread_order's, cut
+    # where an id turns null (it reads a null as -1)
+    for c in ("pid", "tid"):
+        if ops[c].null_count():
+            null = ops[c].is_null().to_numpy()
+            null = null if order is None else null[order]
+            new = new.copy()
+            new[1:] |= null[1:] != null[:-1]
+    heads = np.flatnonzero(new)
+    bounds = np.r_[heads, len(new)]
+    first = ops.select("pid", "tid")[heads if order is None else order[heads]]
     where = {
         (p, t): (lo, hi)
-        for p, t, lo, hi in ids.with_row_index("lo")
-        .filter(pl.col("pid").is_not_null() & pl.col("tid").is_not_null())
-        .group_by("pid", "tid")
-        .agg(pl.col("lo").min(), hi=pl.col("lo").max() + 1)
-        .iter_rows()
+        for p, t, lo, hi in zip(first["pid"], first["tid"], bounds[:-1], bounds[1:], strict=True)
+        if p is not None and t is not None
     }
+    sorted_ids = ops["op_id"].to_numpy()
+    if order is not None:
+        sorted_ids = sorted_ids[order]
     t = launches["start_us"].to_numpy()
     oid = np.full(len(t), -1, np.int64)
     for (p, th), rows in launches.select("pid", "tid").with_row_index("i").group_by("pid", "tid"):

@@ -817,14 +817,18 @@ class TableBuilder:
         self.unknown: dict[str, int] = {}
         self.invalid: dict[str, int] = {}
         begin_end = 0
+        # interned columns: one column of a chunk's codes is kept (they all hold the same), and
+        # the codes of all chunks become this builder's in one lookup after the concatenation
+        remaps: dict[str, list[np.ndarray]] = {k: [] for k in _INTERNED}
+        self._columns: dict[str, list[str]] = {}
         for c in self._chunks:
             if c is None:
                 raise RuntimeError("a reserved chunk was never filled")
             for kind, df in c.frames.items():
                 if kind in _INTERNED:
-                    remap = self._interners[kind].remap(c.keys[kind])
-                    code = remap.gather(df[next(iter(_INTERNED[kind]))])
-                    df = df.with_columns(code.alias(col) for col in _INTERNED[kind])
+                    self._columns.setdefault(kind, df.columns)
+                    remaps[kind].append(self._interners[kind].remap(c.keys[kind]).to_numpy())
+                    df = df.drop(list(_INTERNED[kind])[1:])
                 parts[kind].append(df)
             for k, v in c.invalid.items():
                 self.invalid[k] = self.invalid.get(k, 0) + v
@@ -838,6 +842,9 @@ class TableBuilder:
             k: (pl.concat(v, how="vertical", rechunk=True) if len(v) > 1 else v[0]) if v else None
             for k, v in parts.items()
         }
+        for kind, maps in remaps.items():
+            if frames[kind] is not None:
+                frames[kind] = _global_codes(frames[kind], parts[kind], maps, kind)
         del parts
         warnings: list[DataWarning] = []
         # Gross timestamp outliers: written as 0 in part of the trace (seen in a real trace), or
@@ -985,9 +992,12 @@ class TableBuilder:
         else:
             interned = _INTERNED.get(kind, {})
             if interned:
+                # the values of each distinct key, gathered by code (in parallel: one with_columns)
+                code = pl.col(next(iter(interned)))
                 df = df.with_columns(
-                    self._values(kind, col, field, df[col]) for col, field in interned.items()
-                )
+                    pl.lit(self._values(kind, col, field)).gather(code).alias(col)
+                    for col, field in interned.items()
+                ).select(self._columns[kind])
         df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
         if kind == "comm":  # rows of several kinds: one order whatever the chunking
             df = df.sort(
@@ -996,18 +1006,28 @@ class TableBuilder:
             )  # fmt: skip
         return df
 
-    def _values(self, kind: str, col: str, field: int, codes: pl.Series) -> pl.Series:
+    def _values(self, kind: str, col: str, field: int) -> pl.Series:
+        """Column ``col``'s value for each distinct key of ``kind``, in code order."""
         uniq = self._interners[kind].decoded(field)
         if kind == "kernel":
             i = "xyz".index(col[-1])
-            values = pl.Series([_dim3(v, i) for v in uniq], dtype=pl.Int64)
-        else:
-            dtype = _SCHEMAS[kind][col]
-            parse = _shapes if col == "input_shapes" else _strs
-            values = _nested([parse(v) for v in uniq], dtype)
-        if codes.len() == 0:
-            return pl.Series(col, [], dtype=values.dtype)
-        return values.gather(codes).alias(col)
+            return pl.Series([_dim3(v, i) for v in uniq], dtype=pl.Int64)
+        dtype = _SCHEMAS[kind][col]
+        parse = _shapes if col == "input_shapes" else _strs
+        return _nested([parse(v) for v in uniq], dtype)
+
+
+def _global_codes(
+    df: pl.DataFrame, parts: list[pl.DataFrame], remaps: list[np.ndarray], kind: str
+) -> pl.DataFrame:
+    """``df`` (the concatenated ``parts``) with its code column in the builder's codes:
+    ``remaps[i]`` maps part i's codes to them."""
+    col = next(iter(_INTERNED[kind]))
+    offset = np.cumsum([0] + [len(m) for m in remaps[:-1]], dtype=np.int64)
+    rows = np.repeat(offset, [p.height for p in parts])
+    lookup = np.concatenate(remaps) if remaps else np.empty(0, np.uint32)
+    codes = lookup[df[col].to_numpy().astype(np.int64) + rows]
+    return df.with_columns(pl.Series(col, codes, dtype=pl.UInt32))
 
 
 def _nested(vals: list, dtype) -> pl.Series:
