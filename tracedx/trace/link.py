@@ -83,9 +83,9 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         parent_of[order], top_of[order], depth_of[order] = parent, root, depth
         parent, root, depth = parent_of, top_of, depth_of
     return ops.with_columns(
-        parent_id=pl.when(pl.Series(parent >= 0)).then(pl.Series(parent)),
-        top_op_id=pl.Series(root),
-        depth=pl.Series(depth),
+        parent_id=_with_nulls(parent),
+        top_op_id=pl.Series(root, dtype=pl.Int64),
+        depth=pl.Series(depth, dtype=pl.Int32),
     ), bad
 
 
@@ -205,7 +205,8 @@ def _nest_forest(
     pos = np.arange(n)
     heads = np.flatnonzero(new)
     tails = np.r_[heads[1:], n]
-    first = np.repeat(heads, tails - heads) if len(heads) > 1 else np.zeros(n, np.int64)
+    # first row of each row's group
+    first: np.ndarray | int = np.repeat(heads, tails - heads) if len(heads) > 1 else 0
     # intervals of the group ending at or before start[i] (starts are sorted in a group)
     closed = np.empty(n, np.int64)
     for lo, hi in zip(heads, tails, strict=True):
@@ -234,21 +235,23 @@ def _nest_forest(
     top = int(depth.max())
     small = depth.astype(np.int8 if top < 2**7 else np.int16 if top < 2**15 else np.int64)
     by_depth = np.argsort(small, kind="stable")
+    d = small[by_depth]
     del small
-    d = depth[by_depth]
     fc = first_child[by_depth]
     # each row's first sibling (the last first child at or before it, in (depth, position) order)
     k = np.maximum.accumulate(np.where(fc, pos, 0))
     sib0 = by_depth[k]
     has = (d > 0) & fc[k] & (d[k] == d)
     sorted_parent = np.where(has, sib0 - 1, -1)
-    first_s = first[by_depth]
+    first_s = first[by_depth] if len(heads) > 1 else 0
     has &= sorted_parent >= first_s
     bad_row[by_depth[(d > 0) & ~has]] = True
     # the previous sibling (the row before in that order, not a first child) ends by the start
     start_s = start[by_depth]
     prev_end = end[by_depth[:-1]]
-    sib = (d[1:] == d[:-1]) & ~fc[1:] & (by_depth[:-1] >= first_s[1:])
+    sib = (d[1:] == d[:-1]) & ~fc[1:]
+    if len(heads) > 1:
+        sib &= by_depth[:-1] >= first_s[1:]
     bad_row[by_depth[1:][sib & ~(prev_end <= start_s[1:])]] = True
     parent = np.empty(n, np.int64)
     parent[by_depth] = np.where(has, sorted_parent, -1)
@@ -257,7 +260,8 @@ def _nest_forest(
     bad_row |= has & ~((end[pp] > start) & (end <= end[pp]))
     root = np.maximum.accumulate(np.where(depth == 0, pos, 0))
     bad = np.zeros(len(heads), dtype=bool)
-    bad[np.cumsum(new)[bad_row] - 1] = True
+    if bad_row.any():
+        bad[np.cumsum(new)[bad_row] - 1] = True
     return parent, depth.astype(np.int32), root, bad
 
 
@@ -391,8 +395,7 @@ def assign_step(
     i = np.searchsorted(starts, t, side="right") - 1
     j = np.maximum(i, 0)
     inside = (i >= 0) & (t < ends[j])
-    step = pl.Series(out, numbers[j], dtype=pl.Int64)
-    return df.with_columns(pl.when(pl.Series(inside)).then(step).alias(out))
+    return df.with_columns(pl.Series(out, np.ma.masked_array(numbers[j], ~inside), dtype=pl.Int64))
 
 
 def link_launches_to_ops(
