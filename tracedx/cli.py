@@ -161,8 +161,8 @@ _no_cache_option = click.option(
     "--no-cache",
     is_flag=True,
     help="Read the trace file and diagnose it even when the cache holds its tables and "
-    "diagnosis ($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx, else ~/.cache/tracedx); nor "
-    "store them.",
+    "diagnosis ($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx, else ~/.cache/tracedx; kept under 5 GiB, or "
+    "$TRACEDX_CACHE_MAX_MB); nor store them.",
 )
 
 
