@@ -407,14 +407,23 @@ class _Unpickler(pickle.Unpickler):
         return self._trace
 
 
-def read_result(path: str | os.PathLike, key: str, *, repair: bool = False):
+def read_result(path: str | os.PathLike, key: str, *, repair: bool = False, on_note=None):
     """The cached :class:`~tracedx.analysis.diagnosis.Diagnosis` of ``path`` under ``key``,
     its ``trace`` a :class:`~tracedx.trace.lazy.LazyTrace`; None when there is none, when it cannot be read back,
-    or when the cache folder or entry is not this user's alone (a pickle runs code)."""
+    or when the cache folder or entry is not this user's alone (a pickle runs code: then
+    ``on_note(message)`` hears why, and what to run)."""
     try:
         entry = entry_path(path, repair=repair)
-        if not (_private(entry.parent) and _private(entry)):
+        if not _result_paths(entry, key)[1].is_file():
             return None
+        for folder in (entry.parent, entry):
+            if not _private(folder):
+                if on_note:
+                    on_note(
+                        f"{folder} is not this user's alone (others can write to it): cached "
+                        f"diagnoses are not read from it (chmod 700 {folder} to reuse them)"
+                    )
+                return None
         _, pickle_path = _result_paths(entry, key)
         trace = _lazy_trace(entry, path, repair)
         with open(pickle_path, "rb") as f:
