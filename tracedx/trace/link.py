@@ -56,7 +56,7 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """Add ``op_id``, ``parent_id``, ``top_op_id`` and ``depth`` to the cpu_op table.
 
     Parents are found per (pid, tid) with a stack over ops sorted by start (longer first on
-    ties). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
+    ties, then in table order). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
     keeps that parent and is counted. Returns (ops, number of non-nesting ops).
     """
     ops = ops.with_row_index("op_id").with_columns(pl.col("op_id").cast(pl.Int64))
