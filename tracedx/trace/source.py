@@ -1123,15 +1123,5 @@ def _tracefile(head: FastPart, tail: FastPart | None) -> TraceFile:
         v = getattr(tail, f) if tail is not None else msgspec.UNSET
         if v is msgspec.UNSET:
             v = getattr(head, f)
-        values[f] = None if v is msgspec.UNSET else _fresh(v)
+        values[f] = None if v is msgspec.UNSET else v
     return TraceFile(traceEvents=None, **values)
-
-
-def _fresh(v):
-    """A copy of the decoded JSON value ``v`` made of new objects (strings too)."""
-    if v is None or isinstance(v, (bool, int, float)):
-        return v
-    try:
-        return msgspec.json.decode(msgspec.json.encode(v))
-    except (msgspec.EncodeError, msgspec.DecodeError, TypeError, OverflowError):
-        return v
