@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import msgspec
+import polars as pl
 
 from tracedx.trace.events import Event
-from tracedx.trace.tables import TableBuilder, build_tables
+from tracedx.trace.tables import TableBuilder, _str_col, build_tables
 
 
 def _events(*evs: dict) -> list[Event]:
@@ -67,3 +70,15 @@ def test_collective_annotations_are_found_by_name():
     assert comm["collective_name"].to_list() == ["all_reduce", "send"]
     assert comm["in_nelems"].to_list() == [7, 4]  # a coalesced all-reduce counts every input
     assert raw.annotations.height == 4
+
+
+def test_a_repeated_name_is_stored_once():
+    # polars strings are views into buffers: a column built from the distinct names shares
+    # them (its pickle, as the worker process sends a chunk, holds each name once)
+    names = [f"void a_kernel_name_longer_than_a_view<{i % 3}>(float*)" for i in range(1000)]
+    names[7] = None
+    col = _str_col(names)
+    assert col.to_list() == [n or "" for n in names]
+    plain = pl.Series(names, dtype=pl.Utf8).fill_null("")
+    assert len(pickle.dumps(col)) < len(pickle.dumps(plain)) / 2
+    assert _str_col(names[:10]).to_list() == plain[:10].to_list()  # a few: stored as they are
