@@ -8,7 +8,8 @@ counted in the data-quality warnings (see :func:`build_tables`).
 Speed: a trace of a gigabyte holds millions of events, so nothing here runs Python code per
 event and per column beyond pulling attributes out with ``map(attrgetter(...))``. Events are
 bucketed by category with integer codes in numpy, each column goes to polars in one call,
-and values that repeat (shapes, dtypes, launch grids) are decoded once per distinct value.
+and values that repeat (shapes, dtypes, launch grids) are decoded once per distinct value;
+names are stored once per distinct name (see :func:`_str_col`).
 The scalar helpers (``_to_int``, ``_finite``, ``_dim3``, ...) define what every value means;
 the vectorised paths match them exactly and fall back to them for any unusual value.
 """
