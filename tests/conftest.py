@@ -46,3 +46,27 @@ def _own_cache_dir(tmp_path_factory, monkeypatch):
     """Each test gets an empty cache of loaded traces (never the user's ~/.cache/tracedx), so
     no test sees another's entries."""
     monkeypatch.setenv("TRACEDX_CACHE_DIR", str(tmp_path_factory.mktemp("tracedx-cache")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _numpy_2_5_where():
+    """``np.where(cond, unsigned_array, -1)`` raises OverflowError from NumPy 2.5 on (a Python
+    int beside an array takes the array's dtype, NEP 50), while the NumPy CI installs may still
+    promote it: every test runs with ``np.where`` refusing that mix, so code that an older
+    NumPy forgives fails here too (a uint32 polars count reached it once: only the device's
+    NumPy 2.5.2 found it)."""
+    import numpy as np
+
+    where = np.where
+
+    def checked(*args):
+        if len(args) == 3:
+            for a, b in ((args[1], args[2]), (args[2], args[1])):
+                if type(b) is int and b < 0 and getattr(a, "dtype", None) is not None:
+                    if a.dtype.kind == "u":
+                        raise OverflowError(f"Python integer {b} out of bounds for {a.dtype}")
+        return where(*args)
+
+    np.where = checked
+    yield
+    np.where = where

@@ -448,10 +448,11 @@ def _ints(s: pl.Series, fill: int) -> np.ndarray:
 
 
 def _take(values: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """``values[row]``, -1 where ``row`` is -1."""
+    """``values[row]`` as int64, -1 where ``row`` is -1 (``values`` may be unsigned, e.g. a
+    polars count: NumPy 2.5 refuses to put -1 beside a uint32 in ``np.where``)."""
     if len(values) == 0:
         return np.full(len(row), -1, np.int64)
-    return np.where(row >= 0, values[np.maximum(row, 0)], -1)
+    return np.where(row >= 0, values.astype(np.int64, copy=False)[np.maximum(row, 0)], -1)
 
 
 def _holding_op(launches: pl.DataFrame, ops: pl.DataFrame) -> np.ndarray:
