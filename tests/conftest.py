@@ -62,9 +62,9 @@ def _numpy_2_5_where():
     def checked(*args):
         if len(args) == 3:
             for a, b in ((args[1], args[2]), (args[2], args[1])):
-                if type(b) is int and b < 0 and getattr(a, "dtype", None) is not None:
-                    if a.dtype.kind == "u":
-                        raise OverflowError(f"Python integer {b} out of bounds for {a.dtype}")
+                kind = getattr(getattr(a, "dtype", None), "kind", None)
+                if type(b) is int and b < 0 and kind == "u":
+                    raise OverflowError(f"Python integer {b} out of bounds for {a.dtype}")
         return where(*args)
 
     np.where = checked
