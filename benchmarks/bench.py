@@ -58,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "out"
 FALLBACK_SOURCE = ROOT.parent / "shared/public_traces/hta/trace_diff__control__control.json.gz"
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 MB = 1_000_000
 
 # --------------------------------------------------------------------------------------------
@@ -199,9 +199,20 @@ def make_trace(plan: dict, target_bytes: int, out: Path) -> dict:
             break
         total += nxt
         n_steps += 1
+    written = sum(
+        1
+        for k in range(n_steps)
+        if len(templates[k % len(templates)][2]) or templates[k % len(templates)][0][0]
+    )
+    # tracedx capture's record of its complete steps, if the source has one, counts the
+    # generated steps: each is a whole copy of a complete step (else all but the source's
+    # count would read as steps the script ended inside, left out of the diagnosis)
+    head = re.sub(
+        rb'("active_steps_recorded"\s*:\s*)\d+', rb"\g<1>%d" % written, plan["head"], count=1
+    )
     tmp = out.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(plan["head"])
+        f.write(head)
         first = True
         for k in range(n_steps):
             cyc, s = divmod(k, len(templates))
