@@ -215,11 +215,37 @@ def test_prune_removes_the_least_recently_used_entries_down_to_the_cap(monkeypat
 
 
 def test_the_cap_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv(cache.MAX_ENV, "3")
-    assert cache.max_bytes() == 3 * 1024**2
-    for bad in ("", "-1", "2.5", "lots"):
+    for value, cap in (("3", 3 * 1024**2), ("0.5", 512 * 1024), (" 0 ", 0), ("", None)):
+        monkeypatch.setenv(cache.MAX_ENV, value)
+        assert cache.max_bytes() == (cache.DEFAULT_MAX_BYTES if cap is None else cap)
+    for bad in ("-1", "lots", "inf", "nan"):
         monkeypatch.setenv(cache.MAX_ENV, bad)
-        assert cache.max_bytes() == cache.DEFAULT_MAX_BYTES
+        with pytest.raises(ValueError, match="is not a size in MiB"):
+            cache.max_bytes()
+
+
+def test_a_cap_of_zero_stores_nothing_and_a_bad_one_is_a_note(tmp_path, monkeypatch):
+    p = shutil.copy(SAMPLES / NAMES[0], tmp_path / NAMES[0])
+    monkeypatch.setenv(cache.MAX_ENV, "0")
+    assert not cache.load(p)[1] and not cache.load(p)[1]
+    assert not cache.entry_path(p).exists()
+    monkeypatch.setenv(cache.MAX_ENV, "lots")
+    notes = []
+    cache.load(p, on_note=notes.append)
+    assert notes == [
+        "TRACEDX_CACHE_MAX_MB='lots' is not a size in MiB (a number >= 0): the cache is kept "
+        "under 5 GiB"
+    ]
+    assert cache.load(p)[1]  # stored under the default cap
+
+
+def test_an_entry_alone_over_the_cap_is_not_kept(tmp_path, monkeypatch):
+    p = shutil.copy(SAMPLES / NAMES[0], tmp_path / NAMES[0])
+    monkeypatch.setattr(cache, "max_bytes", lambda: 1000)  # smaller than any entry
+    trace, hit = cache.load(p)
+    assert not hit and not cache.entry_path(p).exists()
+    r = CliRunner().invoke(main, ["diagnose", str(p)])  # the result is not stored either
+    assert r.exit_code == 0 and not cache.entry_path(p).exists()
 
 
 def test_storing_an_entry_evicts_the_unused_ones_and_a_hit_counts_as_use(tmp_path, monkeypatch):

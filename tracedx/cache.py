@@ -141,12 +141,27 @@ def entry_path(path: str | os.PathLike, *, repair: bool = False) -> Path:
 
 
 def max_bytes() -> int:
-    """The cache's size cap in bytes: ``$TRACEDX_CACHE_MAX_MB`` (MiB, an integer >= 0) when set
-    and valid, else :data:`DEFAULT_MAX_BYTES`."""
+    """The cache's size cap in bytes: ``$TRACEDX_CACHE_MAX_MB`` (MiB, a number >= 0; 0 stores
+    nothing) when set, else :data:`DEFAULT_MAX_BYTES`. Raises ``ValueError`` (one line) for a
+    value that is not such a number."""
     v = os.environ.get(MAX_ENV, "").strip()
-    if v.isdigit():
-        return int(v) * 1024**2
-    return DEFAULT_MAX_BYTES
+    if not v:
+        return DEFAULT_MAX_BYTES
+    try:
+        mib = float(v)
+    except ValueError:
+        mib = -1.0
+    if not (mib >= 0 and mib != float("inf")):
+        raise ValueError(f"{MAX_ENV}={v!r} is not a size in MiB (a number >= 0)")
+    return int(mib * 1024**2)
+
+
+def _cap() -> int:
+    """:func:`max_bytes`, or the default for a value it refuses (:func:`load` says so)."""
+    try:
+        return max_bytes()
+    except ValueError:
+        return DEFAULT_MAX_BYTES
 
 
 def _size(folder: Path) -> int:
@@ -165,12 +180,13 @@ def _touch(entry: Path) -> None:
 
 def prune(keep: Path | None = None, limit: int | None = None) -> int:
     """Remove the least recently used entries of the cache folder until the others add up to
-    ``limit`` bytes (default :func:`max_bytes`), never ``keep`` (the entry just stored); also
-    temporary folders over an hour old (a write that was killed). Returns the bytes removed.
-    Errors (a folder another command removes meanwhile) are skipped."""
-    limit = max_bytes() if limit is None else limit
+    ``limit`` bytes (default :func:`max_bytes`); ``keep`` (the entry just stored) goes last,
+    only when it alone is over the limit. Also removes temporary folders over an hour old (a
+    write that was killed). Returns the bytes removed. Errors (a folder another command
+    removes meanwhile) are skipped."""
+    limit = _cap() if limit is None else limit
     root = cache_dir()
-    entries: list[tuple[float, int, Path]] = []
+    entries: list[tuple[bool, float, int, Path]] = []
     freed = 0
     try:
         listing = list(os.scandir(root))
@@ -186,15 +202,14 @@ def prune(keep: Path | None = None, limit: int | None = None) -> int:
                 if now - mtime > _STALE_TMP_S:
                     shutil.rmtree(d.path, ignore_errors=True)
                 continue
-            entries.append((mtime, _size(Path(d.path)), Path(d.path)))
+            path = Path(d.path)
+            entries.append((path == keep, mtime, _size(path), path))
         except OSError:
             continue
-    total = sum(size for _, size, _ in entries)
-    for _, size, folder in sorted(entries, key=lambda e: e[0]):
+    total = sum(e[2] for e in entries)
+    for _, _, size, folder in sorted(entries, key=lambda e: e[:2]):
         if total <= limit:
             break
-        if keep is not None and folder == keep:
-            continue
         shutil.rmtree(folder, ignore_errors=True)
         total -= size
         freed += size
@@ -267,8 +282,9 @@ def write(
     ``entry``: :func:`entry_path` of ``path`` taken before it was read; when the file's key
     is no longer that (the file changed while it was read), nothing is stored.
 
-    Returns the entry's folder, or None when the file changed or the Trace's metadata does not
-    survive JSON unchanged (nothing is stored that would read back different). Raises
+    Returns the entry's folder, or None when the file changed, the Trace's metadata does not
+    survive JSON unchanged (nothing is stored that would read back different), the cap
+    (:func:`max_bytes`) is 0, or the entry alone is over it (then it is removed). Raises
     ``OSError`` when the cache folder cannot be written.
     """
     doc = {
@@ -282,7 +298,7 @@ def write(
     if json.loads(text)["metadata"] != trace.metadata:
         return None
     now = entry_path(path, repair=repair)
-    if entry is not None and now != entry:
+    if (entry is not None and now != entry) or _cap() == 0:
         return None
     entry = now
     entry.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -304,7 +320,7 @@ def write(
             shutil.rmtree(tmp, ignore_errors=True)
     _touch(entry)  # another process's entry, kept: used now
     prune(keep=entry)
-    return entry
+    return entry if entry.is_dir() else None
 
 
 def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_note=None):
@@ -316,6 +332,11 @@ def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_not
 
     if not Path(path).is_file():
         return load_file(path, repair=repair, progress=progress), False
+    try:
+        max_bytes()
+    except ValueError as e:
+        if on_note:
+            on_note(f"{e}: the cache is kept under {DEFAULT_MAX_BYTES // 1024**3} GiB")
     cached = read(path, repair=repair)
     if cached is not None:
         return cached, True
@@ -487,6 +508,7 @@ def write_result(
     doc_path, pickle_path = _result_paths(entry, key)
     _replace_file(pickle_path, buf.getvalue())  # first: a document never lacks its object
     _replace_file(doc_path, text.encode())
+    prune(keep=entry)  # the result counts against the cap too
     return True
 
 
