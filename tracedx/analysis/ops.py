@@ -7,64 +7,110 @@ innermost cpu_op that issued it (see :mod:`tracedx.trace.link`).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, sum_ps, sum_us
-from tracedx.analysis.kernels import is_tf32_expr, kind_expr
+from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_ps, sum_us, to_ps
+from tracedx.analysis.kernels import KINDS, kernel_name_kinds
 from tracedx.trace import Trace
+
+KINDS_SORTED = sorted(KINDS)
 
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
-    """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks,
-    tf32, kernel_kind, host_device_copy_us.
+    """One row per op that launched GPU work, in ``op_id`` order: op_id, device_time_us,
+    kernels, max_grid_blocks, tf32, kernel_kind, host_device_copy_us.
 
     ``tf32`` is True when any of its GEMM kernels ran on TF32 tensor cores (kernel name).
-    ``host_device_copy_us`` is the device time of its host-to-device and device-to-host
-    memcpys (PCIe or NVLink-C2C, not device memory).
+    ``kernel_kind`` is the kind most of its kernels have (ties: the first kind by name).
+    ``max_grid_blocks``, ``tf32`` and ``kernel_kind`` are null for an op that launched no
+    kernel. ``host_device_copy_us`` is the device time of its host-to-device and
+    device-to-host memcpys (PCIe or NVLink-C2C, not device memory). Times are summed as
+    exact integer picoseconds (:func:`~tracedx.analysis.intervals.sum_us`).
     """
-    gpu = trace.gpu_activity().filter(pl.col("op_id").is_not_null())
-    k = trace.kernels.filter(pl.col("op_id").is_not_null())
-    hd = trace.memcpys.filter(
-        pl.col("op_id").is_not_null() & pl.col("direction").is_in(["HtoD", "DtoH"])
-    )
+    launched = pl.col("op_id").is_not_null()
     if steps is not None:
-        gpu = gpu.filter(pl.col("step").is_in(steps))
-        k = k.filter(pl.col("step").is_in(steps))
-        hd = hd.filter(pl.col("step").is_in(steps))
-    dev = gpu.group_by("op_id").agg(
-        device_time_us=sum_us("duration_us"),
-        kernels=(pl.col("kind") == "kernel").sum(),
+        launched = launched & pl.col("step").is_in(steps)
+    gpu = trace.gpu_activity().filter(launched).select(
+        "op_id", "duration_us", is_kernel=pl.col("kind") == "kernel"
     )
-    hd = hd.group_by("op_id").agg(host_device_copy_us=sum_us("duration_us"))
-    # name rules (regexes) once per distinct kernel name, not once per kernel
-    by_name = k.select(pl.col("name").unique()).with_columns(
-        tf32=is_tf32_expr("name"), kkind=kind_expr("name")
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(launched).select(
+        "op_id",
+        blocks=pl.col("grid_x").fill_null(1)
+        * pl.col("grid_y").fill_null(1)
+        * pl.col("grid_z").fill_null(1),
+        # the kind as its position in KINDS_SORTED (counted in numpy)
+        kind=pl.col("name")
+        .replace_strict(names["name"], names["kind"])
+        .cast(pl.Enum(KINDS_SORTED))
+        .to_physical(),
+        tf32=pl.col("name").replace_strict(names["name"], names["tf32"]),
     )
-    k = k.select("op_id", "name", "grid_x", "grid_y", "grid_z").join(by_name, on="name", how="left")
-    kk = (
-        k.with_columns(
-            blocks=pl.col("grid_x").fill_null(1)
-            * pl.col("grid_y").fill_null(1)
-            * pl.col("grid_z").fill_null(1),
-        )
-        .group_by("op_id")
-        .agg(max_grid_blocks=pl.col("blocks").max(), tf32=pl.col("tf32").any())
+    hd = trace.memcpys.filter(launched & pl.col("direction").is_in(["HtoD", "DtoH"]))
+    op_ids, of_gpu = _groups(gpu["op_id"].to_numpy())
+    kernels = _group_sums(of_gpu, len(op_ids), gpu["is_kernel"].to_numpy().astype(np.int64))
+    # the kernel columns of each op (ops that launched only copies or memsets have none)
+    k_ops, of_k = _groups(k["op_id"].to_numpy())
+    at = np.searchsorted(op_ids, k_ops)
+    has_k = np.zeros(len(op_ids), dtype=bool)
+    has_k[at] = True
+    blocks = np.zeros(len(op_ids), dtype=np.int64)
+    np.maximum.at(blocks, at[of_k], k["blocks"].to_numpy())
+    tf32 = np.zeros(len(op_ids), dtype=bool)
+    np.logical_or.at(tf32, at[of_k], k["tf32"].to_numpy())
+    kind = np.full(len(op_ids), None, dtype=object)
+    kind[at] = np.array(KINDS_SORTED, dtype=object)[
+        _most_common(of_k, len(k_ops), k["kind"].to_numpy().astype(np.int64))
+    ]
+    hd_ops, of_hd = _groups(hd["op_id"].to_numpy())
+    copy_ps = np.zeros(len(op_ids), dtype=np.int64)
+    copy_ps[np.searchsorted(op_ids, hd_ops)] = _group_sums(
+        of_hd, len(hd_ops), to_ps(hd["duration_us"].to_numpy())
     )
-    # the op's most common kernel kind (ties: the first by name); a group_by mode() is 20x slower
-    kind = (
-        k.group_by("op_id", "kkind")
-        .len()
-        .sort("op_id", "len", "kkind", descending=[False, True, False], nulls_last=True)
-        .group_by("op_id", maintain_order=True)
-        .agg(kernel_kind=pl.col("kkind").first())
+    device_ps = _group_sums(of_gpu, len(op_ids), to_ps(gpu["duration_us"].to_numpy()))
+    return pl.DataFrame(
+        {
+            "op_id": pl.Series(op_ids, dtype=pl.Int64),
+            "device_time_us": pl.Series(ps_to_us(device_ps)),
+            "kernels": pl.Series(kernels, dtype=pl.UInt32),
+            "max_grid_blocks": pl.Series(blocks, dtype=pl.Int64),
+            "tf32": pl.Series(tf32, dtype=pl.Boolean),
+            "kernel_kind": pl.Series(kind.tolist(), dtype=pl.Utf8),
+            "host_device_copy_us": pl.Series(ps_to_us(copy_ps)),
+        }
+    ).with_columns(
+        pl.when(pl.Series(has_k)).then(pl.col(c)).alias(c) for c in ("max_grid_blocks", "tf32")
     )
-    return (
-        dev.join(kk, on="op_id", how="left")
-        .join(kind, on="op_id", how="left")
-        .join(hd, on="op_id", how="left")
-        .with_columns(pl.col("host_device_copy_us").fill_null(0.0))
-    )
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct keys, sorted; each row's position among them)."""
+    return np.unique(keys, return_inverse=True)
+
+
+def _group_sums(of: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (``of``: each row's group, ``n`` groups) the exact sum of int64 ``values``."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, of, values)
+    return out
+
+
+def _most_common(of: np.ndarray, n: int, labels: np.ndarray) -> np.ndarray:
+    """Per group (``of``: each row's group, ``n`` groups, every one with rows) the label
+    (an int >= 0) most of its rows have; ties: the smallest label."""
+    if len(labels) == 0:
+        return np.empty(0, dtype=np.int64)
+    m = int(labels.max()) + 1
+    pairs, count = np.unique(of * m + labels, return_counts=True)
+    group, label = pairs // m, pairs % m
+    # by group, then the largest count, then the smallest label: each group's first row wins
+    order = np.lexsort((label, -count, group))
+    first = order[np.unique(group[order], return_index=True)[1]]
+    out = np.empty(n, dtype=np.int64)
+    out[group[first]] = label[first]
+    return out
 
 
 def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
@@ -79,7 +125,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     """
     # in op order, so that a group's "first" values are its first op's (group_by's row
     # order is not fixed)
-    stats = launching_op_stats(trace, steps).sort("op_id")
+    stats = launching_op_stats(trace, steps)
     # Two levels, so that the nested key columns are hashed once per launching op: first by
     # the full call signature (what the FLOP model reads) in op order, then the few
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
