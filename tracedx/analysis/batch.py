@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import inside, union
-from tracedx.analysis.kernels import kind_expr
+from tracedx.analysis.kernels import kernel_name_kinds
 from tracedx.trace import Trace
 
 # Duration of a kernel with almost no work, by kind (us): in item_loop-sync.json.gz a
@@ -130,7 +130,7 @@ def batch_model(
     if k.height == 0:
         return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
     # the name rules (regexes) once per distinct kernel name
-    kinds = k.select(pl.col("name").unique()).with_columns(kk=kind_expr("name"))
+    kinds = kernel_name_kinds(trace).select("name", kk="kind")
     k = k.join(kinds, on="name", how="left", maintain_order="left").with_columns(
         blocks=pl.col("grid_x").cast(pl.Float64)
         * pl.col("grid_y").fill_null(1)

@@ -17,8 +17,8 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, sum_us, union
-from tracedx.analysis.kernels import gpu_breakdown, kind_expr
+from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
 from tracedx.analysis.ops import op_groups, top_level_ops
 from tracedx.analysis.timeline import (
     dataloader_windows,
@@ -317,8 +317,9 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     seg = np.searchsorted(sync_ends, k["launch_start_us"].fill_null(float("-inf")).to_numpy())
     k = k.with_columns(seg=pl.Series(seg, dtype=pl.Int64))
     # the name rules (regexes) once per distinct kernel name
-    fusable = k.select(pl.col("name").unique()).with_columns(
-        fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
+    fusable = kernel_name_kinds(trace).select(
+        "name",
+        fus=pl.col("kind").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_"),
     )
     k = (
         k.sort("step", "stream", "start_us")
@@ -509,7 +510,7 @@ def diagnose(
     gpu = trace.gpu_activity().filter(pl.col("step").is_in(chosen))
     if primary is not None:
         gpu = gpu.filter(pl.col("device") == primary)
-    kinds = gpu_breakdown(gpu, n)
+    kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
     peer_note = _peer_wait_note(trace, kinds, n)
     if peer_note:
         notes.append(peer_note)
@@ -792,6 +793,40 @@ def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
     return place_on_roofline(ops_tbl, spec)
 
 
+def _op_arrays(trace: Trace) -> dict[str, np.ndarray]:
+    """The op table's columns the step model reads, as numpy arrays: ``op_id``,
+    ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``, ``duration_us`` and
+    ``is_top`` (no parent). Computed once per op table."""
+
+    def build() -> dict[str, np.ndarray]:
+        o = trace.ops
+        return {
+            "op_id": o["op_id"].to_numpy(),
+            "top_op_id": o["top_op_id"].cast(pl.Float64).to_numpy(),
+            "step": o["step"].cast(pl.Float64).to_numpy(),
+            "start_us": o["start_us"].to_numpy(),
+            "duration_us": o["duration_us"].to_numpy(),
+            "is_top": o["parent_id"].is_null().to_numpy(),
+        }
+
+    return trace.memo("op_arrays", (trace.ops,), build)
+
+
+def _float_sum(us: np.ndarray) -> float:
+    """Polars' sum of a Float64 column (its order of additions, not numpy's: the same float
+    as ``df[col].sum()`` on those rows)."""
+    return float(pl.Series(us, dtype=pl.Float64).sum())
+
+
+def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
+    """Step number -> :func:`~tracedx.analysis.intervals.sum_us` of its rows' ``us`` (the
+    floats a ``group_by("step")`` gives)."""
+    keys, of = np.unique(step, return_inverse=True)
+    ps = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(ps, of, to_ps(us))
+    return dict(zip(keys.tolist(), ps_to_us(ps).tolist(), strict=True))
+
+
 # A step with this many of the program's own host syncs or more is a loop of syncs (an
 # .item() per iteration): see StepModel.sync_serial.
 SERIAL_SYNCS_PER_STEP = 2
@@ -806,42 +841,35 @@ def _step_model(
     whose start falls in the step; the profiler's cost per host event is solved from the
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
-    # only the columns used: filtering the whole op table copies its nested shape columns
-    all_ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "duration_us", "step")
+    o = _op_arrays(trace)
+    in_steps = np.isin(o["step"], steps)  # a null step (NaN) is in none
 
-    def per_step_median(df: pl.DataFrame, value: str) -> float:
-        # median over the analysed steps, counting steps where df has no row as 0
-        got = dict(df.group_by("step").agg(sum_us(value)).rows()) if df.height else {}
+    def per_step_median(step: np.ndarray, us: np.ndarray) -> float:
+        # median over the analysed steps of the per-step sums, a step with no row counting 0
+        got = _per_step_sums_us(step, us)
         return float(np.median([got.get(s, 0.0) for s in steps])) if steps else 0.0
 
+    cause, c_step, c_idle = (causes[c].to_numpy() for c in ("cause", "step", "idle_us"))
     idle = {
-        c: per_step_median(causes.filter(pl.col("cause") == c), "idle_us")
-        for c in causes["cause"].unique().to_list()
+        c: per_step_median(c_step[cause == c], c_idle[cause == c])
+        for c in np.unique(cause).tolist()
     }
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
-    pageable = pl.col("blocking_reason") == "pageable memcpy"
-    sync_us = per_step_median(sc.filter(~pageable), "duration_us")
-    sync_count = sc.filter(~pageable).height / n
+    sc_step, sc_us = sc["step"].to_numpy(), sc["duration_us"].to_numpy()
+    sc_op = sc["op_id"].to_numpy().astype(float)  # NaN: no op
+    pageable = (sc["blocking_reason"] == "pageable memcpy").to_numpy()
+    sync_us = per_step_median(sc_step[~pageable], sc_us[~pageable])
+    sync_count = int((~pageable).sum()) / n
     # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
     # synchronizes the stream) belongs to that copy: pinned memory + non_blocking removes it
-    copy_ops = sc.filter(pageable)["op_id"].drop_nulls().implode()
-    own = sc.filter(~pageable & ~pl.col("op_id").is_in(copy_ops).fill_null(False))
-    own_sync_us = per_step_median(own, "duration_us")
-    own_sync_count = own.height / n
+    own = ~pageable & ~np.isin(sc_op, sc_op[pageable & ~np.isnan(sc_op)])
+    own_sync_us = per_step_median(sc_step[own], sc_us[own])
+    own_sync_count = int(own.sum()) / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
-    sync_tops = all_ops.filter(
-        pl.col("op_id").is_in(sc.filter(~pageable)["op_id"].drop_nulls().implode())
-    )["top_op_id"].unique()
-    sync_ops_host = (
-        float(
-            all_ops.filter(
-                pl.col("op_id").is_in(sync_tops.implode()) & pl.col("step").is_in(steps)
-            )["duration_us"].sum()
-        )
-        / n
-    )
-    page_us = per_step_median(sc.filter(pageable), "duration_us")
+    sync_tops = o["top_op_id"][np.isin(o["op_id"], sc_op[~pageable])]
+    sync_ops_host = _float_sum(o["duration_us"][np.isin(o["op_id"], sync_tops) & in_steps]) / n
+    page_us = per_step_median(sc_step[pageable], sc_us[pageable])
     # DataLoader __next__ windows inside the analysed steps
     dl = dataloader_windows(trace)
     if dl.height:
@@ -852,27 +880,27 @@ def _step_model(
     dl_s, dl_e = union(dl["start_us"].to_numpy(), dl["end_us"].to_numpy())
     dl_us = float(sum(e - s for s, e in zip(dl_s, dl_e, strict=True))) / n
 
-    ops = all_ops.filter(pl.col("step").is_in(steps))
-    in_gpu_tree = pl.col("top_op_id").is_in(gpu_tree_tops(trace).implode())
-
-    # a host event is "inside the DataLoader" when it starts in a DataLoader window
-    ops_dl = inside(dl_s, dl_e, ops["start_us"].to_numpy())
-    ops = ops.with_columns(in_dl=pl.Series(ops_dl))
-    top_no_gpu = ops.filter(pl.col("parent_id").is_null() & ~in_gpu_tree & ~pl.col("in_dl"))
-    host_no_gpu = float(top_no_gpu["duration_us"].sum()) / n + dl_us
+    # the analysed steps' ops: whether their top-level op launches GPU work (an op without a
+    # top-level op is on neither side), and whether they start in a DataLoader window
+    top = o["top_op_id"][in_steps]
+    in_gpu_tree = np.isin(top, gpu_tree_tops(trace).to_numpy())
+    linked = ~np.isnan(top)
+    gpu_side, no_gpu_side = linked & in_gpu_tree, linked & ~in_gpu_tree
+    is_top = o["is_top"][in_steps]
+    op_us = o["duration_us"][in_steps]
+    ops_dl = inside(dl_s, dl_e, o["start_us"][in_steps])
+    host_no_gpu = _float_sum(op_us[is_top & no_gpu_side & ~ops_dl]) / n + dl_us
     la = trace.launches.filter(pl.col("step").is_in(steps))
     la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy())
-    host_events = (ops.height + la.height) / n
+    host_events = (len(op_us) + la.height) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n
-    no_gpu_events = ops.filter(~in_gpu_tree | pl.col("in_dl")).height / n + float(la_dl.sum()) / n
-    graphs = la.filter(pl.col("api_kind") == "graph").height / n
+    no_gpu_events = int((no_gpu_side | ops_dl).sum()) / n + float(la_dl.sum()) / n
+    graphs = int((la["api_kind"] == "graph").sum()) / n
     kernels = float(w["kernels"].mean() or 0.0)
     cpu = float(w["cpu_time_us"].median() or 0.0)
-    gpu_tops = ops.filter(pl.col("parent_id").is_null() & in_gpu_tree & ~pl.col("in_dl"))
-    gpu_top_host = float(gpu_tops["duration_us"].sum()) / n
+    gpu_top_host = _float_sum(op_us[is_top & gpu_side & ~ops_dl]) / n
     gpu_tree_events = (
-        ops.filter(in_gpu_tree & ~pl.col("in_dl")).height / n
-        + la.filter(pl.col("op_id").is_not_null()).height / n
+        int((gpu_side & ~ops_dl).sum()) / n + (la.height - la["op_id"].null_count()) / n
     )
     # host time per kernel: launching threads can overlap (autograd), so never more than H / K
     h_total = max(cpu - sync_us - page_us, 0.0)
@@ -1215,9 +1243,18 @@ def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]
 
 def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float:
     """Share of GEMM/conv kernel time in fp32 kernels that do not use tensor cores (by name)."""
-    k = trace.kernels.filter(
-        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-    ).with_columns(kk=kind_expr("name"), low=pl.col("name").str.to_lowercase())
+    k = (
+        trace.kernels.filter(
+            pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+        )
+        .join(
+            kernel_name_kinds(trace).select("name", kk="kind"),
+            on="name",
+            how="left",
+            maintain_order="left",
+        )
+        .with_columns(low=pl.col("name").str.to_lowercase())
+    )
     mat = k.filter(pl.col("kk").is_in(["gemm", "convolution"]))
     total = float(mat["duration_us"].sum())
     if total <= 0:
@@ -1234,7 +1271,8 @@ def _tensor_bytes(shape: list[int] | None, dtype: str | None) -> float:
 
     if not shape or dtype not in DTYPE_BYTES:
         return 0.0
-    return float(np.prod(shape, dtype=np.float64)) * DTYPE_BYTES[dtype]
+    # the product as float64, left to right (np.prod's, without its cost on a short list)
+    return math.prod(map(float, shape)) * DTYPE_BYTES[dtype]
 
 
 def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str, Any] | None:
@@ -1304,13 +1342,21 @@ def _underfilled_matrix_share(trace: Trace, w: pl.DataFrame, device: int | None)
     sms = _num_sms(trace, device)
     if not sms or device is None:
         return 0.0
-    k = trace.kernels.filter(
-        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-    ).with_columns(
-        blocks=pl.col("grid_x").fill_null(1)
-        * pl.col("grid_y").fill_null(1)
-        * pl.col("grid_z").fill_null(1),
-        kk=kind_expr("name"),
+    k = (
+        trace.kernels.filter(
+            pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+        )
+        .join(
+            kernel_name_kinds(trace).select("name", kk="kind"),
+            on="name",
+            how="left",
+            maintain_order="left",
+        )
+        .with_columns(
+            blocks=pl.col("grid_x").fill_null(1)
+            * pl.col("grid_y").fill_null(1)
+            * pl.col("grid_z").fill_null(1),
+        )
     )
     small = k.filter(
         pl.col("kk").is_in(["gemm", "convolution", "attention"]) & (pl.col("blocks") < sms)

@@ -32,8 +32,10 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     launched = pl.col("op_id").is_not_null()
     if steps is not None:
         launched = launched & pl.col("step").is_in(steps)
-    gpu = trace.gpu_activity().filter(launched).select(
-        "op_id", "duration_us", is_kernel=pl.col("kind") == "kernel"
+    gpu = (
+        trace.gpu_activity()
+        .filter(launched)
+        .select("op_id", "duration_us", is_kernel=pl.col("kind") == "kernel")
     )
     names = kernel_name_kinds(trace)
     k = trace.kernels.filter(launched).select(
