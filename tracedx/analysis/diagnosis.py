@@ -19,7 +19,7 @@ from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
-from tracedx.analysis.ops import op_groups, top_level_ops
+from tracedx.analysis.ops import op_arrays, op_groups, top_level_ops
 from tracedx.analysis.timeline import (
     dataloader_windows,
     gpu_tree_tops,
@@ -170,11 +170,11 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
     return chosen
 
 
-def _stats(s: pl.Series) -> dict[str, float | None]:
-    s = s.drop_nulls()
-    if s.len() == 0:
+def _stats(median_min_max: tuple) -> dict[str, float | None]:
+    """A column's median, min and max as floats (None for a column of nulls only)."""
+    if median_min_max[0] is None:
         return {"median": None, "min": None, "max": None}
-    return {"median": float(s.median()), "min": float(s.min()), "max": float(s.max())}
+    return dict(zip(("median", "min", "max"), map(float, median_min_max), strict=True))
 
 
 def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
@@ -650,7 +650,16 @@ def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
             if dev is not None
             else w.filter(pl.col("device").is_null())
         )
-        out[str(dev)] = {c: _stats(d[c]) for c in _SUMMARY_COLUMNS}
+        got = d.select(
+            e
+            for c in _SUMMARY_COLUMNS
+            for e in (
+                pl.col(c).median().alias(f"{c}:median"),
+                pl.col(c).min().alias(f"{c}:min"),
+                pl.col(c).max().alias(f"{c}:max"),
+            )
+        ).row(0)
+        out[str(dev)] = {c: _stats(got[3 * i : 3 * i + 3]) for i, c in enumerate(_SUMMARY_COLUMNS)}
     return out
 
 
@@ -793,25 +802,6 @@ def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
     return place_on_roofline(ops_tbl, spec)
 
 
-def _op_arrays(trace: Trace) -> dict[str, np.ndarray]:
-    """The op table's columns the step model reads, as numpy arrays: ``op_id``,
-    ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``, ``duration_us`` and
-    ``is_top`` (no parent). Computed once per op table."""
-
-    def build() -> dict[str, np.ndarray]:
-        o = trace.ops
-        return {
-            "op_id": o["op_id"].to_numpy(),
-            "top_op_id": o["top_op_id"].cast(pl.Float64).to_numpy(),
-            "step": o["step"].cast(pl.Float64).to_numpy(),
-            "start_us": o["start_us"].to_numpy(),
-            "duration_us": o["duration_us"].to_numpy(),
-            "is_top": o["parent_id"].is_null().to_numpy(),
-        }
-
-    return trace.memo("op_arrays", (trace.ops,), build)
-
-
 def _float_sum(us: np.ndarray) -> float:
     """Polars' sum of a Float64 column (its order of additions, not numpy's: the same float
     as ``df[col].sum()`` on those rows)."""
@@ -841,7 +831,7 @@ def _step_model(
     whose start falls in the step; the profiler's cost per host event is solved from the
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
-    o = _op_arrays(trace)
+    o = op_arrays(trace)
     in_steps = np.isin(o["step"], steps)  # a null step (NaN) is in none
 
     def per_step_median(step: np.ndarray, us: np.ndarray) -> float:

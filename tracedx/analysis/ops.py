@@ -87,6 +87,52 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     )
 
 
+def _sums_by(keys: np.ndarray, of: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per key of ``keys`` (distinct), the exact sum of the int64 ``values`` of the rows whose
+    ``of`` is that key (rows with another ``of``, or NaN, count nowhere)."""
+    order = np.argsort(keys, kind="stable")
+    at = np.searchsorted(keys[order], of)
+    hit = at < len(keys)
+    hit[hit] = keys[order][at[hit]] == of[hit]
+    out = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(out, order[at[hit]], values[hit])
+    return out
+
+
+def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
+    """The op table's columns as numpy arrays, for analyses that only count and sum:
+    ``op_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
+    ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id`` order).
+    Computed once per op table."""
+
+    def build() -> dict[str, np.ndarray]:
+        o = trace.ops
+        ids = o["op_id"].to_numpy()
+        return {
+            "op_id": ids,
+            "top_op_id": o["top_op_id"].cast(pl.Float64).to_numpy(),
+            "step": o["step"].cast(pl.Float64).to_numpy(),
+            "start_us": o["start_us"].to_numpy(),
+            "duration_us": o["duration_us"].to_numpy(),
+            "is_top": o["parent_id"].is_null().to_numpy(),
+            "by_id": np.argsort(ids, kind="stable"),
+        }
+
+    return trace.memo("op_arrays", (trace.ops,), build)
+
+
+def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``top_op_id`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op),
+    from :func:`op_arrays` ``o``."""
+    ids = o["op_id"][o["by_id"]]
+    at = np.searchsorted(ids, op_ids)
+    hit = at < len(ids)
+    hit[hit] = ids[at[hit]] == op_ids[hit]
+    out = np.full(len(op_ids), np.nan)
+    out[hit] = o["top_op_id"][o["by_id"][at[hit]]]
+    return out
+
+
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct keys, sorted; each row's position among them)."""
     return np.unique(keys, return_inverse=True)
@@ -213,10 +259,9 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     (GPU time of everything launched under them), kernels, launches, launch_us (time in launch
     calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
     """
-    ops = trace.ops.select("op_id", "parent_id", "name", "duration_us", "step")
-    if steps is not None:
-        ops = ops.filter(pl.col("step").is_in(steps))
-    if ops.height == 0:
+    o = op_arrays(trace)
+    in_steps = np.ones(len(o["op_id"]), dtype=bool) if steps is None else np.isin(o["step"], steps)
+    if not in_steps.any():
         return pl.DataFrame(
             schema={
                 "name": pl.Utf8,
@@ -229,32 +274,31 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
                 "host_us_per_kernel": pl.Float64,
             }
         )
-    top = ops.filter(pl.col("parent_id").is_null()).select("op_id", "name", "duration_us")
-    # only the GPU events and launches under these top-level ops (not the whole trace's)
-    tops = top["op_id"].implode()
-    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(tops))
-    dev = (
-        gpu.group_by("top_op_id")
-        .agg(device_time_us=sum_us("duration_us"), kernels=(pl.col("kind") == "kernel").sum())
-        .rename({"top_op_id": "op_id"})
+    top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select("op_id", "name", "duration_us")
+    # the GPU time and kernels, the launches and launch time under each top-level op
+    tops = top["op_id"].to_numpy()
+    gpu = trace.gpu_activity()
+    g_top = gpu["top_op_id"].cast(pl.Float64).to_numpy()
+    device_ps = _sums_by(tops, g_top, to_ps(gpu["duration_us"].to_numpy()))
+    kernels = _sums_by(tops, g_top, (gpu["kind"] == "kernel").to_numpy().astype(np.int64))
+    la = trace.launches
+    la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
+    launches = _sums_by(tops, la_top, np.ones(la.height, dtype=np.int64))
+    launch_ps = _sums_by(tops, la_top, to_ps(la["duration_us"].to_numpy()))
+    t = top.with_columns(
+        device_time_us=pl.Series(ps_to_us(device_ps)),
+        kernels=pl.Series(kernels, dtype=pl.UInt32),
+        launches=pl.Series(launches, dtype=pl.UInt32),
+        launch_us=pl.Series(ps_to_us(launch_ps)),
     )
-    under = trace.ops.select("op_id", "top_op_id").filter(pl.col("top_op_id").is_in(tops))
-    la = (
-        trace.launches.select("op_id", "duration_us")
-        .join(under, on="op_id")
-        .group_by("top_op_id")
-        .agg(launches=pl.len(), launch_us=sum_us("duration_us"))
-        .rename({"top_op_id": "op_id"})
-    )
-    t = top.join(dev, on="op_id", how="left").join(la, on="op_id", how="left")
     return (
         t.group_by("name")
         .agg(
             count=pl.len(),
             host_time_us=sum_us("duration_us"),
             device_time_us=sum_us("device_time_us"),
-            kernels=pl.col("kernels").fill_null(0).sum(),
-            launches=pl.col("launches").fill_null(0).sum(),
+            kernels=pl.col("kernels").sum(),
+            launches=pl.col("launches").sum(),
             launch_us=sum_us("launch_us"),
         )
         .with_columns(
