@@ -126,16 +126,18 @@ def batch_model(
     trace: Trace, steps: list[int], device: int, ops_tbl: pl.DataFrame | None
 ) -> BatchModel:
     """The :class:`BatchModel` of ``device`` over ``steps`` (see the module docstring)."""
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
-    if k.height == 0:
-        return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
-    # the name rules (regexes) once per distinct kernel name
-    kinds = kernel_name_kinds(trace).select("name", kk="kind")
-    k = k.join(kinds, on="name", how="left", maintain_order="left").with_columns(
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
+        "op_id",
+        "duration_us",
+        "launch_start_us",
+        kk=pl.col("name").replace_strict(names["name"], names["kind"]),
         blocks=pl.col("grid_x").cast(pl.Float64)
         * pl.col("grid_y").fill_null(1)
         * pl.col("grid_z").fill_null(1),
     )
+    if k.height == 0:
+        return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
     props = trace.metadata.get("device_properties") or []
     sms = next(
         (
@@ -148,15 +150,20 @@ def batch_model(
     # launched inside the optimizer (host time of the launch inside its annotation)
     ann = trace.annotations.filter(pl.col("name").str.contains(_OPTIMIZER_RE))
     a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
-    in_opt = inside(a_s, a_e, k["launch_start_us"].fill_null(float("nan")).to_numpy())
-    ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
-        "op_id", "name", "input_shapes", "input_dtypes"
-    )
-    # only the ops weight_shapes reads (the whole op table's shapes are slow to turn into lists)
+    in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
+    # only the ops read below: the weight operands' ops, and the ops of these kernels (the
+    # whole op table's shapes are slow to filter and to turn into lists)
+    k_op = k["op_id"].cast(pl.Float64).to_numpy()
+    weight_op = pl.col("name").is_in(list(_WEIGHT_OPS))
+    ops = trace.ops.filter(
+        pl.col("step").is_in(steps) & (weight_op | pl.col("op_id").is_in(k["op_id"].implode()))
+    ).select("op_id", "name", "input_shapes", "input_dtypes", weight_op=weight_op)
     wshapes = weight_shapes(
-        ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS)))
+        ops.lazy()
+        .filter("weight_op")
         .select("name", "input_shapes")
         .unique(maintain_order=True)
+        .collect()
     )
     # roofline position per op group (name, shapes, dtypes)
     bandwidth_bound: set[tuple] = set()
@@ -171,9 +178,11 @@ def batch_model(
     # per distinct (name, shapes, dtypes) of the kernels' ops, not per kernel: whether every
     # tensor input is weight-shaped, and the weight byte share w of a bandwidth-bound one
     groups = (
-        ops.filter(pl.col("op_id").is_in(k["op_id"].implode()))
+        ops.lazy()
+        .filter(pl.col("op_id").is_in(k["op_id"].implode()))
         .group_by("name", "input_shapes", "input_dtypes")
         .agg("op_id")
+        .collect()
     )
     weight_only, share = [], []
     for name, sh, dt, _ in groups.rows():
@@ -190,26 +199,30 @@ def batch_model(
             tot = sum(x for x, _ in b)
             w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
         share.append(w)
-    per_op = (
-        groups.select("op_id")
-        .with_columns(
-            weight_only=pl.Series(weight_only, dtype=pl.Boolean),
-            w=pl.Series(share, dtype=pl.Float64),
-        )
-        .explode("op_id")
-    )
-    k = k.join(per_op, on="op_id", how="left", maintain_order="left")
+    # each kernel's op's group (a kernel with no op, or whose op is in no group: none)
+    group_ops = groups["op_id"]
+    op_ids = group_ops.explode().to_numpy()
+    of_group = np.repeat(np.arange(groups.height), group_ops.list.len().to_numpy())
+    order = np.argsort(op_ids, kind="stable")
+    at = np.searchsorted(op_ids[order], k_op)
+    hit = at < len(op_ids)
+    hit[hit] = op_ids[order][at[hit]] == k_op[hit]
+    g = of_group[order][at[hit]]
+    k_weight_only = np.zeros(k.height, dtype=bool)
+    k_weight_only[hit] = np.array(weight_only, dtype=bool)[g]
+    k_w = np.zeros(k.height)
+    k_w[hit] = np.array(share, dtype=float)[g]
     t = k["duration_us"].to_numpy().astype(float)
-    blocks = k["blocks"].fill_null(0.0).to_numpy()
+    blocks = np.nan_to_num(k["blocks"].to_numpy(), nan=0.0)  # no grid recorded: 0
     fill = blocks / sms if sms else np.full(k.height, np.inf)
     fill = np.where(blocks != 0, fill, np.inf)
-    is_fixed = in_opt | k["weight_only"].fill_null(False).to_numpy()
+    is_fixed = in_opt | k_weight_only
     # the fixed time summed in kernel order, one kernel after the other (as a loop would)
     fixed = float(np.cumsum(t[is_fixed])[-1]) if is_fixed.any() else 0.0
     kind = k["kk"].to_numpy()
     is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
     is_scaled = ~is_fixed & ~is_gemm
-    gemm = np.column_stack([t, fill, k["w"].fill_null(0.0).to_numpy()])[is_gemm]
+    gemm = np.column_stack([t, fill, k_w])[is_gemm]
     floor = (
         k["kk"]
         .replace_strict(KERNEL_FLOOR_US, default=KERNEL_FLOOR_DEFAULT_US, return_dtype=pl.Float64)

@@ -19,7 +19,7 @@ from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
-from tracedx.analysis.ops import op_arrays, op_groups, top_level_ops
+from tracedx.analysis.ops import op_arrays, op_duration_of, op_groups, top_level_ops
 from tracedx.analysis.timeline import (
     dataloader_windows,
     gpu_tree_tops,
@@ -293,46 +293,62 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "longest": pl.Float64, "host": pl.Float64, "linked": pl.Boolean,
         "names": pl.List(pl.Utf8),
     }  # fmt: skip
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
+        "step",
+        "stream",
+        "start_us",
+        "end_us",
+        "duration_us",
+        "name",
+        "top_op_id",
+        "launch_start_us",
+        fus=pl.col("name").replace_strict(
+            names["name"],
+            names["kind"].is_in(FUSABLE_KINDS) & ~names["name"].str.starts_with("triton_"),
+        ),
+    )
     if k.height == 0:
         return pl.DataFrame(schema=schema)
-    per_top = (
-        trace.kernels.filter(pl.col("top_op_id").is_not_null())
-        .group_by("top_op_id")
-        .agg(n_kernels=pl.len())
-        .join(
-            trace.ops.select(pl.col("op_id").alias("top_op_id"), pl.col("duration_us").alias("h")),
-            on="top_op_id",
-            how="inner",
-        )
-        .select("top_op_id", host_per_kernel=pl.col("h") / pl.col("n_kernels"))
-    )
-
-    k = k.join(per_top, on="top_op_id", how="left", maintain_order="left")
+    k = k.sort("step", "stream", "start_us")
+    step, stream = k["step"].to_numpy(), k["stream"].to_numpy()
+    # a kernel's host cost: its top-level op's host time over the kernels that op launched
+    o = op_arrays(trace)
+    all_tops = trace.kernels["top_op_id"].drop_nulls().to_numpy()
+    tops, n_kernels = np.unique(all_tops, return_counts=True)
+    top = k["top_op_id"].cast(pl.Float64).to_numpy()
+    at = np.searchsorted(tops, top)
+    known = at < len(tops)
+    known[known] = tops[at[known]] == top[known]
+    h = op_duration_of(o, top)
+    known &= ~np.isnan(h)  # a top-level op missing from the op table: no cost
+    host = np.full(k.height, np.nan)
+    host[known] = h[known] / n_kernels[at[known]]
+    # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
     sync_ends = np.sort(
         sync_calls(trace)
         .filter(pl.col("blocking_reason") != "pageable memcpy")["end_us"]
         .to_numpy()
     )
-    seg = np.searchsorted(sync_ends, k["launch_start_us"].fill_null(float("-inf")).to_numpy())
-    k = k.with_columns(seg=pl.Series(seg, dtype=pl.Int64))
-    # the name rules (regexes) once per distinct kernel name
-    fusable = kernel_name_kinds(trace).select(
-        "name",
-        fus=pl.col("kind").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_"),
+    launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
+    seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
+    fus = k["fus"].to_numpy()
+    # a run starts at each stream's first kernel of a step and wherever fus or seg changes;
+    # runs are numbered from 1 in each (step, stream)
+    new_run = np.ones(k.height, dtype=bool)
+    new_run[1:] = (
+        (step[1:] != step[:-1])
+        | (stream[1:] != stream[:-1])
+        | (fus[1:] != fus[:-1])
+        | (seg[1:] != seg[:-1])
     )
-    k = (
-        k.sort("step", "stream", "start_us")
-        .join(fusable, on="name", how="left", maintain_order="left")
-        .with_columns(
-            run=(
-                (pl.col("fus") != pl.col("fus").shift(1))
-                | (pl.col("seg") != pl.col("seg").shift(1))
-            )
-            .fill_null(True)
-            .cum_sum()
-            .over("step", "stream")
-        )
+    first = np.ones(k.height, dtype=bool)
+    first[1:] = (step[1:] != step[:-1]) | (stream[1:] != stream[:-1])
+    count = np.cumsum(new_run)
+    run = count - np.maximum.accumulate(np.where(first, count - 1, 0))
+    k = k.with_columns(
+        run=pl.Series(run, dtype=pl.UInt32),
+        host_per_kernel=pl.Series(host).fill_nan(None),
     )
     runs = (
         k.filter("fus")

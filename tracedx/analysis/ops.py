@@ -121,16 +121,28 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     return trace.memo("op_arrays", (trace.ops,), build)
 
 
-def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
-    """The ``top_op_id`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op),
-    from :func:`op_arrays` ``o``."""
+def _of_ops(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
+    """``column`` of :func:`op_arrays` ``o`` for each of ``op_ids`` (floats; NaN: no op,
+    or an id the op table does not hold, gives NaN)."""
     ids = o["op_id"][o["by_id"]]
     at = np.searchsorted(ids, op_ids)
     hit = at < len(ids)
     hit[hit] = ids[at[hit]] == op_ids[hit]
     out = np.full(len(op_ids), np.nan)
-    out[hit] = o["top_op_id"][o["by_id"][at[hit]]]
+    out[hit] = o[column][o["by_id"][at[hit]]]
     return out
+
+
+def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``top_op_id`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op),
+    from :func:`op_arrays` ``o``."""
+    return _of_ops(o, "top_op_id", op_ids)
+
+
+def op_duration_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``duration_us`` (NaN where no such op) of each of ``op_ids`` (floats, NaN: no op),
+    from :func:`op_arrays` ``o``."""
+    return _of_ops(o, "duration_us", op_ids)
 
 
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
