@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_ps, sum_us, to_ps
+from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_us, to_ps
 from tracedx.analysis.kernels import KINDS, kernel_name_kinds
 from tracedx.trace import Trace
 
@@ -191,22 +191,8 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
     sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
     ops = trace.ops.select("op_id", *sig).filter(pl.col("op_id").is_in(stats["op_id"].implode()))
-    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id").with_row_index("__sig")
-    of_op = per_sig.select("__sig", "op_id").explode("op_id")
-    g4 = (
-        stats.join(of_op, on="op_id", how="inner", maintain_order="left")
-        .group_by("__sig", maintain_order=True)
-        .agg(
-            pl.len().alias("count"),
-            sum_ps("device_time_us").alias("device_ps"),
-            pl.col("kernels").sum(),
-            pl.col("max_grid_blocks").max(),
-            pl.col("tf32").any(),
-            pl.col("kernel_kind").first(),
-            sum_ps("host_device_copy_us").alias("copy_ps"),
-        )
-        .join(per_sig.drop("op_id"), on="__sig", how="left", maintain_order="left")
-    )
+    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id")
+    g4 = _signature_totals(stats, per_sig)
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
@@ -240,27 +226,67 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     transfer = (pl.col("host_device_copy_us") > 0) & (
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
     )
-    g = g.with_columns(
-        kernel_kind=pl.when(transfer).then(pl.lit(HOST_DEVICE_COPY)).otherwise("kernel_kind")
-    )
+    fixes = [
+        pl.when(transfer)
+        .then(pl.lit(HOST_DEVICE_COPY))
+        .otherwise("kernel_kind")
+        .alias("kernel_kind"),
+        pl.when(pl.col("tf32")).then(pl.lit("tf32")).alias("math_mode"),
+    ]
     if "family" in g.columns:
-        g = g.with_columns(
-            pl.when(~transfer).then(pl.col(c)).alias(c)
-            for c in ("flops", "bytes", "compute_dtype", "family", "tensor_core")
-            if c in g.columns
-        )
-    if "flops" in g.columns:
-        # a sum over nulls is 0 in polars: keep unmodelled groups null
-        g = g.with_columns(
-            flops=pl.when(pl.col("family").is_not_null()).then("flops"),
-            bytes=pl.when(pl.col("family").is_not_null()).then("bytes"),
-        )
+        # a copy group has no model; a sum over nulls is 0 in polars: keep unmodelled
+        # groups' flops and bytes null
+        modelled = ~transfer & pl.col("family").is_not_null()
+        fixes += [pl.when(modelled).then(c).alias(c) for c in ("flops", "bytes")]
+        fixes += [
+            pl.when(~transfer).then(c).alias(c) for c in ("compute_dtype", "family", "tensor_core")
+        ]
     return (
-        g.with_columns(
-            math_mode=pl.when(pl.col("tf32")).then(pl.lit("tf32")),
-        )
+        g.with_columns(fixes)
         .drop("tf32")
         .sort("device_time_us", descending=True, maintain_order=True)
+    )
+
+
+def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
+    """The launching ops' totals per call signature: ``per_sig``'s columns (one row per
+    signature, its ops in ``op_id``) and ``count``, ``device_ps`` and ``copy_ps`` (exact
+    picoseconds), ``kernels``, ``max_grid_blocks`` (max), ``tf32`` (any), ``kernel_kind``
+    (its first op's). ``stats`` is :func:`launching_op_stats` (in op order); the rows are in
+    the order of each signature's first op."""
+    sig_ops = per_sig["op_id"]
+    ids = sig_ops.explode().to_numpy()
+    sig_of = np.repeat(np.arange(per_sig.height), sig_ops.list.len().to_numpy())
+    order = np.argsort(ids, kind="stable")
+    at = np.searchsorted(ids[order], stats["op_id"].to_numpy())
+    hit = at < len(ids)
+    hit[hit] = ids[order][at[hit]] == stats["op_id"].to_numpy()[hit]
+    rows = np.flatnonzero(hit)  # the stats rows of ops in the op table
+    of = sig_of[order][at[hit]]
+    # signatures in the order of their first op
+    first = np.full(per_sig.height, len(stats), dtype=np.int64)
+    np.minimum.at(first, of, rows)
+    sigs = np.argsort(first, kind="stable")[: len(np.unique(of))]
+    rank = np.empty(per_sig.height, dtype=np.int64)
+    rank[sigs] = np.arange(len(sigs))
+    n = len(sigs)
+    g = rank[of]
+
+    def total(col: np.ndarray) -> np.ndarray:
+        return _group_sums(g, n, col[rows])
+
+    blocks = np.full(n, np.nan)
+    np.fmax.at(blocks, g, stats["max_grid_blocks"].cast(pl.Float64).to_numpy()[rows])
+    tf32 = np.zeros(n, dtype=bool)
+    np.logical_or.at(tf32, g, stats["tf32"].fill_null(False).to_numpy()[rows])
+    return per_sig.drop("op_id")[sigs].with_columns(
+        count=pl.Series(np.bincount(g, minlength=n), dtype=pl.UInt32),
+        device_ps=pl.Series(total(to_ps(stats["device_time_us"].to_numpy())), dtype=pl.Int64),
+        kernels=pl.Series(total(stats["kernels"].to_numpy().astype(np.int64)), dtype=pl.UInt32),
+        max_grid_blocks=pl.Series(blocks).fill_nan(None).cast(pl.Int64),
+        tf32=pl.Series(tf32, dtype=pl.Boolean),
+        kernel_kind=stats["kernel_kind"].gather(first[sigs]),
+        copy_ps=pl.Series(total(to_ps(stats["host_device_copy_us"].to_numpy())), dtype=pl.Int64),
     )
 
 
