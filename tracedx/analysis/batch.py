@@ -42,6 +42,7 @@ import polars as pl
 
 from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kernel_name_kinds
+from tracedx.analysis.timeline import optimizer_windows
 from tracedx.trace import Trace
 
 # Duration of a kernel with almost no work, by kind (us): in item_loop-sync.json.gz a
@@ -53,7 +54,6 @@ KERNEL_FLOOR_DEFAULT_US = 1.8
 USABLE_MEMORY_SHARE = 0.9
 
 _WEIGHT_OPERAND = {"aten::linear": 1, "aten::addmm": 2, "aten::embedding": 0}
-_OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 _WEIGHT_OPS = (*_WEIGHT_OPERAND, "aten::convolution", "aten::conv2d", "aten::conv1d")
 
 
@@ -148,7 +148,7 @@ def batch_model(
         None,
     )
     # launched inside the optimizer (host time of the launch inside its annotation)
-    ann = trace.annotations.filter(pl.col("name").str.contains(_OPTIMIZER_RE))
+    ann = optimizer_windows(trace)
     a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
     in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
     # only the ops read below: the weight operands' ops, and the ops of these kernels (the

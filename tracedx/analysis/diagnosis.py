@@ -25,6 +25,7 @@ from tracedx.analysis.timeline import (
     gpu_tree_tops,
     idle_by_cause,
     idle_gaps,
+    optimizer_windows,
     step_windows,
     sync_calls,
 )
@@ -400,7 +401,6 @@ def _fusable_chains(
     )
 
 
-_OUTSIDE_COMPILE_RE = r"^Optimizer\.(step|zero_grad)#"
 _KEPT_NO_GPU_RE = r"AccumulateGrad"
 
 
@@ -429,7 +429,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     n = max(st.height, 1)
     if st.height == 0:
         return 0.0, 0.0, 0.0
-    ann = trace.annotations.filter(pl.col("name").str.contains(_OUTSIDE_COMPILE_RE))
+    ann = optimizer_windows(trace)
     dl = dataloader_windows(trace)
     xs = np.concatenate(
         [ann["start_us"].to_numpy(), dl["start_us"].to_numpy() if dl.height else []]
@@ -437,28 +437,30 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     xe = np.concatenate([ann["end_us"].to_numpy(), dl["end_us"].to_numpy() if dl.height else []])
     out_s, out_e = union(xs, xe)
 
-    ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
-        "op_id", "parent_id", "top_op_id", "name", "start_us", "end_us", "duration_us"
+    o = op_arrays(trace)
+    in_steps = np.isin(o["step"], steps)
+    top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select(
+        "op_id",
+        "start_us",
+        "end_us",
+        "duration_us",
+        # (an op with no name is neither counted nor a node)
+        kept=pl.col("name").str.contains(_KEPT_NO_GPU_RE).fill_null(True),
+        node=pl.col("name").str.starts_with("autograd::engine::evaluate_function").fill_null(False),
     )
-    top = ops.filter(pl.col("parent_id").is_null())
-    tops_gpu = gpu_tree_tops(trace).implode()
-    none = top.filter(
-        ~pl.col("op_id").is_in(tops_gpu) & ~pl.col("name").str.contains(_KEPT_NO_GPU_RE)
-    )
-    none = none.filter(pl.Series(~inside(out_s, out_e, none["start_us"].to_numpy())))
-    no_gpu_us = float(none["duration_us"].sum()) / n
-    events = ops.filter(pl.col("top_op_id").is_in(none["op_id"].implode())).height / n
+    top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
+    kept = top["kept"].to_numpy()
+    launches = np.isin(top_id, gpu_tree_tops(trace).to_numpy())
+    none = ~launches & ~kept & ~inside(out_s, out_e, top["start_us"].to_numpy())
+    no_gpu_us = _float_sum(top_us[none]) / n
+    events = int((in_steps & np.isin(o["top_op_id"], top_id[none])).sum()) / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
     # duration less its child ops'): the compiled backward is one node
-    nodes = top.filter(
-        pl.col("name").str.starts_with("autograd::engine::evaluate_function")
-        & pl.col("op_id").is_in(tops_gpu)
-        & ~pl.col("name").str.contains(_KEPT_NO_GPU_RE)
-    )
-    if nodes.height:
-        kids = ops.filter(pl.col("parent_id").is_in(nodes["op_id"].implode()))["duration_us"].sum()
-        no_gpu_us += max(float(nodes["duration_us"].sum()) - float(kids), 0.0) / n
-        events += nodes.height / n
+    nodes = top["node"].to_numpy() & launches & ~kept
+    if nodes.any():
+        kids = _float_sum(o["duration_us"][in_steps & np.isin(o["parent_id"], top_id[nodes])])
+        no_gpu_us += max(_float_sum(top_us[nodes]) - kids, 0.0) / n
+        events += int(nodes.sum()) / n
     # Python: the CPU windows less the top-level ops and the windows outside the model
     cs, ce = union(
         np.concatenate([top["start_us"].to_numpy(), out_s]),

@@ -101,7 +101,7 @@ def _sums_by(keys: np.ndarray, of: np.ndarray, values: np.ndarray) -> np.ndarray
 
 def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     """The op table's columns as numpy arrays, for analyses that only count and sum:
-    ``op_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
+    ``op_id``, ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
     ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id`` order).
     Computed once per op table."""
 
@@ -114,6 +114,7 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
             "step": o["step"].cast(pl.Float64).to_numpy(),
             "start_us": o["start_us"].to_numpy(),
             "duration_us": o["duration_us"].to_numpy(),
+            "parent_id": o["parent_id"].cast(pl.Float64).to_numpy(),
             "is_top": o["parent_id"].is_null().to_numpy(),
             "by_id": np.argsort(ids, kind="stable"),
         }

@@ -47,15 +47,33 @@ import polars as pl
 from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
 from tracedx.analysis.intervals import gaps as _gaps
 from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
+from tracedx.analysis.ops import op_arrays, top_op_of
 from tracedx.trace import Trace
 
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
+OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 
 
 def dataloader_windows(trace: Trace) -> pl.DataFrame:
-    """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows)."""
-    return trace.annotations.filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+    """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows).
+    Computed once per annotations table."""
+    return trace.memo(
+        "dataloader_windows",
+        (trace.annotations,),
+        lambda: trace.annotations.filter(
+            (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+        ),
+    )
+
+
+def optimizer_windows(trace: Trace) -> pl.DataFrame:
+    """The host annotations of the optimizer's ``Optimizer.step#...`` and
+    ``Optimizer.zero_grad#...`` calls (the annotations table's rows). Computed once per
+    annotations table."""
+    return trace.memo(
+        "optimizer_windows",
+        (trace.annotations,),
+        lambda: trace.annotations.filter(pl.col("name").str.contains(OPTIMIZER_RE)),
     )
 
 
@@ -64,13 +82,11 @@ def gpu_tree_tops(trace: Trace) -> pl.Series:
     when it or a descendant made a runtime launch call). Computed once per set of tables."""
 
     def build() -> pl.Series:
-        launching = trace.launches["op_id"].drop_nulls().unique()
-        return (
-            trace.ops.select("op_id", "top_op_id")
-            .filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"]
-            .unique()
-            .sort()
-        )
+        launching = trace.launches["op_id"].cast(pl.Float64).to_numpy()
+        tops = top_op_of(op_arrays(trace), np.unique(launching[~np.isnan(launching)]))
+        known = np.unique(tops[~np.isnan(tops)]).astype(np.int64).tolist()
+        # sorted, a null (a launching op with no top-level op) first
+        return pl.Series("top_op_id", [None] * bool(np.isnan(tops).any()) + known, pl.Int64)
 
     return trace.memo("gpu_tree_tops", (trace.launches, trace.ops), build)
 
