@@ -102,7 +102,7 @@ def _sums_by(keys: np.ndarray, of: np.ndarray, values: np.ndarray) -> np.ndarray
 def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     """The op table's columns as numpy arrays, for analyses that only count and sum:
     ``op_id``, ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
-    ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id`` order).
+    ``end_us``, ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id`` order).
     Computed once per op table."""
 
     def build() -> dict[str, np.ndarray]:
@@ -113,6 +113,7 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
             "top_op_id": o["top_op_id"].cast(pl.Float64).to_numpy(),
             "step": o["step"].cast(pl.Float64).to_numpy(),
             "start_us": o["start_us"].to_numpy(),
+            "end_us": o["end_us"].to_numpy(),
             "duration_us": o["duration_us"].to_numpy(),
             "parent_id": o["parent_id"].cast(pl.Float64).to_numpy(),
             "is_top": o["parent_id"].is_null().to_numpy(),

@@ -391,31 +391,31 @@ def idle_gaps(
     # host activity classes, as disjoint unions
     syncs = sync_calls(trace)
     dl = dataloader_windows(trace)
-    # only the columns used: filtering the whole op table copies its nested shape columns
-    top_ops = trace.ops.select("op_id", "parent_id", "start_us", "end_us").filter(
-        pl.col("parent_id").is_null()
-    )
-    in_gpu_tree = pl.col("op_id").is_in(gpu_tree_tops(trace).implode())
+    # the top-level ops, on the side of the ops that launch GPU work or of those that do not
+    o = op_arrays(trace)
+    is_top = o["is_top"]
+    top_id = o["op_id"][is_top]
+    in_gpu_tree = np.isin(top_id, gpu_tree_tops(trace).to_numpy())
     if host_work_ops is not None and host_work_ops.len():
-        in_gpu_tree = in_gpu_tree & ~pl.col("op_id").is_in(host_work_ops.implode())
-    gpu_ops = top_ops.filter(in_gpu_tree)
-    cpu_ops = top_ops.filter(~in_gpu_tree)
+        in_gpu_tree &= ~np.isin(top_id, host_work_ops.to_numpy())
+    top_start, top_end = o["start_us"][is_top], o["end_us"][is_top]
     u_sync_end = np.sort(_arr(syncs, "end_us"))
     u_dl = union(_arr(dl, "start_us"), _arr(dl, "end_us"))
-    u_gop = union(_arr(gpu_ops, "start_us"), _arr(gpu_ops, "end_us"))
-    u_cop = union(_arr(cpu_ops, "start_us"), _arr(cpu_ops, "end_us"))
+    u_gop = union(top_start[in_gpu_tree], top_end[in_gpu_tree])
+    u_cop = union(top_start[~in_gpu_tree], top_end[~in_gpu_tree])
+    w_dev = windows["device"].to_numpy()
+    w_step = windows["step"].to_numpy()
+    w_start = windows["window_start_us"].to_numpy()
+    w_end = windows["window_end_us"].to_numpy()
     out = []
     for dev in trace.devices:
         g = gpu.filter(pl.col("device") == dev).sort("start_us")
         m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
         starts = g["start_us"].to_numpy()
-        launch = g["launch_start_us"].fill_null(float("nan")).to_numpy()
-        w = windows.filter(pl.col("device") == dev)
+        launch = g["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
+        mine = w_dev == dev
         for step, a, b in zip(
-            w["step"].to_list(),
-            w["window_start_us"].to_list(),
-            w["window_end_us"].to_list(),
-            strict=True,
+            w_step[mine].tolist(), w_start[mine].tolist(), w_end[mine].tolist(), strict=True
         ):
             gs, ge = _gaps(m_start, m_end, a, b)
             if len(gs) == 0:
@@ -427,15 +427,6 @@ def idle_gaps(
     if not out:
         return pl.DataFrame(schema=schema)
     step_col, dev_col, a, b, nl = (np.concatenate(c) for c in zip(*out, strict=True))
-    gp = pl.DataFrame(
-        {
-            "step": step_col,
-            "device": dev_col,
-            "start_us": a,
-            "end_us": b,
-            "next_launch_start_us": nl,
-        }
-    )
     dur = b - a
     # a sync returned inside the gap (or just before it: the queue drained as it returned)
     i0 = np.searchsorted(u_sync_end, a - 5.0, side="left")
@@ -451,13 +442,20 @@ def idle_gaps(
     cause = np.where(had_sync, "host sync", cause)
     queued = ~np.isnan(nl) & (nl <= a)
     cause = np.where(queued, "kernel wait", cause)
-    return gp.with_columns(
-        duration_us=pl.Series(dur),
-        cause=pl.Series(cause.astype(str)),
-        next_launch_start_us=pl.when(pl.col("next_launch_start_us").is_finite()).then(
-            pl.col("next_launch_start_us")
-        ),
-    ).select(list(schema))
+    return pl.DataFrame(
+        {
+            "step": step_col,
+            "device": dev_col,
+            "start_us": a,
+            "end_us": b,
+            "duration_us": dur,
+            "cause": cause.astype(str),
+            "next_launch_start_us": pl.Series(
+                np.where(np.isfinite(nl), nl, np.nan), nan_to_null=True
+            ),
+        },
+        schema=schema,
+    )
 
 
 def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
