@@ -19,7 +19,15 @@ from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
-from tracedx.analysis.ops import op_arrays, op_duration_of, op_groups, top_level_ops
+from tracedx.analysis.ops import (
+    is_in,
+    op_arrays,
+    op_duration_of,
+    op_groups,
+    rows_in_steps,
+    top_level_ops,
+    top_op_of,
+)
 from tracedx.analysis.timeline import (
     dataloader_windows,
     gpu_tree_tops,
@@ -315,8 +323,9 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     step, stream = k["step"].to_numpy(), k["stream"].to_numpy()
     # a kernel's host cost: its top-level op's host time over the kernels that op launched
     o = op_arrays(trace)
-    all_tops = trace.kernels["top_op_id"].drop_nulls().to_numpy()
-    tops, n_kernels = np.unique(all_tops, return_counts=True)
+    # the kernels each of these kernels' top-level ops launched, in all the trace
+    of_tops = trace.kernels.filter(pl.col("top_op_id").is_in(k["top_op_id"].implode()))
+    tops, n_kernels = np.unique(of_tops["top_op_id"].to_numpy(), return_counts=True)
     top = k["top_op_id"].cast(pl.Float64).to_numpy()
     at = np.searchsorted(tops, top)
     known = at < len(tops)
@@ -438,7 +447,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     out_s, out_e = union(xs, xe)
 
     o = op_arrays(trace)
-    in_steps = np.isin(o["step"], steps)
+    in_steps = rows_in_steps(trace.ops, steps)
     top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select(
         "op_id",
         "start_us",
@@ -450,15 +459,16 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     )
     top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
     kept = top["kept"].to_numpy()
-    launches = np.isin(top_id, gpu_tree_tops(trace).to_numpy())
+    launches = is_in(top_id, gpu_tree_tops(trace).to_numpy())
     none = ~launches & ~kept & ~inside(out_s, out_e, top["start_us"].to_numpy())
     no_gpu_us = _float_sum(top_us[none]) / n
-    events = int((in_steps & np.isin(o["top_op_id"], top_id[none])).sum()) / n
+    events = int(is_in(o["top_op_id"][in_steps], top_id[none]).sum()) / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
     # duration less its child ops'): the compiled backward is one node
     nodes = top["node"].to_numpy() & launches & ~kept
     if nodes.any():
-        kids = _float_sum(o["duration_us"][in_steps & np.isin(o["parent_id"], top_id[nodes])])
+        in_nodes = is_in(o["parent_id"][in_steps], top_id[nodes])
+        kids = _float_sum(o["duration_us"][in_steps][in_nodes])
         no_gpu_us += max(_float_sum(top_us[nodes]) - kids, 0.0) / n
         events += int(nodes.sum()) / n
     # Python: the CPU windows less the top-level ops and the windows outside the model
@@ -850,7 +860,7 @@ def _step_model(
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
     o = op_arrays(trace)
-    in_steps = np.isin(o["step"], steps)  # a null step (NaN) is in none
+    in_steps = rows_in_steps(trace.ops, steps)
 
     def per_step_median(step: np.ndarray, us: np.ndarray) -> float:
         # median over the analysed steps of the per-step sums, a step with no row counting 0
@@ -870,13 +880,15 @@ def _step_model(
     sync_count = int((~pageable).sum()) / n
     # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
     # synchronizes the stream) belongs to that copy: pinned memory + non_blocking removes it
-    own = ~pageable & ~np.isin(sc_op, sc_op[pageable & ~np.isnan(sc_op)])
+    own = ~pageable & ~is_in(sc_op, sc_op[pageable])
     own_sync_us = per_step_median(sc_step[own], sc_us[own])
     own_sync_count = int(own.sum()) / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
-    sync_tops = o["top_op_id"][np.isin(o["op_id"], sc_op[~pageable])]
-    sync_ops_host = _float_sum(o["duration_us"][np.isin(o["op_id"], sync_tops) & in_steps]) / n
+    sync_tops = top_op_of(o, sc_op[~pageable])
+    sync_ops_host = (
+        _float_sum(o["duration_us"][in_steps][is_in(o["op_id"][in_steps], sync_tops)]) / n
+    )
     page_us = per_step_median(sc_step[pageable], sc_us[pageable])
     # DataLoader __next__ windows inside the analysed steps
     dl = dataloader_windows(trace)
@@ -891,7 +903,7 @@ def _step_model(
     # the analysed steps' ops: whether their top-level op launches GPU work (an op without a
     # top-level op is on neither side), and whether they start in a DataLoader window
     top = o["top_op_id"][in_steps]
-    in_gpu_tree = np.isin(top, gpu_tree_tops(trace).to_numpy())
+    in_gpu_tree = is_in(top, gpu_tree_tops(trace).to_numpy())
     linked = ~np.isnan(top)
     gpu_side, no_gpu_side = linked & in_gpu_tree, linked & ~in_gpu_tree
     is_top = o["is_top"][in_steps]

@@ -102,7 +102,8 @@ def _sums_by(keys: np.ndarray, of: np.ndarray, values: np.ndarray) -> np.ndarray
 def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     """The op table's columns as numpy arrays, for analyses that only count and sum:
     ``op_id``, ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
-    ``end_us``, ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id`` order).
+    ``end_us``, ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id``
+    order; None when the table is in that order).
     Computed once per op table."""
 
     def build() -> dict[str, np.ndarray]:
@@ -117,21 +118,46 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
             "duration_us": o["duration_us"].to_numpy(),
             "parent_id": o["parent_id"].cast(pl.Float64).to_numpy(),
             "is_top": o["parent_id"].is_null().to_numpy(),
-            "by_id": np.argsort(ids, kind="stable"),
+            # the table is written in op_id order: no sort then
+            "by_id": None if np.all(ids[1:] > ids[:-1]) else np.argsort(ids, kind="stable"),
         }
 
     return trace.memo("op_arrays", (trace.ops,), build)
 
 
+def rows_in_steps(table: pl.DataFrame, steps: list[int]) -> np.ndarray:
+    """Whether each row of ``table`` has its ``step`` in ``steps`` (a null step is in none),
+    as a numpy bool array."""
+    return table.select(pl.col("step").is_in(steps).fill_null(False)).to_series().to_numpy()
+
+
+def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``ids`` (integer ids; either may be floats with
+    NaN for null, which is in nothing): ``np.isin`` on integers, which looks ids up in a
+    table (linear time) rather than sorting."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind == "f":
+        ids = ids[~np.isnan(ids)]
+    values = np.asarray(values)
+    if values.dtype.kind != "f":
+        return np.isin(values, ids.astype(np.int64))
+    out = np.zeros(len(values), dtype=bool)
+    known = ~np.isnan(values)
+    out[known] = np.isin(values[known].astype(np.int64), ids.astype(np.int64))
+    return out
+
+
 def _of_ops(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
     """``column`` of :func:`op_arrays` ``o`` for each of ``op_ids`` (floats; NaN: no op,
     or an id the op table does not hold, gives NaN)."""
-    ids = o["op_id"][o["by_id"]]
+    by_id = o["by_id"]
+    ids = o["op_id"] if by_id is None else o["op_id"][by_id]
     at = np.searchsorted(ids, op_ids)
     hit = at < len(ids)
     hit[hit] = ids[at[hit]] == op_ids[hit]
     out = np.full(len(op_ids), np.nan)
-    out[hit] = o[column][o["by_id"][at[hit]]]
+    rows = at[hit] if by_id is None else by_id[at[hit]]
+    out[hit] = o[column][rows]
     return out
 
 
@@ -300,7 +326,9 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
     """
     o = op_arrays(trace)
-    in_steps = np.ones(len(o["op_id"]), dtype=bool) if steps is None else np.isin(o["step"], steps)
+    in_steps = (
+        np.ones(len(o["op_id"]), dtype=bool) if steps is None else rows_in_steps(trace.ops, steps)
+    )
     if not in_steps.any():
         return pl.DataFrame(
             schema={
@@ -315,13 +343,14 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             }
         )
     top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select("op_id", "name", "duration_us")
-    # the GPU time and kernels, the launches and launch time under each top-level op
+    # only the GPU events and launches under these top-level ops (not the whole trace's)
     tops = top["op_id"].to_numpy()
-    gpu = trace.gpu_activity()
-    g_top = gpu["top_op_id"].cast(pl.Float64).to_numpy()
+    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(top["op_id"].implode()))
+    g_top = gpu["top_op_id"].to_numpy()
     device_ps = _sums_by(tops, g_top, to_ps(gpu["duration_us"].to_numpy()))
     kernels = _sums_by(tops, g_top, (gpu["kind"] == "kernel").to_numpy().astype(np.int64))
-    la = trace.launches
+    under = trace.ops.filter(pl.col("top_op_id").is_in(top["op_id"].implode()))["op_id"]
+    la = trace.launches.filter(pl.col("op_id").is_in(under.implode()))
     la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
     launches = _sums_by(tops, la_top, np.ones(la.height, dtype=np.int64))
     launch_ps = _sums_by(tops, la_top, to_ps(la["duration_us"].to_numpy()))

@@ -47,7 +47,7 @@ import polars as pl
 from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
 from tracedx.analysis.intervals import gaps as _gaps
 from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
-from tracedx.analysis.ops import op_arrays, top_op_of
+from tracedx.analysis.ops import is_in, op_arrays, top_op_of
 from tracedx.trace import Trace
 
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
@@ -395,9 +395,9 @@ def idle_gaps(
     o = op_arrays(trace)
     is_top = o["is_top"]
     top_id = o["op_id"][is_top]
-    in_gpu_tree = np.isin(top_id, gpu_tree_tops(trace).to_numpy())
+    in_gpu_tree = is_in(top_id, gpu_tree_tops(trace).to_numpy())
     if host_work_ops is not None and host_work_ops.len():
-        in_gpu_tree &= ~np.isin(top_id, host_work_ops.to_numpy())
+        in_gpu_tree &= ~is_in(top_id, host_work_ops.to_numpy())
     top_start, top_end = o["start_us"][is_top], o["end_us"][is_top]
     u_sync_end = np.sort(_arr(syncs, "end_us"))
     u_dl = union(_arr(dl, "start_us"), _arr(dl, "end_us"))
