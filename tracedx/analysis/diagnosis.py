@@ -535,9 +535,10 @@ def diagnose(
     summary: dict[str, Any] = {"steps": n, "devices": _device_summaries(w)}
     primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
     # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
-    gpu = trace.gpu_activity().filter(pl.col("step").is_in(chosen))
-    if primary is not None:
-        gpu = gpu.filter(pl.col("device") == primary)
+    in_chosen = pl.col("step").is_in(chosen)
+    gpu = trace.gpu_activity().filter(
+        in_chosen if primary is None else in_chosen & (pl.col("device") == primary)
+    )
     kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
     peer_note = _peer_wait_note(trace, kinds, n)
     if peer_note:

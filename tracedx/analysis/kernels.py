@@ -95,17 +95,11 @@ def gpu_breakdown(
         )
     # the name rules (regexes) once per distinct kernel name, not once per event
     if name_kinds is None:
-        kinds = gpu.select(pl.col("name").unique()).with_columns(nkind=kind_expr("name"))
-    else:
-        kinds = name_kinds.select("name", nkind="kind")
-    k = gpu.join(kinds, on="name", how="left").with_columns(
-        kkind=pl.when(pl.col("kind") == "kernel").then(pl.col("nkind")).otherwise(pl.lit("copy"))
-    )
-    out = (
-        k.group_by("kkind")
-        .agg(count=pl.len(), device_time_us=sum_us("duration_us"))
-        .rename({"kkind": "kind"})
-    )
+        name_kinds = gpu.select(pl.col("name").unique()).with_columns(kind=kind_expr("name"))
+    name_kind = pl.col("name").replace_strict(name_kinds["name"], name_kinds["kind"], default=None)
+    out = gpu.group_by(
+        kind=pl.when(pl.col("kind") == "kernel").then(name_kind).otherwise(pl.lit("copy"))
+    ).agg(count=pl.len(), device_time_us=sum_us("duration_us"))
     total = sum_us_of(out["device_time_us"].to_numpy()) or 1.0
     n = max(n_steps, 1)
     return out.with_columns(
