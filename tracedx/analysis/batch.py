@@ -42,6 +42,7 @@ import polars as pl
 
 from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kernel_name_kinds
+from tracedx.analysis.ops import op_arrays, op_signatures, op_step_of
 from tracedx.analysis.timeline import optimizer_windows
 from tracedx.trace import Trace
 
@@ -151,16 +152,11 @@ def batch_model(
     ann = optimizer_windows(trace)
     a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
     in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
-    # only the ops read below: the weight operands' ops, and the ops of these kernels (the
-    # whole op table's shapes are slow to filter and to turn into lists)
-    k_op = k["op_id"].cast(pl.Float64).to_numpy()
-    weight_op = pl.col("name").is_in(list(_WEIGHT_OPS))
-    ops = trace.ops.filter(
-        pl.col("step").is_in(steps) & (weight_op | pl.col("op_id").is_in(k["op_id"].implode()))
-    ).select("op_id", "name", "input_shapes", "input_dtypes", weight_op=weight_op)
+    # the weight operands' shapes, from the ops of the steps that take weights (the whole op
+    # table's shapes are slow to filter and to turn into lists)
     wshapes = weight_shapes(
-        ops.lazy()
-        .filter("weight_op")
+        trace.ops.lazy()
+        .filter(pl.col("step").is_in(steps) & pl.col("name").is_in(list(_WEIGHT_OPS)))
         .select("name", "input_shapes")
         .unique(maintain_order=True)
         .collect()
@@ -175,17 +171,11 @@ def batch_model(
                 bandwidth_bound.add((name, str(sh), str(dt)))
     from tracedx.analysis.diagnosis import _tensor_bytes
 
-    # per distinct (name, shapes, dtypes) of the kernels' ops, not per kernel: whether every
-    # tensor input is weight-shaped, and the weight byte share w of a bandwidth-bound one
-    groups = (
-        ops.lazy()
-        .filter(pl.col("op_id").is_in(k["op_id"].implode()))
-        .group_by("name", "input_shapes", "input_dtypes")
-        .agg("op_id")
-        .collect()
-    )
+    # per call signature of the launching ops, not per kernel: whether every tensor input is
+    # weight-shaped, and the weight byte share w of a bandwidth-bound one
+    groups = op_signatures(trace, steps)
     weight_only, share = [], []
-    for name, sh, dt, _ in groups.rows():
+    for name, sh, dt, _, _ in groups.rows():
         shapes = [x for x in (sh or []) if x]
         weight_only.append(bool(shapes) and all(_shape_key(x) in wshapes for x in shapes))
         w = 0.0
@@ -199,7 +189,10 @@ def batch_model(
             tot = sum(x for x, _ in b)
             w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
         share.append(w)
-    # each kernel's op's group (a kernel with no op, or whose op is in no group: none)
+    # each kernel's op's signature (none for a kernel with no op, or whose op is not in the
+    # analysed steps)
+    k_op = k["op_id"].cast(pl.Float64).to_numpy()
+    k_op = np.where(np.isin(op_step_of(op_arrays(trace), k_op), steps), k_op, np.nan)
     group_ops = groups["op_id"]
     op_ids = group_ops.explode().to_numpy()
     of_group = np.repeat(np.arange(groups.height), group_ops.list.len().to_numpy())

@@ -27,8 +27,14 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     ``max_grid_blocks``, ``tf32`` and ``kernel_kind`` are null for an op that launched no
     kernel. ``host_device_copy_us`` is the device time of its host-to-device and
     device-to-host memcpys (PCIe or NVLink-C2C, not device memory). Times are summed as
-    exact integer picoseconds (:func:`~tracedx.analysis.intervals.sum_us`).
+    exact integer picoseconds (:func:`~tracedx.analysis.intervals.sum_us`). Computed once
+    per set of tables and steps.
     """
+    tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
+    return trace.memo(f"launching_op_stats {steps}", tables, lambda: _launching(trace, steps))
+
+
+def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     launched = pl.col("op_id").is_not_null()
     if steps is not None:
         launched = launched & pl.col("step").is_in(steps)
@@ -167,6 +173,12 @@ def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
     return _of_ops(o, "top_op_id", op_ids)
 
 
+def op_step_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``step`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op), from
+    :func:`op_arrays` ``o``."""
+    return _of_ops(o, "step", op_ids)
+
+
 def op_duration_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
     """The ``duration_us`` (NaN where no such op) of each of ``op_ids`` (floats, NaN: no op),
     from :func:`op_arrays` ``o``."""
@@ -217,10 +229,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # Two levels, so that the nested key columns are hashed once per launching op: first by
     # the full call signature (what the FLOP model reads) in op order, then the few
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
-    sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
-    ops = trace.ops.select("op_id", *sig).filter(pl.col("op_id").is_in(stats["op_id"].implode()))
-    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id")
-    g4 = _signature_totals(stats, per_sig)
+    g4 = _signature_totals(stats, op_signatures(trace, steps))
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
@@ -274,6 +283,26 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         .drop("tf32")
         .sort("device_time_us", descending=True, maintain_order=True)
     )
+
+
+def op_signatures(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    """The ops of :func:`launching_op_stats` grouped by call signature (what the FLOP models
+    read): ``name``, ``input_shapes``, ``input_dtypes``, ``concrete_inputs`` and ``op_id``
+    (the list of its ops), in the order of each signature's first row in the op table.
+    Computed once per set of tables and steps (the op groups and the batch model read it)."""
+
+    def build() -> pl.DataFrame:
+        stats = launching_op_stats(trace, steps)
+        sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
+        return (
+            trace.ops.select("op_id", *sig)
+            .filter(pl.col("op_id").is_in(stats["op_id"].implode()))
+            .group_by(sig, maintain_order=True)
+            .agg("op_id")
+        )
+
+    tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
+    return trace.memo(f"op_signatures {steps}", tables, build)
 
 
 def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
