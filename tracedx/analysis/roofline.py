@@ -110,15 +110,14 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
     intensity = pl.when(nbytes > 0).then(flops / nbytes).otherwise(None)
     achieved_tflops = pl.when(t_ok).then(flops / t_us / 1e6).otherwise(None)
     achieved_gbps = pl.when(t_ok).then(nbytes / t_us / 1e3).otherwise(None)
-    measured = [
+    df = df.with_columns(
         intensity.alias("intensity"),
         achieved_tflops.alias("achieved_tflops"),
         achieved_gbps.alias("achieved_gbps"),
-    ]
+    )
 
     if spec is None or not spec.bandwidth_gbs or spec.bandwidth_gbs <= 0:
         return df.with_columns(
-            *measured,
             pl.lit(None, dtype=pl.Float64).alias("peak_tflops"),
             pl.lit(None, dtype=pl.Float64).alias("ridge_point"),
             pl.lit(None, dtype=pl.Float64).alias("bound_tflops"),
@@ -127,8 +126,6 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
             pl.lit(None, dtype=pl.Utf8).alias("regime"),
         ).select(order)
 
-    # one with_columns: each column below is an expression of the inputs, not of the columns
-    # added before it (each eager polars call has a fixed cost)
     bw = float(spec.bandwidth_gbs)  # GB/s
     mode = pl.col("compute_dtype").cast(pl.Utf8)
     if "math_mode" in df.columns:
@@ -144,12 +141,15 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         .otherwise(pl.lit("vec:fp32"))
     )
     peaks = _peak_table(spec)
-    peak_c = roof_key.replace_strict(
+    peak = roof_key.replace_strict(
         list(peaks), list(peaks.values()), default=None, return_dtype=pl.Float64
     )
+    df = df.with_columns(peak.alias("peak_tflops"))
+
+    peak_c = pl.col("peak_tflops")
     ridge = peak_c * 1e3 / bw  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
-    bound = pl.min_horizontal(peak_c, intensity * bw / 1e3)
-    bound = pl.when(peak_c.is_null() | intensity.is_null()).then(None).otherwise(bound)
+    bound = pl.min_horizontal(peak_c, pl.col("intensity") * bw / 1e3)
+    bound = pl.when(peak_c.is_null() | pl.col("intensity").is_null()).then(None).otherwise(bound)
     compute_us = pl.when(flops == 0).then(pl.lit(0.0)).otherwise(flops / (peak_c * 1e6))
     memory_us = nbytes / (bw * 1e3)  # bytes / (GB/s) -> us
     roof_us = (
@@ -157,8 +157,19 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         .then(None)
         .otherwise(pl.max_horizontal(compute_us, memory_us))
     )
-    frac = pl.when(t_ok).then(roof_us / t_us).otherwise(None)
+    df = df.with_columns(
+        ridge.alias("ridge_point"),
+        bound.alias("bound_tflops"),
+        roof_us.alias("roofline_time_us"),
+    )
+    df = df.with_columns(
+        pl.when(t_ok)
+        .then(pl.col("roofline_time_us") / t_us)
+        .otherwise(None)
+        .alias("bound_fraction")
+    )
 
+    frac = pl.col("bound_fraction")
     underfilled = frac < UNDERFILLED_FRACTION
     if spec.num_sms is not None and "max_grid_blocks" in df.columns:
         grid = pl.col("max_grid_blocks").cast(pl.Float64)
@@ -166,28 +177,20 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
     by_intensity = (
         pl.when(pl.col("flops") == 0)
         .then(pl.lit("bandwidth"))
-        .when(intensity >= ridge)
+        .when(pl.col("intensity") >= pl.col("ridge_point"))
         .then(pl.lit("compute"))
-        .when(intensity < ridge)
+        .when(pl.col("intensity") < pl.col("ridge_point"))
         .then(pl.lit("bandwidth"))
         .otherwise(pl.lit(None, dtype=pl.Utf8))
     )
     regime = (
-        pl.when(intensity.is_null())
+        pl.when(pl.col("intensity").is_null())
         .then(pl.lit(None, dtype=pl.Utf8))
         .when(underfilled.fill_null(False) & by_intensity.is_not_null())
         .then(pl.lit("under-filled"))
         .otherwise(by_intensity)
     )
-    return df.with_columns(
-        *measured,
-        peak_c.alias("peak_tflops"),
-        ridge.alias("ridge_point"),
-        bound.alias("bound_tflops"),
-        roof_us.alias("roofline_time_us"),
-        frac.alias("bound_fraction"),
-        regime.alias("regime"),
-    ).select(order)
+    return df.with_columns(regime.alias("regime")).select(order)
 
 
 def decode_ceiling(
