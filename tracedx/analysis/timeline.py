@@ -106,28 +106,39 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
-    la = trace.launches
-    page = trace.memcpys.filter(
-        (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
-    ).filter(pl.col("correlation").is_not_null())
-    small_dtoh = page.filter(
-        (pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)
+    # the copies from or to pageable memory (with a launch to match), and which of them are
+    # small device-to-host ones (a synchronous read of a value); the few memcpys in numpy
+    m = trace.memcpys.select(
+        "correlation",
+        page=(
+            (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
+        ).fill_null(False)
+        & pl.col("correlation").is_not_null(),
+        small=((pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)).fill_null(
+            False
+        ),
     )
-    big = page.filter(~pl.col("correlation").is_in(small_dtoh["correlation"].implode()))
+    corr, page, small = (m[c].to_numpy() for c in ("correlation", "page", "small"))
+    small_dtoh = corr[page & small].astype(np.int64)
+    big = corr[page & ~np.isin(corr, small_dtoh)].astype(np.int64)
     is_sync = pl.col("api_kind") == "sync"
     is_copy = pl.col("api_kind") == "memcpy"
     sync_copy = is_copy & (
-        ~pl.col("name").str.contains("Async")
-        | pl.col("correlation").is_in(small_dtoh["correlation"].implode())
+        ~pl.col("name").str.contains("Async") | pl.col("correlation").is_in(_ids(small_dtoh))
     )
-    pageable = is_copy & pl.col("correlation").is_in(big["correlation"].implode())
-    return la.filter(is_sync | sync_copy | pageable).with_columns(
+    pageable = is_copy & pl.col("correlation").is_in(_ids(big))
+    return trace.launches.filter(is_sync | sync_copy | pageable).with_columns(
         blocking_reason=pl.when(is_sync)
         .then(pl.lit("synchronize"))
         .when(sync_copy)
         .then(pl.lit("synchronous copy"))
         .otherwise(pl.lit("pageable memcpy"))
     )
+
+
+def _ids(ids: np.ndarray) -> pl.Series:
+    """An int64 array as the imploded Series ``is_in`` takes."""
+    return pl.Series(ids, dtype=pl.Int64).implode()
 
 
 def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
