@@ -208,8 +208,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
         .otherwise(pl.lit("Device"))
     )
     return (
-        m.with_columns(host_memory=host_mem)
-        .group_by("device", "direction", "host_memory")
+        m.group_by("device", "direction", host_memory=host_mem)
         .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
         .with_columns(
             achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
@@ -314,7 +313,10 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "launch_start_us",
         fus=pl.col("name").replace_strict(
             names["name"],
-            names["kind"].is_in(FUSABLE_KINDS) & ~names["name"].str.starts_with("triton_"),
+            [
+                kind in FUSABLE_KINDS and not name.startswith("triton_")
+                for name, kind in zip(names["name"], names["kind"], strict=True)
+            ],
         ),
     )
     if k.height == 0:
