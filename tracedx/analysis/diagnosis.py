@@ -24,7 +24,7 @@ from tracedx.analysis.ops import (
     op_arrays,
     op_duration_of,
     op_groups,
-    rows_in_steps,
+    ops_in_steps,
     top_level_ops,
     top_op_of,
 )
@@ -449,15 +449,22 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     out_s, out_e = union(xs, xe)
 
     o = op_arrays(trace)
-    in_steps = rows_in_steps(trace.ops, steps)
-    top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select(
-        "op_id",
-        "start_us",
-        "end_us",
-        "duration_us",
-        # (an op with no name is neither counted nor a node)
-        kept=pl.col("name").str.contains(_KEPT_NO_GPU_RE).fill_null(True),
-        node=pl.col("name").str.starts_with("autograd::engine::evaluate_function").fill_null(False),
+    in_steps = ops_in_steps(trace, steps)
+    cols = ["op_id", "start_us", "end_us", "duration_us", "name"]
+    top = (
+        trace.ops[cols]
+        .filter(pl.Series(in_steps & o["is_top"]))
+        .select(
+            "op_id",
+            "start_us",
+            "end_us",
+            "duration_us",
+            # (an op with no name is neither counted nor a node)
+            kept=pl.col("name").str.contains(_KEPT_NO_GPU_RE).fill_null(True),
+            node=pl.col("name")
+            .str.starts_with("autograd::engine::evaluate_function")
+            .fill_null(False),
+        )
     )
     top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
     kept = top["kept"].to_numpy()
@@ -863,7 +870,7 @@ def _step_model(
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
     o = op_arrays(trace)
-    in_steps = rows_in_steps(trace.ops, steps)
+    in_steps = ops_in_steps(trace, steps)
 
     def per_step_median(step: np.ndarray, us: np.ndarray) -> float:
         # median over the analysed steps of the per-step sums, a step with no row counting 0

@@ -131,10 +131,17 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     return trace.memo("op_arrays", (trace.ops,), build)
 
 
-def rows_in_steps(table: pl.DataFrame, steps: list[int]) -> np.ndarray:
-    """Whether each row of ``table`` has its ``step`` in ``steps`` (a null step is in none),
-    as a numpy bool array."""
-    return table.select(pl.col("step").is_in(steps).fill_null(False)).to_series().to_numpy()
+def ops_in_steps(trace: Trace, steps: list[int] | None) -> np.ndarray:
+    """Whether each op of the op table has its ``step`` in ``steps`` (all of them for None; a
+    null step is in none), as a numpy bool array. Computed once per op table and steps."""
+
+    def build() -> np.ndarray:
+        if steps is None:
+            return np.ones(trace.ops.height, dtype=bool)
+        in_steps = pl.col("step").is_in(steps).fill_null(False)
+        return trace.ops.select(in_steps).to_series().to_numpy()
+
+    return trace.memo(f"ops_in_steps {steps}", (trace.ops,), build)
 
 
 def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -355,9 +362,7 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
     """
     o = op_arrays(trace)
-    in_steps = (
-        np.ones(len(o["op_id"]), dtype=bool) if steps is None else rows_in_steps(trace.ops, steps)
-    )
+    in_steps = ops_in_steps(trace, steps)
     if not in_steps.any():
         return pl.DataFrame(
             schema={
@@ -371,14 +376,15 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
                 "host_us_per_kernel": pl.Float64,
             }
         )
-    top = trace.ops.filter(pl.Series(in_steps & o["is_top"])).select("op_id", "name", "duration_us")
+    top = trace.ops[["op_id", "name", "duration_us"]].filter(pl.Series(in_steps & o["is_top"]))
     # only the GPU events and launches under these top-level ops (not the whole trace's)
     tops = top["op_id"].to_numpy()
-    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(top["op_id"].implode()))
+    is_under = pl.col("top_op_id").is_in(top["op_id"].implode())
+    gpu = trace.gpu_activity().filter(is_under)
     g_top = gpu["top_op_id"].to_numpy()
     device_ps = _sums_by(tops, g_top, to_ps(gpu["duration_us"].to_numpy()))
     kernels = _sums_by(tops, g_top, (gpu["kind"] == "kernel").to_numpy().astype(np.int64))
-    under = trace.ops.filter(pl.col("top_op_id").is_in(top["op_id"].implode()))["op_id"]
+    under = trace.ops[["op_id", "top_op_id"]].filter(is_under)["op_id"]
     la = trace.launches.filter(pl.col("op_id").is_in(under.implode()))
     la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
     launches = _sums_by(tops, la_top, np.ones(la.height, dtype=np.int64))
