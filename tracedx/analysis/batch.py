@@ -42,7 +42,7 @@ import polars as pl
 
 from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kernel_name_kinds
-from tracedx.analysis.ops import op_arrays, op_signatures, op_step_of
+from tracedx.analysis.ops import op_arrays, op_signatures, op_step_of, ops_in_steps
 from tracedx.analysis.timeline import optimizer_windows
 from tracedx.trace import Trace
 
@@ -154,12 +154,11 @@ def batch_model(
     in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
     # the weight operands' shapes, from the ops of the steps that take weights (the whole op
     # table's shapes are slow to filter and to turn into lists)
+    takes_weights = pl.lit(pl.Series(ops_in_steps(trace, steps))) & pl.col("name").is_in(
+        list(_WEIGHT_OPS)
+    )
     wshapes = weight_shapes(
-        trace.ops.lazy()
-        .filter(pl.col("step").is_in(steps) & pl.col("name").is_in(list(_WEIGHT_OPS)))
-        .select("name", "input_shapes")
-        .unique(maintain_order=True)
-        .collect()
+        trace.ops[["name", "input_shapes"]].filter(takes_weights).unique(maintain_order=True)
     )
     # roofline position per op group (name, shapes, dtypes)
     bandwidth_bound: set[tuple] = set()
@@ -216,10 +215,8 @@ def batch_model(
     is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
     is_scaled = ~is_fixed & ~is_gemm
     gemm = np.column_stack([t, fill, k_w])[is_gemm]
-    floor = (
-        k["kk"]
-        .replace_strict(KERNEL_FLOOR_US, default=KERNEL_FLOOR_DEFAULT_US, return_dtype=pl.Float64)
-        .to_numpy()[is_scaled]
+    floor = np.array(
+        [KERNEL_FLOOR_US.get(x, KERNEL_FLOOR_DEFAULT_US) for x in kind[is_scaled]], dtype=float
     )
     ts = t[is_scaled]
     scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])

@@ -142,7 +142,7 @@ class OpCost:
 
 
 def _prod(xs: Sequence[int]) -> int:
-    return math.prod(int(x) for x in xs)
+    return math.prod(map(int, xs))
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class OpArgs:
 
     def shape(self, i: int) -> list[int] | None:
         """The shape of input ``i`` (``[]`` for a 0-dim tensor), or None if not a tensor."""
-        return [int(x) for x in self.shapes[i]] if self.is_tensor(i) else None
+        return list(map(int, self.shapes[i])) if self.is_tensor(i) else None
 
     def numel(self, i: int) -> int:
         s = self.shape(i)
