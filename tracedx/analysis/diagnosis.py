@@ -1271,20 +1271,18 @@ def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]
     return regime, bott, ev
 
 
+def _kernels_with_kind(trace: Trace, w: pl.DataFrame, device: int | None) -> pl.DataFrame:
+    """The kernels of ``device`` in the steps of the windows ``w``, with their kind (``kk``,
+    :func:`~tracedx.analysis.kernels.kernel_name_kinds`)."""
+    names = kernel_name_kinds(trace)
+    return trace.kernels.filter(
+        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+    ).with_columns(kk=pl.col("name").replace_strict(names["name"], names["kind"]))
+
+
 def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float:
     """Share of GEMM/conv kernel time in fp32 kernels that do not use tensor cores (by name)."""
-    k = (
-        trace.kernels.filter(
-            pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-        )
-        .join(
-            kernel_name_kinds(trace).select("name", kk="kind"),
-            on="name",
-            how="left",
-            maintain_order="left",
-        )
-        .with_columns(low=pl.col("name").str.to_lowercase())
-    )
+    k = _kernels_with_kind(trace, w, device).with_columns(low=pl.col("name").str.to_lowercase())
     mat = k.filter(pl.col("kk").is_in(["gemm", "convolution"]))
     total = float(mat["duration_us"].sum())
     if total <= 0:
@@ -1372,21 +1370,10 @@ def _underfilled_matrix_share(trace: Trace, w: pl.DataFrame, device: int | None)
     sms = _num_sms(trace, device)
     if not sms or device is None:
         return 0.0
-    k = (
-        trace.kernels.filter(
-            pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-        )
-        .join(
-            kernel_name_kinds(trace).select("name", kk="kind"),
-            on="name",
-            how="left",
-            maintain_order="left",
-        )
-        .with_columns(
-            blocks=pl.col("grid_x").fill_null(1)
-            * pl.col("grid_y").fill_null(1)
-            * pl.col("grid_z").fill_null(1),
-        )
+    k = _kernels_with_kind(trace, w, device).with_columns(
+        blocks=pl.col("grid_x").fill_null(1)
+        * pl.col("grid_y").fill_null(1)
+        * pl.col("grid_z").fill_null(1),
     )
     small = k.filter(
         pl.col("kk").is_in(["gemm", "convolution", "attention"]) & (pl.col("blocks") < sms)
