@@ -189,3 +189,50 @@ def test_an_error_after_a_cached_load_is_still_one_line(tmp_path):
         f"tracedx: using the cached tables of {p} and {q} (in {cache.cache_dir()}; --no-cache "
         "reads the files)"
     )
+
+
+def _fake_entry(root: Path, name: str, size: int, mtime: float) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "kernels.arrow").write_bytes(b"x" * size)
+    os.utime(d, (mtime, mtime))
+    return d
+
+
+def test_prune_removes_the_least_recently_used_entries_down_to_the_cap(monkeypatch):
+    root = cache.cache_dir()
+    old = _fake_entry(root, "a" * 32, 4000, 1_000)
+    mid = _fake_entry(root, "b" * 32, 4000, 2_000)
+    new = _fake_entry(root, "c" * 32, 4000, 3_000)
+    kept = _fake_entry(root, "d" * 32, 4000, 500)  # the oldest, but the one just stored
+    stale = _fake_entry(root, ".e.tmp", 10, 0)  # a killed write's temporary folder
+    fresh_tmp = _fake_entry(root, ".f.tmp", 10, os.stat(root).st_mtime)  # one being written
+    # 16000 bytes in entries, cap 9000: the oldest two not kept go, 8000 are left
+    assert cache.prune(keep=kept, limit=9000) == 8000
+    assert not old.exists() and not mid.exists() and not stale.exists()
+    assert new.exists() and kept.exists() and fresh_tmp.exists()
+    assert cache.prune(keep=kept, limit=9000) == 0
+
+
+def test_the_cap_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(cache.MAX_ENV, "3")
+    assert cache.max_bytes() == 3 * 1024**2
+    for bad in ("", "-1", "2.5", "lots"):
+        monkeypatch.setenv(cache.MAX_ENV, bad)
+        assert cache.max_bytes() == cache.DEFAULT_MAX_BYTES
+
+
+def test_storing_an_entry_evicts_the_unused_ones_and_a_hit_counts_as_use(tmp_path, monkeypatch):
+    a, b, c = (shutil.copy(SAMPLES / NAMES[0], tmp_path / f"{n}.json.gz") for n in "abc")
+    cache.load(a)
+    cache.load(b)
+    ea, eb = cache.entry_path(a), cache.entry_path(b)
+    os.utime(ea, (1_000, 1_000))
+    os.utime(eb, (2_000, 2_000))
+    assert cache.load(a)[1]  # a hit: a is now the most recently used
+    assert os.stat(ea).st_mtime > 2_000
+    one = sum(f.stat().st_size for f in eb.iterdir())
+    monkeypatch.setattr(cache, "max_bytes", lambda: 2 * one + one // 2)
+    cache.load(c)  # three entries over a cap of two and a half: b, least recently used, goes
+    assert ea.is_dir() and cache.entry_path(c).is_dir() and not eb.exists()
+    assert not cache.load(b)[1]  # a miss now: read again and stored

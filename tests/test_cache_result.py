@@ -231,8 +231,16 @@ def test_a_pickle_in_a_folder_others_may_write_is_not_read(trace):
     assert oct(cache.cache_dir().stat().st_mode & 0o777) == oct(0o700)
     os.chmod(cache.cache_dir(), 0o777)
     try:
-        assert cache.read_result(trace, key) is None
+        notes = []
+        assert cache.read_result(trace, key, on_note=notes.append) is None
+        assert notes == [
+            f"{cache.cache_dir()} is not this user's alone (others can write to it): cached "
+            f"diagnoses are not read from it (chmod 700 {cache.cache_dir()} to reuse them)"
+        ]
         assert cache.read_result_doc(trace, key) is not None  # plain JSON: still used
+        # the command line says it, with the answer all the same
+        r = _run("diagnose", trace, "--max-step-ms", "1000")
+        assert "is not this user's alone" in _note(r)
     finally:
         os.chmod(cache.cache_dir(), 0o700)
 

@@ -27,7 +27,10 @@ back is a miss: the diagnosis runs again and replaces it; it never changes an an
 
 The folder is ``$TRACEDX_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/tracedx`` (by default
 ``~/.cache/tracedx``, the XDG Base Directory specification's user cache folder); never next to
-the trace. Nothing evicts entries: remove the folder to reclaim the space.
+the trace. The folder is kept under a size cap (:func:`max_bytes`: 5 GiB unless
+``$TRACEDX_CACHE_MAX_MB`` says otherwise): after each entry is stored, the least recently used
+entries are removed until the rest fit (:func:`prune`; an entry is used when it is stored or
+read). An entry removed while another command reads it is a miss there.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,12 @@ FORMAT = 2
 META_NAME = "trace.json"
 RESULT_PREFIX = "result-"
 DIR_MODE = 0o700
+MAX_ENV = "TRACEDX_CACHE_MAX_MB"
+DEFAULT_MAX_BYTES = 5 * 1024**3
+"""The cache's size cap unless ``$TRACEDX_CACHE_MAX_MB`` is set (ccache's default ``max_size``
+is the same 5 GB: ccache manual, "Configuration options"). A 1 GB trace's entry is about
+100 MB."""
+_STALE_TMP_S = 3600  # a temporary folder this old was left by a command that did not finish
 
 
 def cache_dir() -> Path:
@@ -130,6 +140,67 @@ def entry_path(path: str | os.PathLike, *, repair: bool = False) -> Path:
     return cache_dir() / file_key(path, extra=f"repair={bool(repair)}")
 
 
+def max_bytes() -> int:
+    """The cache's size cap in bytes: ``$TRACEDX_CACHE_MAX_MB`` (MiB, an integer >= 0) when set
+    and valid, else :data:`DEFAULT_MAX_BYTES`."""
+    v = os.environ.get(MAX_ENV, "").strip()
+    if v.isdigit():
+        return int(v) * 1024**2
+    return DEFAULT_MAX_BYTES
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for f in os.scandir(folder):
+        with contextlib.suppress(OSError):
+            total += f.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _touch(entry: Path) -> None:
+    """Mark ``entry`` used now (its folder's mtime: what :func:`prune` orders by)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry)
+
+
+def prune(keep: Path | None = None, limit: int | None = None) -> int:
+    """Remove the least recently used entries of the cache folder until the others add up to
+    ``limit`` bytes (default :func:`max_bytes`), never ``keep`` (the entry just stored); also
+    temporary folders over an hour old (a write that was killed). Returns the bytes removed.
+    Errors (a folder another command removes meanwhile) are skipped."""
+    limit = max_bytes() if limit is None else limit
+    root = cache_dir()
+    entries: list[tuple[float, int, Path]] = []
+    freed = 0
+    try:
+        listing = list(os.scandir(root))
+    except OSError:
+        return 0
+    now = time.time()
+    for d in listing:
+        try:
+            if not d.is_dir(follow_symlinks=False):
+                continue
+            mtime = d.stat(follow_symlinks=False).st_mtime
+            if d.name.startswith("."):
+                if now - mtime > _STALE_TMP_S:
+                    shutil.rmtree(d.path, ignore_errors=True)
+                continue
+            entries.append((mtime, _size(Path(d.path)), Path(d.path)))
+        except OSError:
+            continue
+    total = sum(size for _, size, _ in entries)
+    for _, size, folder in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if keep is not None and folder == keep:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        total -= size
+        freed += size
+    return freed
+
+
 def _tables(trace) -> list[str]:
     import polars as pl
 
@@ -169,9 +240,11 @@ def read(path: str | os.PathLike, *, repair: bool = False, lazy: bool = False):
     With ``lazy``, a :class:`~tracedx.trace.lazy.LazyTrace` that reads each table when first
     used."""
     try:
-        trace = _lazy_trace(entry_path(path, repair=repair), path, repair)
+        entry = entry_path(path, repair=repair)
+        trace = _lazy_trace(entry, path, repair)
         if not lazy:
             trace.read_all()
+        _touch(entry)
         return trace
     except Exception:  # a missing, partial or corrupt entry: read the file instead
         return None
@@ -229,6 +302,8 @@ def write(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    _touch(entry)  # another process's entry, kept: used now
+    prune(keep=entry)
     return entry
 
 
@@ -304,7 +379,10 @@ def read_result_doc(path: str | os.PathLike, key: str, *, repair: bool = False):
         if rec.get("format") != FORMAT or rec.get("key") != key:
             return None
         doc = rec["doc"]
-        return doc if isinstance(doc, dict) and doc.get("schema") else None
+        if not (isinstance(doc, dict) and doc.get("schema")):
+            return None
+        _touch(doc_path.parent)
+        return doc
     except Exception:  # missing or damaged: a miss
         return None
 
@@ -329,14 +407,23 @@ class _Unpickler(pickle.Unpickler):
         return self._trace
 
 
-def read_result(path: str | os.PathLike, key: str, *, repair: bool = False):
+def read_result(path: str | os.PathLike, key: str, *, repair: bool = False, on_note=None):
     """The cached :class:`~tracedx.analysis.diagnosis.Diagnosis` of ``path`` under ``key``,
     its ``trace`` a :class:`~tracedx.trace.lazy.LazyTrace`; None when there is none, when it cannot be read back,
-    or when the cache folder or entry is not this user's alone (a pickle runs code)."""
+    or when the cache folder or entry is not this user's alone (a pickle runs code: then
+    ``on_note(message)`` hears why, and what to run)."""
     try:
         entry = entry_path(path, repair=repair)
-        if not (_private(entry.parent) and _private(entry)):
+        if not _result_paths(entry, key)[1].is_file():
             return None
+        for folder in (entry.parent, entry):
+            if not _private(folder):
+                if on_note:
+                    on_note(
+                        f"{folder} is not this user's alone (others can write to it): cached "
+                        f"diagnoses are not read from it (chmod 700 {folder} to reuse them)"
+                    )
+                return None
         _, pickle_path = _result_paths(entry, key)
         trace = _lazy_trace(entry, path, repair)
         with open(pickle_path, "rb") as f:
@@ -344,7 +431,10 @@ def read_result(path: str | os.PathLike, key: str, *, repair: bool = False):
         if not (isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("key") == key):
             return None
         diag = rec["diagnosis"]
-        return diag if getattr(diag, "trace", None) is trace else None
+        if getattr(diag, "trace", None) is not trace:
+            return None
+        _touch(entry)
+        return diag
     except Exception:  # missing, damaged, or written by another polars: a miss
         return None
 
@@ -407,6 +497,8 @@ __all__ = [
     "entry_path",
     "file_key",
     "load",
+    "max_bytes",
+    "prune",
     "read",
     "read_result",
     "read_result_doc",

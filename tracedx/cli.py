@@ -161,8 +161,8 @@ _no_cache_option = click.option(
     "--no-cache",
     is_flag=True,
     help="Read the trace file and diagnose it even when the cache holds its tables and "
-    "diagnosis ($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx, else ~/.cache/tracedx); nor "
-    "store them.",
+    "diagnosis ($TRACEDX_CACHE_DIR, else $XDG_CACHE_HOME/tracedx, else ~/.cache/tracedx; kept under 5 GiB, or "
+    "$TRACEDX_CACHE_MAX_MB); nor store them.",
 )
 
 
@@ -361,8 +361,12 @@ def _load_and_diagnose(
             before = cache.entry_path(trace_path, repair=repair)  # the file as it is now
         except OSError:
             before, key = None, None
-        read = cache.read_result_doc if document else cache.read_result
-        hit = read(trace_path, key, repair=repair) if key else None
+        if not key:
+            hit = None
+        elif document:
+            hit = cache.read_result_doc(trace_path, key, repair=repair)
+        else:
+            hit = cache.read_result(trace_path, key, repair=repair, on_note=_NOTES.append)
         if hit is not None:
             _CACHE_USED.append(("diagnosis", str(trace_path)))
             return hit
