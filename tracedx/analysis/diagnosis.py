@@ -322,7 +322,8 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     if k.height == 0:
         return pl.DataFrame(schema=schema)
     k = k.sort("step", "stream", "start_us")
-    step, stream = k["step"].to_numpy(), k["stream"].to_numpy()
+    # (a kernel with no stream recorded is on the null stream: one stream of its own)
+    step, stream = k["step"].to_numpy(), k["stream"].fill_null(-1 << 62).to_numpy()
     # a kernel's host cost: its top-level op's host time over the kernels that op launched
     o = op_arrays(trace)
     # the kernels each of these kernels' top-level ops launched, in all the trace
@@ -358,26 +359,32 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     first[1:] = (step[1:] != step[:-1]) | (stream[1:] != stream[:-1])
     count = np.cumsum(new_run)
     run = count - np.maximum.accumulate(np.where(first, count - 1, 0))
-    k = k.with_columns(
-        run=pl.Series(run, dtype=pl.UInt32),
-        host_per_kernel=pl.Series(host).fill_nan(None),
+    # only the fusable runs of two kernels or more
+    keep = fus & (np.bincount(count)[count] >= 2)
+    if not keep.any():
+        return pl.DataFrame(schema=schema)
+    chained = pl.DataFrame(
+        {
+            "step": step[keep],
+            "stream": k["stream"].filter(pl.Series(keep)),
+            "run": pl.Series(run[keep], dtype=pl.UInt32),
+            "start_us": k["start_us"].to_numpy()[keep],
+            "end_us": k["end_us"].to_numpy()[keep],
+            "duration_us": k["duration_us"].to_numpy()[keep],
+            "host_per_kernel": pl.Series(host[keep], nan_to_null=True),
+            "name": k["name"].filter(pl.Series(keep)),
+        }
     )
-    runs = (
-        k.filter("fus")
-        .group_by("step", "stream", "run", maintain_order=True)
-        .agg(
-            n=pl.len(),
-            start_us=pl.col("start_us").min(),
-            end_us=pl.col("end_us").max(),
-            total=sum_us("duration_us"),
-            longest=pl.col("duration_us").max(),
-            host=pl.col("host_per_kernel").fill_null(0.0).mean(),
-            linked=pl.col("host_per_kernel").is_not_null().any(),
-            names=pl.col("name"),
-        )
-        .filter(pl.col("n") >= 2)
+    return chained.group_by("step", "stream", "run", maintain_order=True).agg(
+        n=pl.len(),
+        start_us=pl.col("start_us").min(),
+        end_us=pl.col("end_us").max(),
+        total=sum_us("duration_us"),
+        longest=pl.col("duration_us").max(),
+        host=pl.col("host_per_kernel").fill_null(0.0).mean(),
+        linked=pl.col("host_per_kernel").is_not_null().any(),
+        names=pl.col("name"),
     )
-    return runs.cast({c: t for c, t in schema.items() if c in runs.columns}).select(list(schema))
 
 
 def _fusable_chains(
