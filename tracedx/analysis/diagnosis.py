@@ -419,7 +419,7 @@ def _fusable_chains(
     )
 
 
-_KEPT_NO_GPU_RE = r"AccumulateGrad"
+_KEPT_NO_GPU = "AccumulateGrad"
 
 
 def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, float]:
@@ -467,7 +467,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
             "end_us",
             "duration_us",
             # (an op with no name is neither counted nor a node)
-            kept=pl.col("name").str.contains(_KEPT_NO_GPU_RE).fill_null(True),
+            kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
             node=pl.col("name")
             .str.starts_with("autograd::engine::evaluate_function")
             .fill_null(False),
@@ -1296,7 +1296,7 @@ def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float
         return 0.0
     simt = mat.filter(
         pl.col("low").str.contains(r"sgemm|simt|f32f32_f32f32|fp32_fp32")
-        & ~pl.col("low").str.contains("tf32")
+        & ~pl.col("low").str.contains("tf32", literal=True)
     )
     return float(simt["duration_us"].sum()) / total
 
@@ -1621,7 +1621,8 @@ def _math_findings(
     # fused attention: softmax over square score matrices outside SDPA
     att = mod.filter(pl.col("family") == "attention")
     sm = ops_tbl.filter(
-        pl.col("name").str.contains("softmax") & ~pl.col("name").str.contains("backward")
+        pl.col("name").str.contains("softmax", literal=True)
+        & ~pl.col("name").str.contains("backward", literal=True)
     )
     if att.height == 0 and sm.height:
         sq = (

@@ -56,7 +56,7 @@ def kind_expr(col: str = "name") -> pl.Expr:
 
 def is_tf32_expr(col: str = "name") -> pl.Expr:
     """True when a GEMM kernel's name says it ran on TF32 tensor cores (cuBLAS/CUTLASS names)."""
-    return pl.col(col).str.to_lowercase().str.contains("tf32")
+    return pl.col(col).str.to_lowercase().str.contains("tf32", literal=True)
 
 
 def kernel_name_kinds(trace) -> pl.DataFrame:

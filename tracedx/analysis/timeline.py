@@ -124,7 +124,8 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
     is_sync = pl.col("api_kind") == "sync"
     is_copy = pl.col("api_kind") == "memcpy"
     sync_copy = is_copy & (
-        ~pl.col("name").str.contains("Async") | pl.col("correlation").is_in(_ids(small_dtoh))
+        ~pl.col("name").str.contains("Async", literal=True)
+        | pl.col("correlation").is_in(_ids(small_dtoh))
     )
     pageable = is_copy & pl.col("correlation").is_in(_ids(big))
     return trace.launches.filter(is_sync | sync_copy | pageable).with_columns(
