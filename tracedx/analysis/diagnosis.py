@@ -1545,27 +1545,44 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     return total
 
 
+_MATH_COLUMNS = (
+    "name",
+    "input_shapes",
+    "count",
+    "device_time_us",
+    "math_mode",
+    "flops",
+    "bytes",
+    "compute_dtype",
+    "family",
+)
+"""The op table's columns :func:`_math_findings` reads."""
+
+
 def _math_findings(
     m: fx.StepModel, ops_tbl: pl.DataFrame, spec, n: int, cast_bytes: float = 0.0
 ) -> list[fx.Finding | None]:
     out: list[fx.Finding | None] = []
     peaks = spec.peak_tflops
     bw = spec.bandwidth_gbs * 1e3  # bytes/us
-    mod = ops_tbl.filter(pl.col("family").is_not_null())
+    # the op groups as Python rows, once (a few hundred at most; each filter below is a
+    # comprehension, not a polars call)
+    rows = ops_tbl.select(_MATH_COLUMNS).rows(named=True)
+    mod = [r for r in rows if r["family"] is not None]
     # TF32: fp32 GEMMs that did not run on TF32 tensor cores
     if peaks.get("tf32") and peaks.get("fp32"):
-        g = mod.filter(
-            (pl.col("family") == "gemm")
-            & (pl.col("compute_dtype") == "fp32")
-            & pl.col("math_mode").is_null()
-        )
-        if g.height:
+        g = [
+            r
+            for r in mod
+            if r["family"] == "gemm" and r["compute_dtype"] == "fp32" and r["math_mode"] is None
+        ]
+        if g:
             ratio = peaks["tf32"] / peaks["fp32"]
-            t = g["device_time_us"].to_numpy() / n
-            by = g["bytes"].to_numpy() / n
+            t = np.array([r["device_time_us"] for r in g], dtype=float) / n
+            by = np.array([r["bytes"] for r in g], dtype=float) / n
             new = [max(ti / ratio, bi / bw) for ti, bi in zip(t, by, strict=True)]
             ev = [
-                f"{g['count'].sum() / n:.0f} fp32 GEMMs per step ran on fp32 cores ({_ms(t.sum())} per step)",
+                f"{sum(r['count'] for r in g) / n:.0f} fp32 GEMMs per step ran on fp32 cores ({_ms(t.sum())} per step)",
                 f"ceilings: fp32 {peaks['fp32']:.0f}, tf32 {peaks['tf32']:.0f} TFLOP/s ({spec.source})",
             ]
             out.append(
@@ -1581,13 +1598,14 @@ def _math_findings(
             )
     # bf16 autocast: fp32 / tf32 GEMM, conv and attention
     if peaks.get("bf16"):
-        g = mod.filter(
-            pl.col("family").is_in(["gemm", "conv", "attention"])
-            & (pl.col("compute_dtype") == "fp32")
-        )
-        if g.height:
+        g = [
+            r
+            for r in mod
+            if r["family"] in ("gemm", "conv", "attention") and r["compute_dtype"] == "fp32"
+        ]
+        if g:
             t, new = 0.0, 0.0
-            for r in g.iter_rows(named=True):
+            for r in g:
                 cur = peaks.get("tf32") if r["math_mode"] == "tf32" else peaks.get("fp32")
                 ti = r["device_time_us"] / n
                 if not cur:
@@ -1619,22 +1637,21 @@ def _math_findings(
                 )
             )
     # fused attention: softmax over square score matrices outside SDPA
-    att = mod.filter(pl.col("family") == "attention")
-    sm = ops_tbl.filter(
-        pl.col("name").str.contains("softmax", literal=True)
-        & ~pl.col("name").str.contains("backward", literal=True)
-    )
-    if att.height == 0 and sm.height:
-        sq = (
-            sm.filter(pl.col("input_shapes").list.first().list.len() >= 3)
-            .with_columns(
-                tq=pl.col("input_shapes").list.first().list.get(-2, null_on_oob=True),
-                tk=pl.col("input_shapes").list.first().list.get(-1, null_on_oob=True),
-            )
-            .filter((pl.col("tk") >= 256) & (pl.col("tq") >= 256))
-        )
-        if sq.height:
-            shapes = sq["input_shapes"].list.first().to_list()
+    att = [r for r in mod if r["family"] == "attention"]
+    sm = [
+        r
+        for r in rows
+        if r["name"] is not None and "softmax" in r["name"] and "backward" not in r["name"]
+    ]
+    if not att and sm:
+        # the first inputs of the softmaxes over square-ish score matrices (Tq, Tk >= 256)
+        firsts = [(r["input_shapes"] or [None])[0] for r in sm]
+        shapes = [
+            x
+            for x in firsts
+            if x is not None and len(x) >= 3 and (x[-1] or 0) >= 256 and (x[-2] or 0) >= 256
+        ]
+        if shapes:
             tails = {tuple(s[-2:]) for s in shapes}
 
             # ops on the score matrix: an input ending in (Tq, Tk), or a matmul that produces
@@ -1651,7 +1668,7 @@ def _math_findings(
                     and (shp[0][-2], shp[1][-1]) in tails
                 )
 
-            chain = [r for r in ops_tbl.iter_rows(named=True) if touches(r)]
+            chain = [r for r in rows if touches(r)]
             chain_us = sum(r["device_time_us"] for r in chain) / n
             # matmuls producing or consuming scores: FLOPs of the attention proper
             fl = sum((r["flops"] or 0) for r in chain if r["family"] == "gemm") / n
