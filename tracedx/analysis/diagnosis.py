@@ -576,7 +576,7 @@ def diagnose(
     )
     comm_by_step = (
         comm_compute_by_step(trace, chosen, primary)
-        if kinds.filter(pl.col("kind") == "communication").height
+        if (kinds["kind"] == "communication").any()
         else None
     )
     found = (
@@ -1459,7 +1459,7 @@ def _findings(
     if spec is not None and "family" in ops_tbl.columns:
         cast = autocast_cast_bytes(trace, steps) / n
         out += _math_findings(m, ops_tbl, spec, n, cast)
-    comm = kinds.filter(pl.col("kind") == "communication")
+    comm = kinds.filter(kinds["kind"] == "communication")
     if comm.height and comm_by_step is not None:
         exposed = float(comm_by_step["exposed_comm_us"].sum())
         out.append(
@@ -1476,7 +1476,7 @@ def _findings(
 def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
     """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
     or collectives over a group of more than one rank) that communicates."""
-    comm = kinds.filter(pl.col("kind") == "communication")
+    comm = kinds.filter(kinds["kind"] == "communication")
     if comm.height == 0 and trace.comm_args.height == 0:
         return None  # nothing communicates (and Trace.collectives need not be built)
     colls = trace.collectives
