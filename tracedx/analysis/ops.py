@@ -93,16 +93,19 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     )
 
 
-def _sums_by(keys: np.ndarray, of: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per key of ``keys`` (distinct), the exact sum of the int64 ``values`` of the rows whose
-    ``of`` is that key (rows with another ``of``, or NaN, count nowhere)."""
+def _sums_by(keys: np.ndarray, of: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+    """Per key of ``keys`` (distinct), the exact sums of each int64 array of ``values`` over
+    the rows whose ``of`` is that key (rows with another ``of``, or NaN, count nowhere)."""
     order = np.argsort(keys, kind="stable")
     at = np.searchsorted(keys[order], of)
     hit = at < len(keys)
     hit[hit] = keys[order][at[hit]] == of[hit]
-    out = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(out, order[at[hit]], values[hit])
-    return out
+    sums = []
+    for v in values:
+        out = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(out, order[at[hit]], v[hit])
+        sums.append(out)
+    return sums
 
 
 def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
@@ -377,23 +380,27 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             }
         )
     top = trace.ops[["op_id", "name", "duration_us"]].filter(pl.Series(in_steps & o["is_top"]))
-    # only the GPU events and launches under these top-level ops (not the whole trace's)
+    # the GPU time and kernels, the launches and launch time under each top-level op
     tops = top["op_id"].to_numpy()
-    is_under = pl.col("top_op_id").is_in(top["op_id"].implode())
-    gpu = trace.gpu_activity().filter(is_under)
-    g_top = gpu["top_op_id"].to_numpy()
-    device_ps = _sums_by(tops, g_top, to_ps(gpu["duration_us"].to_numpy()))
-    kernels = _sums_by(tops, g_top, (gpu["kind"] == "kernel").to_numpy().astype(np.int64))
-    under = trace.ops[["op_id", "top_op_id"]].filter(is_under)["op_id"]
-    la = trace.launches.filter(pl.col("op_id").is_in(under.implode()))
+    gpu = trace.gpu_activity()
+    g_top = gpu["top_op_id"].cast(pl.Float64).to_numpy()
+    under = is_in(g_top, tops)
+    g_top, g_us = g_top[under], gpu["duration_us"].to_numpy()[under]
+    is_kernel = (gpu["kind"] == "kernel").to_numpy()[under]
+    device_ps, kernels = _sums_by(tops, g_top, to_ps(g_us), is_kernel.astype(np.int64))
+    la = trace.launches
     la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
-    launches = _sums_by(tops, la_top, np.ones(la.height, dtype=np.int64))
-    launch_ps = _sums_by(tops, la_top, to_ps(la["duration_us"].to_numpy()))
-    t = top.with_columns(
-        device_time_us=pl.Series(ps_to_us(device_ps)),
-        kernels=pl.Series(kernels, dtype=pl.UInt32),
-        launches=pl.Series(launches, dtype=pl.UInt32),
-        launch_us=pl.Series(ps_to_us(launch_ps)),
+    under = is_in(la_top, tops)
+    la_top, la_us = la_top[under], la["duration_us"].to_numpy()[under]
+    launches, launch_ps = _sums_by(tops, la_top, np.ones(len(la_top), dtype=np.int64), to_ps(la_us))
+    t = pl.DataFrame(
+        [
+            *top.get_columns(),
+            pl.Series("device_time_us", ps_to_us(device_ps)),
+            pl.Series("kernels", kernels, dtype=pl.UInt32),
+            pl.Series("launches", launches, dtype=pl.UInt32),
+            pl.Series("launch_us", ps_to_us(launch_ps)),
+        ]
     )
     return (
         t.group_by("name")
