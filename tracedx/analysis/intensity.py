@@ -1445,7 +1445,8 @@ def add_op_costs(ops: pl.DataFrame) -> pl.DataFrame:
     model. The Python model runs once per distinct (name, shapes, dtypes, concrete inputs),
     not once per row.
     """
-    df = ops.drop([c for c in _OUT_SCHEMA if c in ops.columns])
+    replaced = [c for c in _OUT_SCHEMA if c in ops.columns]
+    df = ops.drop(replaced) if replaced else ops
     if "concrete_inputs" not in df.columns:
         df = df.with_columns(pl.lit(None, dtype=pl.List(pl.Utf8)).alias("concrete_inputs"))
         drop_concrete = True

@@ -83,14 +83,18 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             "op_id": pl.Series(op_ids, dtype=pl.Int64),
             "device_time_us": pl.Series(ps_to_us(device_ps)),
             "kernels": pl.Series(kernels, dtype=pl.UInt32),
-            "max_grid_blocks": pl.Series(blocks, dtype=pl.Int64),
-            "tf32": pl.Series(tf32, dtype=pl.Boolean),
+            "max_grid_blocks": _null_where_not(has_k, blocks).cast(pl.Int64),
+            "tf32": _null_where_not(has_k, tf32).cast(pl.Boolean),
             "kernel_kind": pl.Series(kind.tolist(), dtype=pl.Utf8),
             "host_device_copy_us": pl.Series(ps_to_us(copy_ps)),
         }
-    ).with_columns(
-        pl.when(pl.Series(has_k)).then(pl.col(c)).alias(c) for c in ("max_grid_blocks", "tf32")
     )
+
+
+def _null_where_not(keep: np.ndarray, values: np.ndarray) -> pl.Series:
+    """``values`` (numbers or bools, exact as float64) as a Float64 Series, null where not
+    ``keep`` (cast it back)."""
+    return pl.Series(np.where(keep, values.astype(np.float64), np.nan), nan_to_null=True)
 
 
 def _sums_by(keys: np.ndarray, of: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
@@ -245,10 +249,8 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     except ImportError:  # pragma: no cover - models not installed
         add_op_costs = None
     if add_op_costs is not None and g4.height:
-        # one op's cost per signature; a signature's totals are count x that
-        g4 = add_op_costs(g4).with_columns(
-            flops=pl.col("flops") * pl.col("count"), bytes=pl.col("bytes") * pl.col("count")
-        )
+        # one op's cost per signature; a signature's totals are count x that (summed below)
+        g4 = add_op_costs(g4)
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
         pl.col("count").sum(),
@@ -260,15 +262,9 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         pl.col("concrete_inputs").first(),
         (pl.col("copy_ps").sum().cast(pl.Float64) / PS_PER_US).alias("host_device_copy_us"),
     ]
-    for c, how in (
-        ("flops", "sum"),
-        ("bytes", "sum"),
-        ("compute_dtype", "first"),
-        ("family", "first"),
-        ("tensor_core", "first"),
-    ):
-        if c in g4.columns:
-            aggs.append(getattr(pl.col(c), how)())
+    if "flops" in g4.columns:
+        aggs += [(pl.col(c) * pl.col("count")).sum().alias(c) for c in ("flops", "bytes")]
+        aggs += [pl.col(c).first() for c in ("compute_dtype", "family", "tensor_core")]
     g = g4.group_by(key, maintain_order=True).agg(aggs)
     transfer = (pl.col("host_device_copy_us") > 0) & (
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
@@ -288,10 +284,11 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         fixes += [
             pl.when(~transfer).then(c).alias(c) for c in ("compute_dtype", "family", "tensor_core")
         ]
-    return (
-        g.with_columns(fixes)
-        .drop("tf32")
-        .sort("device_time_us", descending=True, maintain_order=True)
+    # the columns in place, math_mode last, tf32 dropped: one select
+    fixed = {e.meta.output_name(): e for e in fixes}
+    cols = [fixed.pop(c, pl.col(c)) for c in g.columns if c != "tf32"]
+    return g.select(*cols, *fixed.values()).sort(
+        "device_time_us", descending=True, maintain_order=True
     )
 
 
@@ -345,15 +342,19 @@ def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFram
     blocks = np.full(n, np.nan)
     np.fmax.at(blocks, g, stats["max_grid_blocks"].cast(pl.Float64).to_numpy()[rows])
     tf32 = np.zeros(n, dtype=bool)
-    np.logical_or.at(tf32, g, stats["tf32"].fill_null(False).to_numpy()[rows])
-    return per_sig.drop("op_id")[sigs].with_columns(
-        count=pl.Series(np.bincount(g, minlength=n), dtype=pl.UInt32),
-        device_ps=pl.Series(total(to_ps(stats["device_time_us"].to_numpy())), dtype=pl.Int64),
-        kernels=pl.Series(total(stats["kernels"].to_numpy().astype(np.int64)), dtype=pl.UInt32),
-        max_grid_blocks=pl.Series(blocks).fill_nan(None).cast(pl.Int64),
-        tf32=pl.Series(tf32, dtype=pl.Boolean),
-        kernel_kind=stats["kernel_kind"].gather(first[sigs]),
-        copy_ps=pl.Series(total(to_ps(stats["host_device_copy_us"].to_numpy())), dtype=pl.Int64),
+    # (a null tf32, an op without kernels, counts as False, as polars' any() skips it)
+    np.logical_or.at(tf32, g, np.asarray(stats["tf32"].to_numpy(), dtype=bool)[rows])
+    return pl.DataFrame(
+        [
+            *per_sig.drop("op_id")[sigs].get_columns(),
+            pl.Series("count", np.bincount(g, minlength=n), dtype=pl.UInt32),
+            pl.Series("device_ps", total(to_ps(stats["device_time_us"].to_numpy()))),
+            pl.Series("kernels", total(stats["kernels"].to_numpy().astype(np.int64)), pl.UInt32),
+            pl.Series("max_grid_blocks", blocks, nan_to_null=True).cast(pl.Int64),
+            pl.Series("tf32", tf32, dtype=pl.Boolean),
+            stats["kernel_kind"][first[sigs]],
+            pl.Series("copy_ps", total(to_ps(stats["host_device_copy_us"].to_numpy()))),
+        ]
     )
 
 
