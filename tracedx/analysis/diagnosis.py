@@ -567,10 +567,10 @@ def diagnose(
     if primary is None:
         wp, largest, model = w, gaps.head(0), None
     else:
-        wp = w.filter(pl.col("device") == primary)
-        largest = gaps.filter(pl.col("device") == primary).sort("duration_us", descending=True)
+        wp = w.filter(w["device"] == primary)
+        largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
         largest = largest.head(5)
-        model = _step_model(trace, chosen, wp, causes.filter(pl.col("device") == primary), n)
+        model = _step_model(trace, chosen, wp, causes.filter(causes["device"] == primary), n)
     regime, bottleneck, evidence = _verdict(
         trace, wp, kinds, memcpy, ops_tbl, model, primary, host_op=host_op
     )
@@ -691,7 +691,7 @@ def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
     out = {}
     for dev in w["device"].unique(maintain_order=True).to_list():
         d = (
-            w.filter(pl.col("device") == dev)
+            w.filter(w["device"] == dev)
             if dev is not None
             else w.filter(pl.col("device").is_null())
         )
@@ -715,12 +715,9 @@ def _primary_device(
     activity) and the device notes, less an unknown device's on a machine with no GPU.
     Appends to ``notes`` why there is no GPU activity, or that the trace has several GPUs."""
     if trace.has_gpu_activity:
-        busy = (
-            w.group_by("device")
-            .agg(sum_us("gpu_busy_us"))
-            .sort("gpu_busy_us", "device", descending=[True, False])
-        )
-        primary = busy["device"][0]
+        # the most busy time over the windows (sum_us per device), ties: the lowest index
+        busy = _per_step_sums_us(w["device"].to_numpy(), w["gpu_busy_us"].to_numpy())
+        primary = min(busy, key=lambda d: (-busy[d], d))
         if len(trace.devices) > 1:
             notes.append(
                 f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
@@ -854,8 +851,8 @@ def _float_sum(us: np.ndarray) -> float:
 
 
 def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
-    """Step number -> :func:`~tracedx.analysis.intervals.sum_us` of its rows' ``us`` (the
-    floats a ``group_by("step")`` gives)."""
+    """Step number (or any integer key) -> :func:`~tracedx.analysis.intervals.sum_us` of its
+    rows' ``us`` (the floats a ``group_by("step")`` gives)."""
     keys, of = np.unique(step, return_inverse=True)
     ps = np.zeros(len(keys), dtype=np.int64)
     np.add.at(ps, of, to_ps(us))
