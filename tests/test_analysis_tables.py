@@ -80,3 +80,28 @@ def test_op_lookups(tmp_path):
     assert got[0] == t.ops["top_op_id"][1] and math.isnan(got[1]) and math.isnan(got[2])
     assert is_in(np.array([1.0, np.nan, 3.0]), np.array([3, 1])).tolist() == [True, False, True]
     assert is_in(np.array([1, 2]), np.array([np.nan, 2.0])).tolist() == [False, True]
+
+
+def test_op_costs_of_distinct_rows_match_the_joined_ones():
+    """``distinct=True`` (one model call per row, no join) gives the default path's table,
+    with and without a concrete inputs column."""
+    from tracedx.analysis.intensity import add_op_costs
+
+    ops = pl.DataFrame(
+        {
+            "name": ["aten::mm", "aten::mm", "aten::relu", "aten::view", "aten::add"],
+            "input_shapes": [[[64, 32], [32, 16]], [[8, 8], [8, 8]], [[128]], [[4, 4], []], None],
+            "input_dtypes": [
+                ["float", "float"],
+                ["c10::BFloat16"] * 2,
+                ["float"],
+                ["float", ""],
+                None,
+            ],
+            "concrete_inputs": [["", ""], ["", ""], [""], ["", "[16]"], None],
+        }
+    )
+    for df in (ops, ops.drop("concrete_inputs")):
+        joined, distinct = add_op_costs(df), add_op_costs(df, distinct=True)
+        assert joined.equals(distinct) and joined.schema == distinct.schema
+    assert add_op_costs(ops, distinct=True)["flops"].to_list()[:2] == [2 * 64 * 32 * 16, 2 * 8**3]

@@ -250,7 +250,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         add_op_costs = None
     if add_op_costs is not None and g4.height:
         # one op's cost per signature; a signature's totals are count x that (summed below)
-        g4 = add_op_costs(g4)
+        g4 = add_op_costs(g4, distinct=True)
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
         pl.col("count").sum(),
