@@ -327,9 +327,9 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     # a kernel's host cost: its top-level op's host time over the kernels that op launched
     o = op_arrays(trace)
     # the kernels each of these kernels' top-level ops launched, in all the trace
-    of_tops = trace.kernels.filter(pl.col("top_op_id").is_in(k["top_op_id"].implode()))
-    tops, n_kernels = np.unique(of_tops["top_op_id"].to_numpy(), return_counts=True)
     top = k["top_op_id"].cast(pl.Float64).to_numpy()
+    all_tops = trace.kernels["top_op_id"].cast(pl.Float64).to_numpy()
+    tops, n_kernels = np.unique(all_tops[is_in(all_tops, top)], return_counts=True)
     at = np.searchsorted(tops, top)
     known = at < len(tops)
     known[known] = tops[at[known]] == top[known]
@@ -338,10 +338,9 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     host = np.full(k.height, np.nan)
     host[known] = h[known] / n_kernels[at[known]]
     # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
+    sc = sync_calls(trace)
     sync_ends = np.sort(
-        sync_calls(trace)
-        .filter(pl.col("blocking_reason") != "pageable memcpy")["end_us"]
-        .to_numpy()
+        sc["end_us"].to_numpy()[(sc["blocking_reason"] != "pageable memcpy").to_numpy()]
     )
     launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
     seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
@@ -1527,12 +1526,18 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     # one pass over the steps' ops: the GEMM ops' inputs, and whether any op is a backward node
     cast_op = pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
     backward = pl.col("name").str.starts_with("autograd::engine::evaluate_function")
-    o = trace.ops.filter(pl.col("step").is_in(steps) & (cast_op | backward)).select(
-        "name", "input_shapes", "input_dtypes", backward=backward
+    rows = (
+        trace.ops[["name", "input_shapes", "input_dtypes"]]
+        .filter(pl.lit(pl.Series(ops_in_steps(trace, steps))) & (cast_op | backward))
+        .rows()
     )
-    per_element = (2 if o["backward"].any() else 1) * CAST_BYTES_PER_ELEMENT
+    # the rows that are no GEMM op are backward nodes
+    has_backward = any(name not in _CAST_GEMM_WEIGHT for name, _, _ in rows)
+    per_element = (2 if has_backward else 1) * CAST_BYTES_PER_ELEMENT
     total = 0.0
-    for name, shapes, dtypes, _ in o.filter(~pl.col("backward")).iter_rows():
+    for name, shapes, dtypes in rows:
+        if name not in _CAST_GEMM_WEIGHT:
+            continue
         for i in _CAST_GEMM_WEIGHT[name]:
             if not shapes or i >= len(shapes) or not shapes[i]:
                 continue
