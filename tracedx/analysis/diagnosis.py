@@ -324,19 +324,7 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     k = k.sort("step", "stream", "start_us")
     # (a kernel with no stream recorded is on the null stream: one stream of its own)
     step, stream = k["step"].to_numpy(), k["stream"].fill_null(-1 << 62).to_numpy()
-    # a kernel's host cost: its top-level op's host time over the kernels that op launched
-    o = op_arrays(trace)
-    # the kernels each of these kernels' top-level ops launched, in all the trace
-    top = k["top_op_id"].cast(pl.Float64).to_numpy()
-    all_tops = trace.kernels["top_op_id"].cast(pl.Float64).to_numpy()
-    tops, n_kernels = np.unique(all_tops[is_in(all_tops, top)], return_counts=True)
-    at = np.searchsorted(tops, top)
-    known = at < len(tops)
-    known[known] = tops[at[known]] == top[known]
-    h = op_duration_of(o, top)
-    known &= ~np.isnan(h)  # a top-level op missing from the op table: no cost
-    host = np.full(k.height, np.nan)
-    host[known] = h[known] / n_kernels[at[known]]
+    host = _host_per_kernel(trace, k["top_op_id"].cast(pl.Float64).to_numpy())
     # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
     sc = sync_calls(trace)
     sync_ends = np.sort(
@@ -345,19 +333,7 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
     seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
     fus = k["fus"].to_numpy()
-    # a run starts at each stream's first kernel of a step and wherever fus or seg changes;
-    # runs are numbered from 1 in each (step, stream)
-    new_run = np.ones(k.height, dtype=bool)
-    new_run[1:] = (
-        (step[1:] != step[:-1])
-        | (stream[1:] != stream[:-1])
-        | (fus[1:] != fus[:-1])
-        | (seg[1:] != seg[:-1])
-    )
-    first = np.ones(k.height, dtype=bool)
-    first[1:] = (step[1:] != step[:-1]) | (stream[1:] != stream[:-1])
-    count = np.cumsum(new_run)
-    run = count - np.maximum.accumulate(np.where(first, count - 1, 0))
+    run, count = _runs(step, stream, fus, seg)
     # only the fusable runs of two kernels or more
     keep = fus & (np.bincount(count)[count] >= 2)
     if not keep.any():
@@ -384,6 +360,41 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         linked=pl.col("host_per_kernel").is_not_null().any(),
         names=pl.col("name"),
     )
+
+
+def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
+    """Per kernel (``top``: its top-level op's id, NaN for none) that op's host time over the
+    kernels it launched in all the trace; NaN for a kernel with no top-level op, or one the op
+    table does not hold."""
+    all_tops = trace.kernels["top_op_id"].cast(pl.Float64).to_numpy()
+    tops, n_kernels = np.unique(all_tops[is_in(all_tops, top)], return_counts=True)
+    at = np.searchsorted(tops, top)
+    known = at < len(tops)
+    known[known] = tops[at[known]] == top[known]
+    h = op_duration_of(op_arrays(trace), top)
+    known &= ~np.isnan(h)
+    host = np.full(len(top), np.nan)
+    host[known] = h[known] / n_kernels[at[known]]
+    return host
+
+
+def _runs(
+    step: np.ndarray, stream: np.ndarray, fus: np.ndarray, seg: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of kernels sorted by (step, stream, start): a run starts at each stream's
+    first kernel of a step and wherever ``fus`` or ``seg`` changes. Returns each kernel's run
+    number, from 1 in each (step, stream), and its run's index over all kernels."""
+    new_run = np.ones(len(step), dtype=bool)
+    new_run[1:] = (
+        (step[1:] != step[:-1])
+        | (stream[1:] != stream[:-1])
+        | (fus[1:] != fus[:-1])
+        | (seg[1:] != seg[:-1])
+    )
+    first = np.ones(len(step), dtype=bool)
+    first[1:] = (step[1:] != step[:-1]) | (stream[1:] != stream[:-1])
+    count = np.cumsum(new_run)
+    return count - np.maximum.accumulate(np.where(first, count - 1, 0)), count
 
 
 def _fusable_chains(
