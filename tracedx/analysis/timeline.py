@@ -449,11 +449,11 @@ def idle_gaps(
     ov_cop = overlap(*u_cop, a, b)
     ov_py = np.maximum(dur - ov_gop - ov_cop - ov_dl, 0.0)
     shares = np.stack([ov_dl, ov_gop, ov_cop, ov_py])
-    names = np.array(["dataloader", "kernel launch", "host work", "python"])
-    cause = names[np.argmax(shares, axis=0)]
-    cause = np.where(had_sync, "host sync", cause)
+    # the cause as its index in _GAP_CAUSES (a Series of strings is built once, by index)
+    cause = np.argmax(shares, axis=0)
+    cause = np.where(had_sync, 4, cause)
     queued = ~np.isnan(nl) & (nl <= a)
-    cause = np.where(queued, "kernel wait", cause)
+    cause = np.where(queued, 5, cause)
     return pl.DataFrame(
         {
             "step": step_col,
@@ -461,13 +461,18 @@ def idle_gaps(
             "start_us": a,
             "end_us": b,
             "duration_us": dur,
-            "cause": cause.astype(str),
+            "cause": pl.Series(_GAP_CAUSES)[cause],
             "next_launch_start_us": pl.Series(
                 np.where(np.isfinite(nl), nl, np.nan), nan_to_null=True
             ),
         },
         schema=schema,
     )
+
+
+_GAP_CAUSES = ["dataloader", "kernel launch", "host work", "python", "host sync", "kernel wait"]
+"""The causes :func:`idle_gaps` names, in the order of its index (the largest share of the
+first four, else a sync, else queued work)."""
 
 
 def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
