@@ -3,6 +3,11 @@
 An op's device time is the sum of the durations of the GPU events its launches produced
 (kernels, memcpys, memsets), attributed by correlation id through the launch call to the
 innermost cpu_op that issued it (see :mod:`tracedx.trace.link`).
+
+The tables are small (one row per launching op, per signature, per top-level op), and each
+eager polars call has a fixed cost whatever its rows, so the per-op sums are taken in numpy
+over the op table's arrays (:func:`op_arrays`), exactly: times as int64 picoseconds, the
+floats polars' ``sum_us`` gives (:mod:`tracedx.analysis.intervals`).
 """
 
 from __future__ import annotations
