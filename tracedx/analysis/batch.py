@@ -42,7 +42,13 @@ import polars as pl
 
 from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kernel_name_kinds
-from tracedx.analysis.ops import op_arrays, op_signatures, op_step_of, ops_in_steps
+from tracedx.analysis.ops import (
+    op_arrays,
+    op_signatures,
+    op_step_of,
+    ops_in_steps,
+    signature_of,
+)
 from tracedx.analysis.timeline import optimizer_windows
 from tracedx.trace import Trace
 
@@ -192,14 +198,7 @@ def batch_model(
     # analysed steps)
     k_op = k["op_id"].cast(pl.Float64).to_numpy()
     k_op = np.where(np.isin(op_step_of(op_arrays(trace), k_op), steps), k_op, np.nan)
-    group_ops = groups["op_id"]
-    op_ids = group_ops.explode().to_numpy()
-    of_group = np.repeat(np.arange(groups.height), group_ops.list.len().to_numpy())
-    order = np.argsort(op_ids, kind="stable")
-    at = np.searchsorted(op_ids[order], k_op)
-    hit = at < len(op_ids)
-    hit[hit] = op_ids[order][at[hit]] == k_op[hit]
-    g = of_group[order][at[hit]]
+    hit, g = signature_of(groups, k_op)
     k_weight_only = np.zeros(k.height, dtype=bool)
     k_weight_only[hit] = np.array(weight_only, dtype=bool)[g]
     k_w = np.zeros(k.height)

@@ -63,7 +63,7 @@ def kernel_name_kinds(trace) -> pl.DataFrame:
     """One row per distinct kernel name of ``trace.kernels``: ``name``, ``kind``
     (:func:`kind_expr`) and ``tf32`` (:func:`is_tf32_expr`), in no set order. The name rules
     are regexes: they run once per distinct name, and once per kernels table (the analyses
-    join this instead)."""
+    look the kinds up here)."""
 
     def build() -> pl.DataFrame:
         return trace.kernels.select(pl.col("name").unique()).with_columns(

@@ -317,21 +317,27 @@ def op_signatures(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     return trace.memo(f"op_signatures {steps}", tables, build)
 
 
+def signature_of(per_sig: pl.DataFrame, op_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``op_ids`` (NaN: none) are ops of :func:`op_signatures` ``per_sig``, and the
+    signature (row of ``per_sig``) of each of those."""
+    sig_ops = per_sig["op_id"]
+    ids = sig_ops.explode().to_numpy()
+    sig_of = np.repeat(np.arange(per_sig.height), sig_ops.list.len().to_numpy())
+    order = np.argsort(ids, kind="stable")
+    at = np.searchsorted(ids[order], op_ids)
+    hit = at < len(ids)
+    hit[hit] = ids[order][at[hit]] == op_ids[hit]
+    return hit, sig_of[order][at[hit]]
+
+
 def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
     """The launching ops' totals per call signature: ``per_sig``'s columns (one row per
     signature, its ops in ``op_id``) and ``count``, ``device_ps`` and ``copy_ps`` (exact
     picoseconds), ``kernels``, ``max_grid_blocks`` (max), ``tf32`` (any), ``kernel_kind``
     (its first op's). ``stats`` is :func:`launching_op_stats` (in op order); the rows are in
     the order of each signature's first op."""
-    sig_ops = per_sig["op_id"]
-    ids = sig_ops.explode().to_numpy()
-    sig_of = np.repeat(np.arange(per_sig.height), sig_ops.list.len().to_numpy())
-    order = np.argsort(ids, kind="stable")
-    at = np.searchsorted(ids[order], stats["op_id"].to_numpy())
-    hit = at < len(ids)
-    hit[hit] = ids[order][at[hit]] == stats["op_id"].to_numpy()[hit]
+    hit, of = signature_of(per_sig, stats["op_id"].to_numpy())
     rows = np.flatnonzero(hit)  # the stats rows of ops in the op table
-    of = sig_of[order][at[hit]]
     # signatures in the order of their first op
     first = np.full(per_sig.height, len(stats), dtype=np.int64)
     np.minimum.at(first, of, rows)
