@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tracedx import alloc
 
 _SHOW = (
@@ -57,3 +59,42 @@ def test_capture_leaves_the_users_program_its_allocator(tmp_path):
         cwd=tmp_path,
     )
     assert "VALUE None" in out.stdout, out.stdout + out.stderr
+
+
+_MMAP = (
+    "import ctypes, sys\n"
+    "from tracedx import alloc\n"
+    "if sys.argv[1] == 'cli':\n"
+    "    alloc.release_promptly()\n"
+    "libc = ctypes.CDLL('libc.so.6')\n"
+    "class MI(ctypes.Structure):\n"
+    "    _fields_ = [(n, ctypes.c_size_t) for n in 'a b c hblks e f g h i j'.split()]\n"
+    "libc.mallinfo2.restype = MI\n"
+    "def mapped(n):\n"
+    "    before = libc.mallinfo2().hblks\n"
+    "    block = bytearray(n)\n"
+    "    return libc.mallinfo2().hblks - before\n"
+    "big = bytearray(16 << 20)\n"
+    "del big  # freed while mapped: glibc raises its threshold over 16 MB\n"
+    "first = mapped(300_000)\n"
+    "alloc.trim_heap()\n"
+    "print(first, mapped(300_000), mapped(200_000))\n"
+)
+
+
+def _mapped(mode: str, **env_extra: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in alloc._USER_MALLOC_ENV} | env_extra
+    out = subprocess.run(
+        [sys.executable, "-c", _MMAP, mode], env=env, capture_output=True, text=True, check=False
+    )
+    if out.returncode or not out.stdout.strip():
+        pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip()[-200:]}")
+    return out.stdout.strip()
+
+
+def test_trim_heap_fixes_the_mmap_threshold_for_the_command_line_only():
+    # a 300 KB block comes from the heap while glibc's dynamic threshold is high; after the
+    # command line's trim_heap it is mapped on its own (and a 200 KB one still from the heap)
+    assert _mapped("cli") == "0 1 0"
+    assert _mapped("library") == "0 0 0"  # a notebook's process keeps glibc's own behaviour
+    assert _mapped("cli", MALLOC_MMAP_THRESHOLD_="1048576") == "0 0 0"  # and a user's setting

@@ -8,7 +8,8 @@ counted in the data-quality warnings (see :func:`build_tables`).
 Speed: a trace of a gigabyte holds millions of events, so nothing here runs Python code per
 event and per column beyond pulling attributes out with ``map(attrgetter(...))``. Events are
 bucketed by category with integer codes in numpy, each column goes to polars in one call,
-and values that repeat (shapes, dtypes, launch grids) are decoded once per distinct value.
+and values that repeat (shapes, dtypes, launch grids) are decoded once per distinct value;
+names are stored once per distinct name (see :func:`_str_col`).
 The scalar helpers (``_to_int``, ``_finite``, ``_dim3``, ...) define what every value means;
 the vectorised paths match them exactly and fall back to them for any unusual value.
 """
@@ -163,7 +164,6 @@ def _memcpy_kind(name: str | None) -> tuple[str | None, str | None, str | None]:
 _NONE_TYPE = type(None)
 _INT_TYPES = frozenset((int, _NONE_TYPE))
 _NUM_TYPES = frozenset((int, float, _NONE_TYPE))
-_EMPTY_RAW = msgspec.Raw()
 _EMPTY_ARGS = Args()
 _EMPTY_COMM_ARGS = CommArgs()
 
@@ -219,10 +219,38 @@ def _float_col(vals: list) -> pl.Series:
     return pl.Series(vals, dtype=pl.Float64, strict=True)
 
 
-def _str_col(vals: list) -> pl.Series:
-    """``name or ""``."""
-    s = pl.Series(vals, dtype=pl.Utf8)
-    return s.fill_null("") if s.null_count() else s
+_DEDUP_MIN = 256
+
+
+def _str_col(vals: list, dedup: bool = True) -> pl.Series:
+    """``name or ""``, each distinct value stored once: the column's views all point to it
+    (polars' strings are views into shared buffers, and ``gather`` copies only the views), so
+    a kernel name repeated over thousands of launches takes 16 bytes a row, not its length.
+    On the 107 MB benchmark trace the diagnosis peaked at 196 MB instead of 208 (3 runs each),
+    for about 1 ms more per chunk of 8 MB (hashing each name). A few hundred values are
+    stored as they are: the saving is nothing, the extra polars calls are not; so are values
+    of at most 12 bytes (``dedup=False``), which polars keeps inside the view."""
+    if not dedup or len(vals) < _DEDUP_MIN:
+        s = pl.Series(vals, dtype=pl.Utf8)
+        return s.fill_null("") if s.null_count() else s
+    codes = _Codes(lambda v, c: len(c))
+    idx = np.fromiter(map(codes.__getitem__, vals), np.uint32, len(vals))
+    s = pl.Series(list(codes), dtype=pl.Utf8)
+    return (s.fill_null("") if s.null_count() else s).gather(idx)
+
+
+class _Codes(dict):
+    """A dict that computes a missing value once: ``fn(key, self)``. Its ``__getitem__`` is the
+    dict's own (C speed) for every key already there, so ``map(codes.__getitem__, values)``
+    codes values in one pass, without a list of them or of their distinct values."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key):
+        v = self[key] = self.fn(key, self)
+        return v
 
 
 class _Interner:
@@ -234,25 +262,27 @@ class _Interner:
 
     def __init__(self, n_fields: int) -> None:
         self.n_fields = n_fields
-        self.codes: dict[bytes, int] = {}
+        self.codes: dict[bytes, int] = _Codes(lambda key, codes: len(codes))
 
-    def encode(self, columns: list[list]) -> pl.Series:
-        """``columns``: one list of ``msgspec.Raw`` (or None) per field, all of one length."""
+    def encode(self, args: list, fields: tuple[str, ...]) -> pl.Series:
+        """The codes of the raw ``fields`` of the events' ``args`` (:class:`Args` or
+        :class:`CommArgs`, never None)."""
+        n = len(args)
+        columns = [_get(args, f) for f in fields]
+        absent = [getattr(_EMPTY_ARGS, f) for f in fields]  # each field's default: one object
+        if all(c[0] is a and c.count(a) == n for c, a in zip(columns, absent, strict=True)):
+            # no event has any of the fields (ops without record_shapes): the one key b"" joined,
+            # told by identity, without a key per event
+            code = self.codes[b"\x00" * (self.n_fields - 1)]
+            return pl.Series(np.full(n, code, dtype=np.uint32), dtype=pl.UInt32)
         join = b"\x00".join
+        code = self.codes.__getitem__  # a new key gets the next code (_Codes.__missing__)
         try:
-            keys = list(map(join, zip(*columns, strict=True)))
+            out = np.fromiter(map(code, map(join, zip(*columns, strict=True))), np.uint32, n)
         except TypeError:  # None: an event without args
-            keys = [
-                join(b"" if r is None else r for r in vals) for vals in zip(*columns, strict=True)
-            ]
-        codes = self.codes
-        for k in dict.fromkeys(keys):
-            if k not in codes:
-                codes[k] = len(codes)
-        return pl.Series(
-            np.fromiter(map(codes.__getitem__, keys), dtype=np.uint32, count=len(keys)),
-            dtype=pl.UInt32,
-        )
+            keys = (join(b"" if r is None else r for r in v) for v in zip(*columns, strict=True))
+            out = np.fromiter(map(code, keys), np.uint32, n)
+        return pl.Series(out, dtype=pl.UInt32)
 
     def remap(self, keys: list[bytes]) -> pl.Series:
         """Codes in this interner for another interner's keys (listed in its code order)."""
@@ -317,13 +347,6 @@ def _ph_code(ph: str | None) -> int:
         "I": _PH_I,
     }
     return codes.get(ph, _PH_OTHER)
-
-
-def _codes(vals: list, cache: dict, fn) -> np.ndarray:
-    for v in set(vals):
-        if v not in cache:
-            cache[v] = fn(v)
-    return np.fromiter(map(cache.__getitem__, vals), dtype=np.int16, count=len(vals))
 
 
 _GPU_SCHEMA = {
@@ -429,6 +452,7 @@ _COMM_STR_ARGS = (
 # ``<backend>:<op>`` labels of ProcessGroupNCCL / ProcessGroupGloo work (``nccl:all_reduce``,
 # ``gloo:broadcast``, ``nccl:send 0->1``)
 COMM_ANNOTATION_RE = r"^(nccl|rccl|gloo|ucc|xccl|mpi):"
+_COMM_ANNOTATION = re.compile(COMM_ANNOTATION_RE)
 
 # Interned columns: stored as codes while reading, replaced by their values at the end.
 # column -> field of the interned key (kernels: grid, block; ops: dims, types, concrete inputs)
@@ -554,9 +578,10 @@ def _with_collective(args: list) -> list[int]:
 
 def _ext_col(args: list) -> pl.Series:
     ext = _get(args, "external_id")
-    lc = _get(args, "external_id_lc")
-    if lc.count(None) != len(lc):  # the lower-case spelling is used only where the other is absent
-        ext = [x if x is not None else y for x, y in zip(ext, lc, strict=True)]
+    if None in ext:  # the lower-case spelling is used only where the other is absent
+        lc = _get(args, "external_id_lc")
+        if lc.count(None) != len(lc):
+            ext = [x if x is not None else y for x, y in zip(ext, lc, strict=True)]
     return _id_col(ext)
 
 
@@ -610,8 +635,8 @@ class Converter:
     """Decoded events -> :class:`ChunkColumns`; keeps only caches between chunks."""
 
     def __init__(self) -> None:
-        self._ph_cache: dict = {}
-        self._cat_cache: dict = {}
+        self._ph_codes = _Codes(lambda ph, _: _ph_code(ph))
+        self._cat_codes = _Codes(lambda cat, _: _cat_code(cat))
         self._memcpy_cache: dict = {}
 
     def convert(self, evs: list[Event]) -> ChunkColumns:
@@ -624,9 +649,8 @@ class Converter:
         return out
 
     def _convert(self, evs: list[Event], n: int, out: ChunkColumns, interners: dict) -> None:
-        ph = _codes(list(map(_GET_PH, evs)), self._ph_cache, _ph_code)
-        cats = list(map(_GET_CAT, evs))
-        kind = _codes(cats, self._cat_cache, _cat_code)
+        ph = np.fromiter(map(self._ph_codes.__getitem__, map(_GET_PH, evs)), np.int16, n)
+        kind = np.fromiter(map(self._cat_codes.__getitem__, map(_GET_CAT, evs)), np.int16, n)
         for i in np.flatnonzero(ph == _PH_M).tolist():
             _metadata(evs[i], out)
         out.begin_end += int(np.count_nonzero(ph == _PH_BE))
@@ -645,7 +669,7 @@ class Converter:
             kind[i] = _KIND_CODE.get(k, _UNKNOWN)
         unknown = out.unknown
         for i in np.flatnonzero(cand & (kind == _UNKNOWN)).tolist():
-            c = cats[i] if cats[i] is not None else "uncategorised"
+            c = evs[i].cat if evs[i].cat is not None else "uncategorised"
             unknown[c] = unknown.get(c, 0) + 1
         for code, name in enumerate(_KINDS):
             idx = np.flatnonzero(cand & (kind == code))
@@ -667,7 +691,7 @@ class Converter:
         else:
             cols = _host_cols(evs, args)
         if kind == "kernel":
-            launch = it["kernel"].encode([_get(args, "grid"), _get(args, "block")])
+            launch = it["kernel"].encode(args, ("grid", "block"))
             for axis in "xyz":
                 cols[f"grid_{axis}"] = launch
                 cols[f"block_{axis}"] = launch
@@ -698,11 +722,9 @@ class Converter:
             )
         elif kind == "runtime":
             cols["correlation"] = _id_col(_get(args, "correlation"))
-            cols["category"] = _str_col(_get(evs, "cat"))
+            cols["category"] = _str_col(_get(evs, "cat"), dedup=False)  # cuda_runtime...
         elif kind == "cpu_op":
-            shapes = it["cpu_op"].encode(
-                [_get(args, "input_dims"), _get(args, "input_type"), _get(args, "concrete_inputs")]
-            )
+            shapes = it["cpu_op"].encode(args, ("input_dims", "input_type", "concrete_inputs"))
             cols["input_shapes"] = cols["input_dtypes"] = cols["concrete_inputs"] = shapes
             idx = _with_collective(args)
             if idx:
@@ -725,7 +747,8 @@ class Converter:
                 cols["category"] = pl.Series([kind] * n, dtype=pl.Utf8)
                 cols["device"] = pl.Series([None] * n, dtype=pl.Int64)
                 cols["stream"] = pl.Series([None] * n, dtype=pl.Int64)
-                idx = cols["name"].str.contains(COMM_ANNOTATION_RE).arg_true().to_list()
+                match = _COMM_ANNOTATION.match
+                idx = [i for i, nm in enumerate(_get(evs, "name")) if nm and match(nm)]
                 if idx:
                     _add_comm(out, _comm_rows("annotation", evs, args, idx))
         elif kind == "python_function":

@@ -1,0 +1,84 @@
+"""tables.Converter: the shortcuts of column building give the values the general path gives."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgspec
+import polars as pl
+
+from tracedx.trace.events import Event
+from tracedx.trace.tables import TableBuilder, _str_col, build_tables
+
+
+def _events(*evs: dict) -> list[Event]:
+    return msgspec.json.decode(msgspec.json.encode(list(evs)), type=list[Event], strict=False)
+
+
+def _op(ts: float, name: str = "aten::mm", **args) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 2, "ts": ts, "dur": 1.0,
+            "args": args}  # fmt: skip
+
+
+def test_ops_without_shapes_share_one_key_with_the_general_path():
+    # chunk 1: no op has shapes (the all-absent shortcut); chunk 2: mixed (the general path);
+    # the absent key of both is one code after the merge
+    b = TableBuilder()
+    b.add(_events(_op(1.0), _op(2.0)))
+    b.add(
+        _events(
+            _op(3.0),  # first, as the shortcut looks at the first op before counting
+            _op(4.0, **{"Input Dims": [[2, 3], []], "Input type": ["float", "Scalar"]}),
+            _op(5.0, **{"Concrete Inputs": ["", "1"]}),
+        )
+    )
+    ops = b.finish().ops
+    assert ops["input_shapes"].to_list() == [None, None, None, [[2, 3], []], None]
+    assert ops["input_dtypes"].to_list() == [None, None, None, ["float", "Scalar"], None]
+    assert ops["concrete_inputs"].to_list() == [None, None, None, None, ["", "1"]]
+
+
+def test_an_op_without_args_reads_as_one_without_shapes():
+    ops = build_tables(_events({**_op(1.0), "args": None}, _op(2.0))).ops
+    assert ops["input_shapes"].to_list() == [None, None]
+    assert ops["external_id"].to_list() == [None, None]
+
+
+def test_the_lower_case_external_id_only_where_the_other_is_missing():
+    both = {"External id": 9, "external id": 10}
+    ops = build_tables(
+        _events(_op(1.0, **{"External id": 5}), _op(2.0, **{"external id": 7}), _op(3.0, **both))
+    ).ops
+    assert ops["external_id"].to_list() == [5, 7, 9]
+    # every op has the usual spelling: the other is never read
+    ops = build_tables(_events(_op(1.0, **{"External id": 5}), _op(2.0, **both))).ops
+    assert ops["external_id"].to_list() == [5, 9]
+
+
+def test_collective_annotations_are_found_by_name():
+    ann = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 2, "dur": 5.0,
+           "args": {"Input Dims": [[4], [3]], "Input type": ["float"]}}  # fmt: skip
+    raw = build_tables(
+        _events(
+            {**ann, "name": "nccl:all_reduce", "ts": 1.0},
+            {**ann, "name": "ProfilerStep#1", "ts": 2.0},
+            {**ann, "name": "my nccl:all_reduce", "ts": 3.0},
+            {**ann, "name": "gloo:send 0->1", "ts": 4.0},
+        )
+    )
+    comm = raw.comm_args
+    assert comm["collective_name"].to_list() == ["all_reduce", "send"]
+    assert comm["in_nelems"].to_list() == [7, 4]  # a coalesced all-reduce counts every input
+    assert raw.annotations.height == 4
+
+
+def test_a_repeated_name_is_stored_once():
+    # polars strings are views into buffers: a column built from the distinct names shares
+    # them (its pickle, as the worker process sends a chunk, holds each name once)
+    names = [f"void a_kernel_name_longer_than_a_view<{i % 3}>(float*)" for i in range(1000)]
+    names[7] = None
+    col = _str_col(names)
+    assert col.to_list() == [n or "" for n in names]
+    plain = pl.Series(names, dtype=pl.Utf8).fill_null("")
+    assert len(pickle.dumps(col)) < len(pickle.dumps(plain)) / 2
+    assert _str_col(names[:10]).to_list() == plain[:10].to_list()  # a few: stored as they are
