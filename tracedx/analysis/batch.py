@@ -41,7 +41,15 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import inside, union
-from tracedx.analysis.kernels import kind_expr
+from tracedx.analysis.kernels import kernel_name_kinds
+from tracedx.analysis.ops import (
+    op_arrays,
+    op_signatures,
+    op_step_of,
+    ops_in_steps,
+    signature_of,
+)
+from tracedx.analysis.timeline import optimizer_windows
 from tracedx.trace import Trace
 
 # Duration of a kernel with almost no work, by kind (us): in item_loop-sync.json.gz a
@@ -53,7 +61,6 @@ KERNEL_FLOOR_DEFAULT_US = 1.8
 USABLE_MEMORY_SHARE = 0.9
 
 _WEIGHT_OPERAND = {"aten::linear": 1, "aten::addmm": 2, "aten::embedding": 0}
-_OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 _WEIGHT_OPS = (*_WEIGHT_OPERAND, "aten::convolution", "aten::conv2d", "aten::conv1d")
 
 
@@ -126,16 +133,18 @@ def batch_model(
     trace: Trace, steps: list[int], device: int, ops_tbl: pl.DataFrame | None
 ) -> BatchModel:
     """The :class:`BatchModel` of ``device`` over ``steps`` (see the module docstring)."""
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
-    if k.height == 0:
-        return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
-    # the name rules (regexes) once per distinct kernel name
-    kinds = k.select(pl.col("name").unique()).with_columns(kk=kind_expr("name"))
-    k = k.join(kinds, on="name", how="left", maintain_order="left").with_columns(
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
+        "op_id",
+        "duration_us",
+        "launch_start_us",
+        kk=pl.col("name").replace_strict(names["name"], names["kind"]),
         blocks=pl.col("grid_x").cast(pl.Float64)
         * pl.col("grid_y").fill_null(1)
         * pl.col("grid_z").fill_null(1),
     )
+    if k.height == 0:
+        return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
     props = trace.metadata.get("device_properties") or []
     sms = next(
         (
@@ -146,17 +155,16 @@ def batch_model(
         None,
     )
     # launched inside the optimizer (host time of the launch inside its annotation)
-    ann = trace.annotations.filter(pl.col("name").str.contains(_OPTIMIZER_RE))
+    ann = optimizer_windows(trace)
     a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
-    in_opt = inside(a_s, a_e, k["launch_start_us"].fill_null(float("nan")).to_numpy())
-    ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
-        "op_id", "name", "input_shapes", "input_dtypes"
+    in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
+    # the weight operands' shapes, from the ops of the steps that take weights (the whole op
+    # table's shapes are slow to filter and to turn into lists)
+    takes_weights = pl.lit(pl.Series(ops_in_steps(trace, steps))) & pl.col("name").is_in(
+        list(_WEIGHT_OPS)
     )
-    # only the ops weight_shapes reads (the whole op table's shapes are slow to turn into lists)
     wshapes = weight_shapes(
-        ops.filter(pl.col("name").is_in(list(_WEIGHT_OPS)))
-        .select("name", "input_shapes")
-        .unique(maintain_order=True)
+        trace.ops[["name", "input_shapes"]].filter(takes_weights).unique(maintain_order=True)
     )
     # roofline position per op group (name, shapes, dtypes)
     bandwidth_bound: set[tuple] = set()
@@ -168,15 +176,11 @@ def batch_model(
                 bandwidth_bound.add((name, str(sh), str(dt)))
     from tracedx.analysis.diagnosis import _tensor_bytes
 
-    # per distinct (name, shapes, dtypes) of the kernels' ops, not per kernel: whether every
-    # tensor input is weight-shaped, and the weight byte share w of a bandwidth-bound one
-    groups = (
-        ops.filter(pl.col("op_id").is_in(k["op_id"].implode()))
-        .group_by("name", "input_shapes", "input_dtypes")
-        .agg("op_id")
-    )
+    # per call signature of the launching ops, not per kernel: whether every tensor input is
+    # weight-shaped, and the weight byte share w of a bandwidth-bound one
+    groups = op_signatures(trace, steps)
     weight_only, share = [], []
-    for name, sh, dt, _ in groups.rows():
+    for name, sh, dt, _, _ in groups.rows():
         shapes = [x for x in (sh or []) if x]
         weight_only.append(bool(shapes) and all(_shape_key(x) in wshapes for x in shapes))
         w = 0.0
@@ -190,30 +194,28 @@ def batch_model(
             tot = sum(x for x, _ in b)
             w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
         share.append(w)
-    per_op = (
-        groups.select("op_id")
-        .with_columns(
-            weight_only=pl.Series(weight_only, dtype=pl.Boolean),
-            w=pl.Series(share, dtype=pl.Float64),
-        )
-        .explode("op_id")
-    )
-    k = k.join(per_op, on="op_id", how="left", maintain_order="left")
+    # each kernel's op's signature (none for a kernel with no op, or whose op is not in the
+    # analysed steps)
+    k_op = k["op_id"].cast(pl.Float64).to_numpy()
+    k_op = np.where(np.isin(op_step_of(op_arrays(trace), k_op), steps), k_op, np.nan)
+    hit, g = signature_of(groups, k_op)
+    k_weight_only = np.zeros(k.height, dtype=bool)
+    k_weight_only[hit] = np.array(weight_only, dtype=bool)[g]
+    k_w = np.zeros(k.height)
+    k_w[hit] = np.array(share, dtype=float)[g]
     t = k["duration_us"].to_numpy().astype(float)
-    blocks = k["blocks"].fill_null(0.0).to_numpy()
+    blocks = np.nan_to_num(k["blocks"].to_numpy(), nan=0.0)  # no grid recorded: 0
     fill = blocks / sms if sms else np.full(k.height, np.inf)
     fill = np.where(blocks != 0, fill, np.inf)
-    is_fixed = in_opt | k["weight_only"].fill_null(False).to_numpy()
+    is_fixed = in_opt | k_weight_only
     # the fixed time summed in kernel order, one kernel after the other (as a loop would)
     fixed = float(np.cumsum(t[is_fixed])[-1]) if is_fixed.any() else 0.0
     kind = k["kk"].to_numpy()
     is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
     is_scaled = ~is_fixed & ~is_gemm
-    gemm = np.column_stack([t, fill, k["w"].fill_null(0.0).to_numpy()])[is_gemm]
-    floor = (
-        k["kk"]
-        .replace_strict(KERNEL_FLOOR_US, default=KERNEL_FLOOR_DEFAULT_US, return_dtype=pl.Float64)
-        .to_numpy()[is_scaled]
+    gemm = np.column_stack([t, fill, k_w])[is_gemm]
+    floor = np.array(
+        [KERNEL_FLOOR_US.get(x, KERNEL_FLOOR_DEFAULT_US) for x in kind[is_scaled]], dtype=float
     )
     ts = t[is_scaled]
     scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])

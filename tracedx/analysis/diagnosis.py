@@ -17,14 +17,23 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, sum_us, union
-from tracedx.analysis.kernels import gpu_breakdown, kind_expr
-from tracedx.analysis.ops import op_groups, top_level_ops
+from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
+from tracedx.analysis.ops import (
+    is_in,
+    op_arrays,
+    op_duration_of,
+    op_groups,
+    ops_in_steps,
+    top_level_ops,
+    top_op_of,
+)
 from tracedx.analysis.timeline import (
     dataloader_windows,
     gpu_tree_tops,
     idle_by_cause,
     idle_gaps,
+    optimizer_windows,
     step_windows,
     sync_calls,
 )
@@ -170,11 +179,11 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
     return chosen
 
 
-def _stats(s: pl.Series) -> dict[str, float | None]:
-    s = s.drop_nulls()
-    if s.len() == 0:
+def _stats(median_min_max: tuple) -> dict[str, float | None]:
+    """A column's median, min and max as floats (None for a column of nulls only)."""
+    if median_min_max[0] is None:
         return {"median": None, "min": None, "max": None}
-    return {"median": float(s.median()), "min": float(s.min()), "max": float(s.max())}
+    return dict(zip(("median", "min", "max"), map(float, median_min_max), strict=True))
 
 
 def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
@@ -199,8 +208,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
         .otherwise(pl.lit("Device"))
     )
     return (
-        m.with_columns(host_memory=host_mem)
-        .group_by("device", "direction", "host_memory")
+        m.group_by("device", "direction", host_memory=host_mem)
         .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
         .with_columns(
             achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
@@ -293,62 +301,100 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "longest": pl.Float64, "host": pl.Float64, "linked": pl.Boolean,
         "names": pl.List(pl.Utf8),
     }  # fmt: skip
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
+        "step",
+        "stream",
+        "start_us",
+        "end_us",
+        "duration_us",
+        "name",
+        "top_op_id",
+        "launch_start_us",
+        fus=pl.col("name").replace_strict(
+            names["name"],
+            [
+                kind in FUSABLE_KINDS and not name.startswith("triton_")
+                for name, kind in zip(names["name"], names["kind"], strict=True)
+            ],
+        ),
+    )
     if k.height == 0:
         return pl.DataFrame(schema=schema)
-    per_top = (
-        trace.kernels.filter(pl.col("top_op_id").is_not_null())
-        .group_by("top_op_id")
-        .agg(n_kernels=pl.len())
-        .join(
-            trace.ops.select(pl.col("op_id").alias("top_op_id"), pl.col("duration_us").alias("h")),
-            on="top_op_id",
-            how="inner",
-        )
-        .select("top_op_id", host_per_kernel=pl.col("h") / pl.col("n_kernels"))
+    k = k.sort("step", "stream", "start_us")
+    # (a kernel with no stream recorded is on the null stream: one stream of its own)
+    step, stream = k["step"].to_numpy(), k["stream"].fill_null(-1 << 62).to_numpy()
+    host = _host_per_kernel(trace, k["top_op_id"].cast(pl.Float64).to_numpy())
+    # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
+    sc = sync_calls(trace)
+    sync_ends = np.sort(
+        sc["end_us"].to_numpy()[(sc["blocking_reason"] != "pageable memcpy").to_numpy()]
+    )
+    launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
+    seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
+    fus = k["fus"].to_numpy()
+    run, count = _runs(step, stream, fus, seg)
+    # only the fusable runs of two kernels or more
+    keep = fus & (np.bincount(count)[count] >= 2)
+    if not keep.any():
+        return pl.DataFrame(schema=schema)
+    chained = pl.DataFrame(
+        {
+            "step": step[keep],
+            "stream": k["stream"].filter(pl.Series(keep)),
+            "run": pl.Series(run[keep], dtype=pl.UInt32),
+            "start_us": k["start_us"].to_numpy()[keep],
+            "end_us": k["end_us"].to_numpy()[keep],
+            "duration_us": k["duration_us"].to_numpy()[keep],
+            "host_per_kernel": pl.Series(host[keep], nan_to_null=True),
+            "name": k["name"].filter(pl.Series(keep)),
+        }
+    )
+    return chained.group_by("step", "stream", "run", maintain_order=True).agg(
+        n=pl.len(),
+        start_us=pl.col("start_us").min(),
+        end_us=pl.col("end_us").max(),
+        total=sum_us("duration_us"),
+        longest=pl.col("duration_us").max(),
+        host=pl.col("host_per_kernel").fill_null(0.0).mean(),
+        linked=pl.col("host_per_kernel").is_not_null().any(),
+        names=pl.col("name"),
     )
 
-    k = k.join(per_top, on="top_op_id", how="left", maintain_order="left")
-    sync_ends = np.sort(
-        sync_calls(trace)
-        .filter(pl.col("blocking_reason") != "pageable memcpy")["end_us"]
-        .to_numpy()
+
+def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
+    """Per kernel (``top``: its top-level op's id, NaN for none) that op's host time over the
+    kernels it launched in all the trace; NaN for a kernel with no top-level op, or one the op
+    table does not hold."""
+    all_tops = trace.kernels["top_op_id"].cast(pl.Float64).to_numpy()
+    tops, n_kernels = np.unique(all_tops[is_in(all_tops, top)], return_counts=True)
+    at = np.searchsorted(tops, top)
+    known = at < len(tops)
+    known[known] = tops[at[known]] == top[known]
+    h = op_duration_of(op_arrays(trace), top)
+    known &= ~np.isnan(h)
+    host = np.full(len(top), np.nan)
+    host[known] = h[known] / n_kernels[at[known]]
+    return host
+
+
+def _runs(
+    step: np.ndarray, stream: np.ndarray, fus: np.ndarray, seg: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of kernels sorted by (step, stream, start): a run starts at each stream's
+    first kernel of a step and wherever ``fus`` or ``seg`` changes. Returns each kernel's run
+    number, from 1 in each (step, stream), and its run's index over all kernels."""
+    new_run = np.ones(len(step), dtype=bool)
+    new_run[1:] = (
+        (step[1:] != step[:-1])
+        | (stream[1:] != stream[:-1])
+        | (fus[1:] != fus[:-1])
+        | (seg[1:] != seg[:-1])
     )
-    seg = np.searchsorted(sync_ends, k["launch_start_us"].fill_null(float("-inf")).to_numpy())
-    k = k.with_columns(seg=pl.Series(seg, dtype=pl.Int64))
-    # the name rules (regexes) once per distinct kernel name
-    fusable = k.select(pl.col("name").unique()).with_columns(
-        fus=kind_expr("name").is_in(FUSABLE_KINDS) & ~pl.col("name").str.starts_with("triton_")
-    )
-    k = (
-        k.sort("step", "stream", "start_us")
-        .join(fusable, on="name", how="left", maintain_order="left")
-        .with_columns(
-            run=(
-                (pl.col("fus") != pl.col("fus").shift(1))
-                | (pl.col("seg") != pl.col("seg").shift(1))
-            )
-            .fill_null(True)
-            .cum_sum()
-            .over("step", "stream")
-        )
-    )
-    runs = (
-        k.filter("fus")
-        .group_by("step", "stream", "run", maintain_order=True)
-        .agg(
-            n=pl.len(),
-            start_us=pl.col("start_us").min(),
-            end_us=pl.col("end_us").max(),
-            total=sum_us("duration_us"),
-            longest=pl.col("duration_us").max(),
-            host=pl.col("host_per_kernel").fill_null(0.0).mean(),
-            linked=pl.col("host_per_kernel").is_not_null().any(),
-            names=pl.col("name"),
-        )
-        .filter(pl.col("n") >= 2)
-    )
-    return runs.cast({c: t for c, t in schema.items() if c in runs.columns}).select(list(schema))
+    first = np.ones(len(step), dtype=bool)
+    first[1:] = (step[1:] != step[:-1]) | (stream[1:] != stream[:-1])
+    count = np.cumsum(new_run)
+    return count - np.maximum.accumulate(np.where(first, count - 1, 0)), count
 
 
 def _fusable_chains(
@@ -383,8 +429,7 @@ def _fusable_chains(
     )
 
 
-_OUTSIDE_COMPILE_RE = r"^Optimizer\.(step|zero_grad)#"
-_KEPT_NO_GPU_RE = r"AccumulateGrad"
+_KEPT_NO_GPU = "AccumulateGrad"
 
 
 def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, float]:
@@ -412,7 +457,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     n = max(st.height, 1)
     if st.height == 0:
         return 0.0, 0.0, 0.0
-    ann = trace.annotations.filter(pl.col("name").str.contains(_OUTSIDE_COMPILE_RE))
+    ann = optimizer_windows(trace)
     dl = dataloader_windows(trace)
     xs = np.concatenate(
         [ann["start_us"].to_numpy(), dl["start_us"].to_numpy() if dl.height else []]
@@ -420,28 +465,38 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     xe = np.concatenate([ann["end_us"].to_numpy(), dl["end_us"].to_numpy() if dl.height else []])
     out_s, out_e = union(xs, xe)
 
-    ops = trace.ops.filter(pl.col("step").is_in(steps)).select(
-        "op_id", "parent_id", "top_op_id", "name", "start_us", "end_us", "duration_us"
+    o = op_arrays(trace)
+    in_steps = ops_in_steps(trace, steps)
+    cols = ["op_id", "start_us", "end_us", "duration_us", "name"]
+    top = (
+        trace.ops[cols]
+        .filter(pl.Series(in_steps & o["is_top"]))
+        .select(
+            "op_id",
+            "start_us",
+            "end_us",
+            "duration_us",
+            # (an op with no name is neither counted nor a node)
+            kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
+            node=pl.col("name")
+            .str.starts_with("autograd::engine::evaluate_function")
+            .fill_null(False),
+        )
     )
-    top = ops.filter(pl.col("parent_id").is_null())
-    tops_gpu = gpu_tree_tops(trace).implode()
-    none = top.filter(
-        ~pl.col("op_id").is_in(tops_gpu) & ~pl.col("name").str.contains(_KEPT_NO_GPU_RE)
-    )
-    none = none.filter(pl.Series(~inside(out_s, out_e, none["start_us"].to_numpy())))
-    no_gpu_us = float(none["duration_us"].sum()) / n
-    events = ops.filter(pl.col("top_op_id").is_in(none["op_id"].implode())).height / n
+    top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
+    kept = top["kept"].to_numpy()
+    launches = is_in(top_id, gpu_tree_tops(trace).to_numpy())
+    none = ~launches & ~kept & ~inside(out_s, out_e, top["start_us"].to_numpy())
+    no_gpu_us = _float_sum(top_us[none]) / n
+    events = int(is_in(o["top_op_id"][in_steps], top_id[none]).sum()) / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
     # duration less its child ops'): the compiled backward is one node
-    nodes = top.filter(
-        pl.col("name").str.starts_with("autograd::engine::evaluate_function")
-        & pl.col("op_id").is_in(tops_gpu)
-        & ~pl.col("name").str.contains(_KEPT_NO_GPU_RE)
-    )
-    if nodes.height:
-        kids = ops.filter(pl.col("parent_id").is_in(nodes["op_id"].implode()))["duration_us"].sum()
-        no_gpu_us += max(float(nodes["duration_us"].sum()) - float(kids), 0.0) / n
-        events += nodes.height / n
+    nodes = top["node"].to_numpy() & launches & ~kept
+    if nodes.any():
+        in_nodes = is_in(o["parent_id"][in_steps], top_id[nodes])
+        kids = _float_sum(o["duration_us"][in_steps][in_nodes])
+        no_gpu_us += max(_float_sum(top_us[nodes]) - kids, 0.0) / n
+        events += int(nodes.sum()) / n
     # Python: the CPU windows less the top-level ops and the windows outside the model
     cs, ce = union(
         np.concatenate([top["start_us"].to_numpy(), out_s]),
@@ -506,10 +561,11 @@ def diagnose(
     summary: dict[str, Any] = {"steps": n, "devices": _device_summaries(w)}
     primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
     # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
-    gpu = trace.gpu_activity().filter(pl.col("step").is_in(chosen))
-    if primary is not None:
-        gpu = gpu.filter(pl.col("device") == primary)
-    kinds = gpu_breakdown(gpu, n)
+    in_chosen = pl.col("step").is_in(chosen)
+    gpu = trace.gpu_activity().filter(
+        in_chosen if primary is None else in_chosen & (pl.col("device") == primary)
+    )
+    kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
     peer_note = _peer_wait_note(trace, kinds, n)
     if peer_note:
         notes.append(peer_note)
@@ -521,16 +577,16 @@ def diagnose(
     if primary is None:
         wp, largest, model = w, gaps.head(0), None
     else:
-        wp = w.filter(pl.col("device") == primary)
-        largest = gaps.filter(pl.col("device") == primary).sort("duration_us", descending=True)
+        wp = w.filter(w["device"] == primary)
+        largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
         largest = largest.head(5)
-        model = _step_model(trace, chosen, wp, causes.filter(pl.col("device") == primary), n)
+        model = _step_model(trace, chosen, wp, causes.filter(causes["device"] == primary), n)
     regime, bottleneck, evidence = _verdict(
         trace, wp, kinds, memcpy, ops_tbl, model, primary, host_op=host_op
     )
     comm_by_step = (
         comm_compute_by_step(trace, chosen, primary)
-        if kinds.filter(pl.col("kind") == "communication").height
+        if (kinds["kind"] == "communication").any()
         else None
     )
     found = (
@@ -645,11 +701,20 @@ def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
     out = {}
     for dev in w["device"].unique(maintain_order=True).to_list():
         d = (
-            w.filter(pl.col("device") == dev)
+            w.filter(w["device"] == dev)
             if dev is not None
             else w.filter(pl.col("device").is_null())
         )
-        out[str(dev)] = {c: _stats(d[c]) for c in _SUMMARY_COLUMNS}
+        got = d.select(
+            e
+            for c in _SUMMARY_COLUMNS
+            for e in (
+                pl.col(c).median().alias(f"{c}:median"),
+                pl.col(c).min().alias(f"{c}:min"),
+                pl.col(c).max().alias(f"{c}:max"),
+            )
+        ).row(0)
+        out[str(dev)] = {c: _stats(got[3 * i : 3 * i + 3]) for i, c in enumerate(_SUMMARY_COLUMNS)}
     return out
 
 
@@ -660,12 +725,9 @@ def _primary_device(
     activity) and the device notes, less an unknown device's on a machine with no GPU.
     Appends to ``notes`` why there is no GPU activity, or that the trace has several GPUs."""
     if trace.has_gpu_activity:
-        busy = (
-            w.group_by("device")
-            .agg(sum_us("gpu_busy_us"))
-            .sort("gpu_busy_us", "device", descending=[True, False])
-        )
-        primary = busy["device"][0]
+        # the most busy time over the windows (sum_us per device), ties: the lowest index
+        busy = _per_step_sums_us(w["device"].to_numpy(), w["gpu_busy_us"].to_numpy())
+        primary = min(busy, key=lambda d: (-busy[d], d))
         if len(trace.devices) > 1:
             notes.append(
                 f"{len(trace.devices)} GPUs in this trace: numbers are per device; the verdict is for "
@@ -792,6 +854,21 @@ def _place_on_roofline(ops_tbl: pl.DataFrame, spec) -> pl.DataFrame:
     return place_on_roofline(ops_tbl, spec)
 
 
+def _float_sum(us: np.ndarray) -> float:
+    """Polars' sum of a Float64 column (its order of additions, not numpy's: the same float
+    as ``df[col].sum()`` on those rows)."""
+    return float(pl.Series(us, dtype=pl.Float64).sum())
+
+
+def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
+    """Step number (or any integer key) -> :func:`~tracedx.analysis.intervals.sum_us` of its
+    rows' ``us`` (the floats a ``group_by("step")`` gives)."""
+    keys, of = np.unique(step, return_inverse=True)
+    ps = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(ps, of, to_ps(us))
+    return dict(zip(keys.tolist(), ps_to_us(ps).tolist(), strict=True))
+
+
 # A step with this many of the program's own host syncs or more is a loop of syncs (an
 # .item() per iteration): see StepModel.sync_serial.
 SERIAL_SYNCS_PER_STEP = 2
@@ -806,42 +883,37 @@ def _step_model(
     whose start falls in the step; the profiler's cost per host event is solved from the
     unprofiled step time when the trace carries one (``tracedx capture --time-unprofiled``).
     """
-    # only the columns used: filtering the whole op table copies its nested shape columns
-    all_ops = trace.ops.select("op_id", "parent_id", "top_op_id", "start_us", "duration_us", "step")
+    o = op_arrays(trace)
+    in_steps = ops_in_steps(trace, steps)
 
-    def per_step_median(df: pl.DataFrame, value: str) -> float:
-        # median over the analysed steps, counting steps where df has no row as 0
-        got = dict(df.group_by("step").agg(sum_us(value)).rows()) if df.height else {}
+    def per_step_median(step: np.ndarray, us: np.ndarray) -> float:
+        # median over the analysed steps of the per-step sums, a step with no row counting 0
+        got = _per_step_sums_us(step, us)
         return float(np.median([got.get(s, 0.0) for s in steps])) if steps else 0.0
 
+    cause, c_step, c_idle = (causes[c].to_numpy() for c in ("cause", "step", "idle_us"))
     idle = {
-        c: per_step_median(causes.filter(pl.col("cause") == c), "idle_us")
-        for c in causes["cause"].unique().to_list()
+        c: per_step_median(c_step[cause == c], c_idle[cause == c])
+        for c in np.unique(cause).tolist()
     }
     sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
-    pageable = pl.col("blocking_reason") == "pageable memcpy"
-    sync_us = per_step_median(sc.filter(~pageable), "duration_us")
-    sync_count = sc.filter(~pageable).height / n
+    sc_step, sc_us = sc["step"].to_numpy(), sc["duration_us"].to_numpy()
+    sc_op = sc["op_id"].to_numpy().astype(float)  # NaN: no op
+    pageable = (sc["blocking_reason"] == "pageable memcpy").to_numpy()
+    sync_us = per_step_median(sc_step[~pageable], sc_us[~pageable])
+    sync_count = int((~pageable).sum()) / n
     # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
     # synchronizes the stream) belongs to that copy: pinned memory + non_blocking removes it
-    copy_ops = sc.filter(pageable)["op_id"].drop_nulls().implode()
-    own = sc.filter(~pageable & ~pl.col("op_id").is_in(copy_ops).fill_null(False))
-    own_sync_us = per_step_median(own, "duration_us")
-    own_sync_count = own.height / n
+    own = ~pageable & ~is_in(sc_op, sc_op[pageable])
+    own_sync_us = per_step_median(sc_step[own], sc_us[own])
+    own_sync_count = int(own.sum()) / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
-    sync_tops = all_ops.filter(
-        pl.col("op_id").is_in(sc.filter(~pageable)["op_id"].drop_nulls().implode())
-    )["top_op_id"].unique()
+    sync_tops = top_op_of(o, sc_op[~pageable])
     sync_ops_host = (
-        float(
-            all_ops.filter(
-                pl.col("op_id").is_in(sync_tops.implode()) & pl.col("step").is_in(steps)
-            )["duration_us"].sum()
-        )
-        / n
+        _float_sum(o["duration_us"][in_steps][is_in(o["op_id"][in_steps], sync_tops)]) / n
     )
-    page_us = per_step_median(sc.filter(pageable), "duration_us")
+    page_us = per_step_median(sc_step[pageable], sc_us[pageable])
     # DataLoader __next__ windows inside the analysed steps
     dl = dataloader_windows(trace)
     if dl.height:
@@ -852,27 +924,27 @@ def _step_model(
     dl_s, dl_e = union(dl["start_us"].to_numpy(), dl["end_us"].to_numpy())
     dl_us = float(sum(e - s for s, e in zip(dl_s, dl_e, strict=True))) / n
 
-    ops = all_ops.filter(pl.col("step").is_in(steps))
-    in_gpu_tree = pl.col("top_op_id").is_in(gpu_tree_tops(trace).implode())
-
-    # a host event is "inside the DataLoader" when it starts in a DataLoader window
-    ops_dl = inside(dl_s, dl_e, ops["start_us"].to_numpy())
-    ops = ops.with_columns(in_dl=pl.Series(ops_dl))
-    top_no_gpu = ops.filter(pl.col("parent_id").is_null() & ~in_gpu_tree & ~pl.col("in_dl"))
-    host_no_gpu = float(top_no_gpu["duration_us"].sum()) / n + dl_us
+    # the analysed steps' ops: whether their top-level op launches GPU work (an op without a
+    # top-level op is on neither side), and whether they start in a DataLoader window
+    top = o["top_op_id"][in_steps]
+    in_gpu_tree = is_in(top, gpu_tree_tops(trace).to_numpy())
+    linked = ~np.isnan(top)
+    gpu_side, no_gpu_side = linked & in_gpu_tree, linked & ~in_gpu_tree
+    is_top = o["is_top"][in_steps]
+    op_us = o["duration_us"][in_steps]
+    ops_dl = inside(dl_s, dl_e, o["start_us"][in_steps])
+    host_no_gpu = _float_sum(op_us[is_top & no_gpu_side & ~ops_dl]) / n + dl_us
     la = trace.launches.filter(pl.col("step").is_in(steps))
     la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy())
-    host_events = (ops.height + la.height) / n
+    host_events = (len(op_us) + la.height) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n
-    no_gpu_events = ops.filter(~in_gpu_tree | pl.col("in_dl")).height / n + float(la_dl.sum()) / n
-    graphs = la.filter(pl.col("api_kind") == "graph").height / n
+    no_gpu_events = int((no_gpu_side | ops_dl).sum()) / n + float(la_dl.sum()) / n
+    graphs = int((la["api_kind"] == "graph").sum()) / n
     kernels = float(w["kernels"].mean() or 0.0)
     cpu = float(w["cpu_time_us"].median() or 0.0)
-    gpu_tops = ops.filter(pl.col("parent_id").is_null() & in_gpu_tree & ~pl.col("in_dl"))
-    gpu_top_host = float(gpu_tops["duration_us"].sum()) / n
+    gpu_top_host = _float_sum(op_us[is_top & gpu_side & ~ops_dl]) / n
     gpu_tree_events = (
-        ops.filter(in_gpu_tree & ~pl.col("in_dl")).height / n
-        + la.filter(pl.col("op_id").is_not_null()).height / n
+        int((gpu_side & ~ops_dl).sum()) / n + (la.height - la["op_id"].null_count()) / n
     )
     # host time per kernel: launching threads can overlap (autograd), so never more than H / K
     h_total = max(cpu - sync_us - page_us, 0.0)
@@ -1213,18 +1285,25 @@ def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]
     return regime, bott, ev
 
 
+def _kernels_with_kind(trace: Trace, w: pl.DataFrame, device: int | None) -> pl.DataFrame:
+    """The kernels of ``device`` in the steps of the windows ``w``, with their kind (``kk``,
+    :func:`~tracedx.analysis.kernels.kernel_name_kinds`)."""
+    names = kernel_name_kinds(trace)
+    return trace.kernels.filter(
+        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
+    ).with_columns(kk=pl.col("name").replace_strict(names["name"], names["kind"]))
+
+
 def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float:
     """Share of GEMM/conv kernel time in fp32 kernels that do not use tensor cores (by name)."""
-    k = trace.kernels.filter(
-        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-    ).with_columns(kk=kind_expr("name"), low=pl.col("name").str.to_lowercase())
+    k = _kernels_with_kind(trace, w, device).with_columns(low=pl.col("name").str.to_lowercase())
     mat = k.filter(pl.col("kk").is_in(["gemm", "convolution"]))
     total = float(mat["duration_us"].sum())
     if total <= 0:
         return 0.0
     simt = mat.filter(
         pl.col("low").str.contains(r"sgemm|simt|f32f32_f32f32|fp32_fp32")
-        & ~pl.col("low").str.contains("tf32")
+        & ~pl.col("low").str.contains("tf32", literal=True)
     )
     return float(simt["duration_us"].sum()) / total
 
@@ -1234,7 +1313,8 @@ def _tensor_bytes(shape: list[int] | None, dtype: str | None) -> float:
 
     if not shape or dtype not in DTYPE_BYTES:
         return 0.0
-    return float(np.prod(shape, dtype=np.float64)) * DTYPE_BYTES[dtype]
+    # the product as float64, left to right (np.prod's, without its cost on a short list)
+    return math.prod(map(float, shape)) * DTYPE_BYTES[dtype]
 
 
 def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str, Any] | None:
@@ -1304,13 +1384,10 @@ def _underfilled_matrix_share(trace: Trace, w: pl.DataFrame, device: int | None)
     sms = _num_sms(trace, device)
     if not sms or device is None:
         return 0.0
-    k = trace.kernels.filter(
-        pl.col("step").is_in(w["step"].implode()) & (pl.col("device") == device)
-    ).with_columns(
+    k = _kernels_with_kind(trace, w, device).with_columns(
         blocks=pl.col("grid_x").fill_null(1)
         * pl.col("grid_y").fill_null(1)
         * pl.col("grid_z").fill_null(1),
-        kk=kind_expr("name"),
     )
     small = k.filter(
         pl.col("kk").is_in(["gemm", "convolution", "attention"]) & (pl.col("blocks") < sms)
@@ -1389,7 +1466,7 @@ def _findings(
     if spec is not None and "family" in ops_tbl.columns:
         cast = autocast_cast_bytes(trace, steps) / n
         out += _math_findings(m, ops_tbl, spec, n, cast)
-    comm = kinds.filter(pl.col("kind") == "communication")
+    comm = kinds.filter(kinds["kind"] == "communication")
     if comm.height and comm_by_step is not None:
         exposed = float(comm_by_step["exposed_comm_us"].sum())
         out.append(
@@ -1406,7 +1483,7 @@ def _findings(
 def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
     """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
     or collectives over a group of more than one rank) that communicates."""
-    comm = kinds.filter(pl.col("kind") == "communication")
+    comm = kinds.filter(kinds["kind"] == "communication")
     if comm.height == 0 and trace.comm_args.height == 0:
         return None  # nothing communicates (and Trace.collectives need not be built)
     colls = trace.collectives
@@ -1457,16 +1534,21 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     weights, plus the batch's first input) the 7 cast kernels take 0.630 ms per step; this
     gives 2.42 GB, 0.50 ms at 4.8 TB/s.
     """
-    o = trace.ops.filter(
-        pl.col("step").is_in(steps) & pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
-    ).select("name", "input_shapes", "input_dtypes")
-    backward = trace.ops.filter(
-        pl.col("step").is_in(steps)
-        & pl.col("name").str.starts_with("autograd::engine::evaluate_function")
-    ).height
-    per_element = (2 if backward else 1) * CAST_BYTES_PER_ELEMENT
+    # one pass over the steps' ops: the GEMM ops' inputs, and whether any op is a backward node
+    cast_op = pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
+    backward = pl.col("name").str.starts_with("autograd::engine::evaluate_function")
+    rows = (
+        trace.ops[["name", "input_shapes", "input_dtypes"]]
+        .filter(pl.lit(pl.Series(ops_in_steps(trace, steps))) & (cast_op | backward))
+        .rows()
+    )
+    # the rows that are no GEMM op are backward nodes
+    has_backward = any(name not in _CAST_GEMM_WEIGHT for name, _, _ in rows)
+    per_element = (2 if has_backward else 1) * CAST_BYTES_PER_ELEMENT
     total = 0.0
-    for name, shapes, dtypes in o.iter_rows():
+    for name, shapes, dtypes in rows:
+        if name not in _CAST_GEMM_WEIGHT:
+            continue
         for i in _CAST_GEMM_WEIGHT[name]:
             if not shapes or i >= len(shapes) or not shapes[i]:
                 continue
@@ -1476,27 +1558,44 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     return total
 
 
+_MATH_COLUMNS = (
+    "name",
+    "input_shapes",
+    "count",
+    "device_time_us",
+    "math_mode",
+    "flops",
+    "bytes",
+    "compute_dtype",
+    "family",
+)
+"""The op table's columns :func:`_math_findings` reads."""
+
+
 def _math_findings(
     m: fx.StepModel, ops_tbl: pl.DataFrame, spec, n: int, cast_bytes: float = 0.0
 ) -> list[fx.Finding | None]:
     out: list[fx.Finding | None] = []
     peaks = spec.peak_tflops
     bw = spec.bandwidth_gbs * 1e3  # bytes/us
-    mod = ops_tbl.filter(pl.col("family").is_not_null())
+    # the op groups as Python rows, once (a few hundred at most; each filter below is a
+    # comprehension, not a polars call)
+    rows = ops_tbl.select(_MATH_COLUMNS).rows(named=True)
+    mod = [r for r in rows if r["family"] is not None]
     # TF32: fp32 GEMMs that did not run on TF32 tensor cores
     if peaks.get("tf32") and peaks.get("fp32"):
-        g = mod.filter(
-            (pl.col("family") == "gemm")
-            & (pl.col("compute_dtype") == "fp32")
-            & pl.col("math_mode").is_null()
-        )
-        if g.height:
+        g = [
+            r
+            for r in mod
+            if r["family"] == "gemm" and r["compute_dtype"] == "fp32" and r["math_mode"] is None
+        ]
+        if g:
             ratio = peaks["tf32"] / peaks["fp32"]
-            t = g["device_time_us"].to_numpy() / n
-            by = g["bytes"].to_numpy() / n
+            t = np.array([r["device_time_us"] for r in g], dtype=float) / n
+            by = np.array([r["bytes"] for r in g], dtype=float) / n
             new = [max(ti / ratio, bi / bw) for ti, bi in zip(t, by, strict=True)]
             ev = [
-                f"{g['count'].sum() / n:.0f} fp32 GEMMs per step ran on fp32 cores ({_ms(t.sum())} per step)",
+                f"{sum(r['count'] for r in g) / n:.0f} fp32 GEMMs per step ran on fp32 cores ({_ms(t.sum())} per step)",
                 f"ceilings: fp32 {peaks['fp32']:.0f}, tf32 {peaks['tf32']:.0f} TFLOP/s ({spec.source})",
             ]
             out.append(
@@ -1512,13 +1611,14 @@ def _math_findings(
             )
     # bf16 autocast: fp32 / tf32 GEMM, conv and attention
     if peaks.get("bf16"):
-        g = mod.filter(
-            pl.col("family").is_in(["gemm", "conv", "attention"])
-            & (pl.col("compute_dtype") == "fp32")
-        )
-        if g.height:
+        g = [
+            r
+            for r in mod
+            if r["family"] in ("gemm", "conv", "attention") and r["compute_dtype"] == "fp32"
+        ]
+        if g:
             t, new = 0.0, 0.0
-            for r in g.iter_rows(named=True):
+            for r in g:
                 cur = peaks.get("tf32") if r["math_mode"] == "tf32" else peaks.get("fp32")
                 ti = r["device_time_us"] / n
                 if not cur:
@@ -1550,21 +1650,21 @@ def _math_findings(
                 )
             )
     # fused attention: softmax over square score matrices outside SDPA
-    att = mod.filter(pl.col("family") == "attention")
-    sm = ops_tbl.filter(
-        pl.col("name").str.contains("softmax") & ~pl.col("name").str.contains("backward")
-    )
-    if att.height == 0 and sm.height:
-        sq = (
-            sm.filter(pl.col("input_shapes").list.first().list.len() >= 3)
-            .with_columns(
-                tq=pl.col("input_shapes").list.first().list.get(-2, null_on_oob=True),
-                tk=pl.col("input_shapes").list.first().list.get(-1, null_on_oob=True),
-            )
-            .filter((pl.col("tk") >= 256) & (pl.col("tq") >= 256))
-        )
-        if sq.height:
-            shapes = sq["input_shapes"].list.first().to_list()
+    att = [r for r in mod if r["family"] == "attention"]
+    sm = [
+        r
+        for r in rows
+        if r["name"] is not None and "softmax" in r["name"] and "backward" not in r["name"]
+    ]
+    if not att and sm:
+        # the first inputs of the softmaxes over square-ish score matrices (Tq, Tk >= 256)
+        firsts = [(r["input_shapes"] or [None])[0] for r in sm]
+        shapes = [
+            x
+            for x in firsts
+            if x is not None and len(x) >= 3 and (x[-1] or 0) >= 256 and (x[-2] or 0) >= 256
+        ]
+        if shapes:
             tails = {tuple(s[-2:]) for s in shapes}
 
             # ops on the score matrix: an input ending in (Tq, Tk), or a matmul that produces
@@ -1581,7 +1681,7 @@ def _math_findings(
                     and (shp[0][-2], shp[1][-1]) in tails
                 )
 
-            chain = [r for r in ops_tbl.iter_rows(named=True) if touches(r)]
+            chain = [r for r in rows if touches(r)]
             chain_us = sum(r["device_time_us"] for r in chain) / n
             # matmuls producing or consuming scores: FLOPs of the attention proper
             fl = sum((r["flops"] or 0) for r in chain if r["family"] == "gemm") / n

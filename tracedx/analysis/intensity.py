@@ -142,7 +142,7 @@ class OpCost:
 
 
 def _prod(xs: Sequence[int]) -> int:
-    return math.prod(int(x) for x in xs)
+    return math.prod(map(int, xs))
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class OpArgs:
 
     def shape(self, i: int) -> list[int] | None:
         """The shape of input ``i`` (``[]`` for a 0-dim tensor), or None if not a tensor."""
-        return [int(x) for x in self.shapes[i]] if self.is_tensor(i) else None
+        return list(map(int, self.shapes[i])) if self.is_tensor(i) else None
 
     def numel(self, i: int) -> int:
         s = self.shape(i)
@@ -1432,7 +1432,7 @@ _OUT_SCHEMA = {
 }
 
 
-def add_op_costs(ops: pl.DataFrame) -> pl.DataFrame:
+def add_op_costs(ops: pl.DataFrame, *, distinct: bool = False) -> pl.DataFrame:
     """Add the modelled cost of each op call to an ops table.
 
     Input columns: ``name`` (Utf8), ``input_shapes`` (List(List(Int64))), ``input_dtypes``
@@ -1443,33 +1443,47 @@ def add_op_costs(ops: pl.DataFrame) -> pl.DataFrame:
     (Float64, bytes), ``compute_dtype`` (Utf8), ``family`` (Utf8) and ``tensor_core``
     (Boolean) added (replacing columns of those names); all five are null for ops without a
     model. The Python model runs once per distinct (name, shapes, dtypes, concrete inputs),
-    not once per row.
+    not once per row; ``distinct=True`` says that no two rows share those (the model then runs
+    once per row, with no join on the nested key columns).
     """
-    df = ops.drop([c for c in _OUT_SCHEMA if c in ops.columns])
+    replaced = [c for c in _OUT_SCHEMA if c in ops.columns]
+    df = ops.drop(replaced) if replaced else ops
     if "concrete_inputs" not in df.columns:
         df = df.with_columns(pl.lit(None, dtype=pl.List(pl.Utf8)).alias("concrete_inputs"))
         drop_concrete = True
     else:
         drop_concrete = False
+    if distinct:
+        out = _costs_per_row(df)
+        return out.drop("concrete_inputs") if drop_concrete else out
     keys = df.select(_KEYS).unique(maintain_order=True)
     modelled = keys.filter(
         pl.col("name").is_in(list(OP_MODELS)) & pl.col("input_shapes").is_not_null()
     )
+    costs = modelled.with_columns(_cost_columns(modelled.iter_rows()))
+    out = df.join(costs, on=_KEYS, how="left", nulls_equal=True, maintain_order="left")
+    if drop_concrete:
+        out = out.drop("concrete_inputs")
+    return out
+
+
+def _costs_per_row(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with the five cost columns of :func:`add_op_costs`, one model call per row."""
+    return pl.DataFrame([*df.get_columns(), *_cost_columns(df.select(_KEYS).iter_rows())])
+
+
+def _cost_columns(keys) -> list[pl.Series]:
+    """The five cost columns (:data:`_OUT_SCHEMA`) of the (name, shapes, dtypes, concrete
+    inputs) rows ``keys``: one :func:`op_cost` call each."""
     cols: dict[str, list] = {c: [] for c in _OUT_SCHEMA}
-    for name, shapes, dtypes, concrete in modelled.iter_rows():
-        c = op_cost(name, shapes, dtypes, concrete)
+    for name, shapes, dtypes, concrete in keys:
+        c = op_cost(name, shapes, dtypes, concrete) if name in OP_MODELS else None
         cols["flops"].append(c.flops if c else None)
         cols["bytes"].append(c.bytes if c else None)
         cols["compute_dtype"].append(c.compute_dtype if c else None)
         cols["family"].append(c.family if c else None)
         cols["tensor_core"].append(c.tensor_core if c else None)
-    costs = modelled.with_columns(
-        [
-            pl.Series(c, v, dtype=t)
-            for (c, t), v in zip(_OUT_SCHEMA.items(), cols.values(), strict=True)
-        ]
-    )
-    out = df.join(costs, on=_KEYS, how="left", nulls_equal=True, maintain_order="left")
-    if drop_concrete:
-        out = out.drop("concrete_inputs")
-    return out
+    return [
+        pl.Series(c, v, dtype=t)
+        for (c, t), v in zip(_OUT_SCHEMA.items(), cols.values(), strict=True)
+    ]

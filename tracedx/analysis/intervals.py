@@ -28,6 +28,25 @@ def sum_ps(col: str | pl.Expr) -> pl.Expr:
     return (e * PS_PER_US).round().cast(pl.Int64, strict=False).fill_null(0).sum()
 
 
+def to_ps(us) -> np.ndarray:
+    """An array of microseconds as int64 picoseconds, rounded as :func:`sum_ps` rounds them
+    (half to even; NaN, infinities and values past int64 become 0)."""
+    ps = np.round(np.asarray(us, dtype=np.float64) * PS_PER_US)
+    return np.where(np.isfinite(ps) & (np.abs(ps) < 2.0**63), ps, 0.0).astype(np.int64)
+
+
+def ps_to_us(ps: np.ndarray) -> np.ndarray:
+    """Per-group sums of int64 picoseconds as Float64 microseconds, the floats :func:`sum_us`
+    gives per group in a ``group_by`` (polars divides a column by a constant as a product
+    with its reciprocal, which can differ from the quotient in the last bit)."""
+    return np.asarray(ps).astype(np.float64) * (1.0 / PS_PER_US)
+
+
+def sum_us_of(us) -> float:
+    """:func:`sum_us` of a whole column, in numpy: the same float (a single sum is divided)."""
+    return float(to_ps(us).sum()) / PS_PER_US
+
+
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals [start, end) into disjoint sorted intervals.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracedx.analysis.intervals import sum_us
+from tracedx.analysis.intervals import sum_us, sum_us_of
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -56,13 +56,31 @@ def kind_expr(col: str = "name") -> pl.Expr:
 
 def is_tf32_expr(col: str = "name") -> pl.Expr:
     """True when a GEMM kernel's name says it ran on TF32 tensor cores (cuBLAS/CUTLASS names)."""
-    return pl.col(col).str.to_lowercase().str.contains("tf32")
+    return pl.col(col).str.to_lowercase().str.contains("tf32", literal=True)
 
 
-def gpu_breakdown(gpu: pl.DataFrame, n_steps: int) -> pl.DataFrame:
+def kernel_name_kinds(trace) -> pl.DataFrame:
+    """One row per distinct kernel name of ``trace.kernels``: ``name``, ``kind``
+    (:func:`kind_expr`) and ``tf32`` (:func:`is_tf32_expr`), in no set order. The name rules
+    are regexes: they run once per distinct name, and once per kernels table (the analyses
+    look the kinds up here)."""
+
+    def build() -> pl.DataFrame:
+        return trace.kernels.select(pl.col("name").unique()).with_columns(
+            kind=kind_expr("name"), tf32=is_tf32_expr("name")
+        )
+
+    return trace.memo("kernel_name_kinds", (trace.kernels,), build)
+
+
+def gpu_breakdown(
+    gpu: pl.DataFrame, n_steps: int, name_kinds: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Device time by kind per step: kind, count, device_time_us (totals), per-step means, share.
 
-    ``gpu`` is ``Trace.gpu_activity()`` (memcpy and memset rows become kind ``copy``).
+    ``gpu`` is ``Trace.gpu_activity()`` (memcpy and memset rows become kind ``copy``);
+    ``name_kinds``, when given, is :func:`kernel_name_kinds` of its trace (else the kinds of
+    ``gpu``'s names are worked out here).
     """
     if gpu.height == 0:
         return pl.DataFrame(
@@ -76,16 +94,13 @@ def gpu_breakdown(gpu: pl.DataFrame, n_steps: int) -> pl.DataFrame:
             }
         )
     # the name rules (regexes) once per distinct kernel name, not once per event
-    kinds = gpu.select(pl.col("name").unique()).with_columns(nkind=kind_expr("name"))
-    k = gpu.join(kinds, on="name", how="left").with_columns(
-        kkind=pl.when(pl.col("kind") == "kernel").then(pl.col("nkind")).otherwise(pl.lit("copy"))
-    )
-    out = (
-        k.group_by("kkind")
-        .agg(count=pl.len(), device_time_us=sum_us("duration_us"))
-        .rename({"kkind": "kind"})
-    )
-    total = out.select(sum_us("device_time_us")).item() or 1.0
+    if name_kinds is None:
+        name_kinds = gpu.select(pl.col("name").unique()).with_columns(kind=kind_expr("name"))
+    name_kind = pl.col("name").replace_strict(name_kinds["name"], name_kinds["kind"], default=None)
+    out = gpu.group_by(
+        kind=pl.when(pl.col("kind") == "kernel").then(name_kind).otherwise(pl.lit("copy"))
+    ).agg(count=pl.len(), device_time_us=sum_us("duration_us"))
+    total = sum_us_of(out["device_time_us"].to_numpy()) or 1.0
     n = max(n_steps, 1)
     return out.with_columns(
         count_per_step=pl.col("count") / n,

@@ -3,68 +3,233 @@
 An op's device time is the sum of the durations of the GPU events its launches produced
 (kernels, memcpys, memsets), attributed by correlation id through the launch call to the
 innermost cpu_op that issued it (see :mod:`tracedx.trace.link`).
+
+The tables are small (one row per launching op, per signature, per top-level op), and each
+eager polars call has a fixed cost whatever its rows, so the per-op sums are taken in numpy
+over the op table's arrays (:func:`op_arrays`), exactly: times as int64 picoseconds, the
+floats polars' ``sum_us`` gives (:mod:`tracedx.analysis.intervals`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, sum_ps, sum_us
-from tracedx.analysis.kernels import is_tf32_expr, kind_expr
+from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_us, to_ps
+from tracedx.analysis.kernels import KINDS, kernel_name_kinds
 from tracedx.trace import Trace
+
+KINDS_SORTED = sorted(KINDS)
 
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
-    """One row per op that launched GPU work: op_id, device_time_us, kernels, max_grid_blocks,
-    tf32, kernel_kind, host_device_copy_us.
+    """One row per op that launched GPU work, in ``op_id`` order: op_id, device_time_us,
+    kernels, max_grid_blocks, tf32, kernel_kind, host_device_copy_us.
 
     ``tf32`` is True when any of its GEMM kernels ran on TF32 tensor cores (kernel name).
-    ``host_device_copy_us`` is the device time of its host-to-device and device-to-host
-    memcpys (PCIe or NVLink-C2C, not device memory).
+    ``kernel_kind`` is the kind most of its kernels have (ties: the first kind by name).
+    ``max_grid_blocks``, ``tf32`` and ``kernel_kind`` are null for an op that launched no
+    kernel. ``host_device_copy_us`` is the device time of its host-to-device and
+    device-to-host memcpys (PCIe or NVLink-C2C, not device memory). Times are summed as
+    exact integer picoseconds (:func:`~tracedx.analysis.intervals.sum_us`). Computed once
+    per set of tables and steps.
     """
-    gpu = trace.gpu_activity().filter(pl.col("op_id").is_not_null())
-    k = trace.kernels.filter(pl.col("op_id").is_not_null())
-    hd = trace.memcpys.filter(
-        pl.col("op_id").is_not_null() & pl.col("direction").is_in(["HtoD", "DtoH"])
-    )
+    tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
+    return trace.memo(f"launching_op_stats {steps}", tables, lambda: _launching(trace, steps))
+
+
+def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    launched = pl.col("op_id").is_not_null()
     if steps is not None:
-        gpu = gpu.filter(pl.col("step").is_in(steps))
-        k = k.filter(pl.col("step").is_in(steps))
-        hd = hd.filter(pl.col("step").is_in(steps))
-    dev = gpu.group_by("op_id").agg(
-        device_time_us=sum_us("duration_us"),
-        kernels=(pl.col("kind") == "kernel").sum(),
+        launched = launched & pl.col("step").is_in(steps)
+    gpu = (
+        trace.gpu_activity()
+        .filter(launched)
+        .select("op_id", "duration_us", is_kernel=pl.col("kind") == "kernel")
     )
-    hd = hd.group_by("op_id").agg(host_device_copy_us=sum_us("duration_us"))
-    # name rules (regexes) once per distinct kernel name, not once per kernel
-    by_name = k.select(pl.col("name").unique()).with_columns(
-        tf32=is_tf32_expr("name"), kkind=kind_expr("name")
+    names = kernel_name_kinds(trace)
+    k = trace.kernels.filter(launched).select(
+        "op_id",
+        blocks=pl.col("grid_x").fill_null(1)
+        * pl.col("grid_y").fill_null(1)
+        * pl.col("grid_z").fill_null(1),
+        # the kind as its position in KINDS_SORTED (counted in numpy)
+        kind=pl.col("name")
+        .replace_strict(names["name"], names["kind"])
+        .cast(pl.Enum(KINDS_SORTED))
+        .to_physical(),
+        tf32=pl.col("name").replace_strict(names["name"], names["tf32"]),
     )
-    k = k.select("op_id", "name", "grid_x", "grid_y", "grid_z").join(by_name, on="name", how="left")
-    kk = (
-        k.with_columns(
-            blocks=pl.col("grid_x").fill_null(1)
-            * pl.col("grid_y").fill_null(1)
-            * pl.col("grid_z").fill_null(1),
-        )
-        .group_by("op_id")
-        .agg(max_grid_blocks=pl.col("blocks").max(), tf32=pl.col("tf32").any())
+    hd = trace.memcpys.filter(launched & pl.col("direction").is_in(["HtoD", "DtoH"]))
+    op_ids, of_gpu = _groups(gpu["op_id"].to_numpy())
+    kernels = _group_sums(of_gpu, len(op_ids), gpu["is_kernel"].to_numpy().astype(np.int64))
+    # the kernel columns of each op (ops that launched only copies or memsets have none)
+    k_ops, of_k = _groups(k["op_id"].to_numpy())
+    at = np.searchsorted(op_ids, k_ops)
+    has_k = np.zeros(len(op_ids), dtype=bool)
+    has_k[at] = True
+    blocks = np.zeros(len(op_ids), dtype=np.int64)
+    np.maximum.at(blocks, at[of_k], k["blocks"].to_numpy())
+    tf32 = np.zeros(len(op_ids), dtype=bool)
+    np.logical_or.at(tf32, at[of_k], k["tf32"].to_numpy())
+    kind = np.full(len(op_ids), None, dtype=object)
+    kind[at] = np.array(KINDS_SORTED, dtype=object)[
+        _most_common(of_k, len(k_ops), k["kind"].to_numpy().astype(np.int64))
+    ]
+    hd_ops, of_hd = _groups(hd["op_id"].to_numpy())
+    copy_ps = np.zeros(len(op_ids), dtype=np.int64)
+    copy_ps[np.searchsorted(op_ids, hd_ops)] = _group_sums(
+        of_hd, len(hd_ops), to_ps(hd["duration_us"].to_numpy())
     )
-    # the op's most common kernel kind (ties: the first by name); a group_by mode() is 20x slower
-    kind = (
-        k.group_by("op_id", "kkind")
-        .len()
-        .sort("op_id", "len", "kkind", descending=[False, True, False], nulls_last=True)
-        .group_by("op_id", maintain_order=True)
-        .agg(kernel_kind=pl.col("kkind").first())
+    device_ps = _group_sums(of_gpu, len(op_ids), to_ps(gpu["duration_us"].to_numpy()))
+    return pl.DataFrame(
+        {
+            "op_id": pl.Series(op_ids, dtype=pl.Int64),
+            "device_time_us": pl.Series(ps_to_us(device_ps)),
+            "kernels": pl.Series(kernels, dtype=pl.UInt32),
+            "max_grid_blocks": _null_where_not(has_k, blocks).cast(pl.Int64),
+            "tf32": _null_where_not(has_k, tf32).cast(pl.Boolean),
+            "kernel_kind": pl.Series(kind.tolist(), dtype=pl.Utf8),
+            "host_device_copy_us": pl.Series(ps_to_us(copy_ps)),
+        }
     )
-    return (
-        dev.join(kk, on="op_id", how="left")
-        .join(kind, on="op_id", how="left")
-        .join(hd, on="op_id", how="left")
-        .with_columns(pl.col("host_device_copy_us").fill_null(0.0))
-    )
+
+
+def _null_where_not(keep: np.ndarray, values: np.ndarray) -> pl.Series:
+    """``values`` (numbers or bools, exact as float64) as a Float64 Series, null where not
+    ``keep`` (cast it back)."""
+    return pl.Series(np.where(keep, values.astype(np.float64), np.nan), nan_to_null=True)
+
+
+def _sums_by(keys: np.ndarray, of: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+    """Per key of ``keys`` (distinct), the exact sums of each int64 array of ``values`` over
+    the rows whose ``of`` is that key (rows with another ``of``, or NaN, count nowhere)."""
+    order = np.argsort(keys, kind="stable")
+    at = np.searchsorted(keys[order], of)
+    hit = at < len(keys)
+    hit[hit] = keys[order][at[hit]] == of[hit]
+    sums = []
+    for v in values:
+        out = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(out, order[at[hit]], v[hit])
+        sums.append(out)
+    return sums
+
+
+def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
+    """The op table's columns as numpy arrays, for analyses that only count and sum:
+    ``op_id``, ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
+    ``end_us``, ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id``
+    order; None when the table is in that order).
+    Computed once per op table."""
+
+    def build() -> dict[str, np.ndarray]:
+        o = trace.ops
+        ids = o["op_id"].to_numpy()
+        return {
+            "op_id": ids,
+            "top_op_id": o["top_op_id"].cast(pl.Float64).to_numpy(),
+            "step": o["step"].cast(pl.Float64).to_numpy(),
+            "start_us": o["start_us"].to_numpy(),
+            "end_us": o["end_us"].to_numpy(),
+            "duration_us": o["duration_us"].to_numpy(),
+            "parent_id": o["parent_id"].cast(pl.Float64).to_numpy(),
+            "is_top": o["parent_id"].is_null().to_numpy(),
+            # the table is written in op_id order: no sort then
+            "by_id": None if np.all(ids[1:] > ids[:-1]) else np.argsort(ids, kind="stable"),
+        }
+
+    return trace.memo("op_arrays", (trace.ops,), build)
+
+
+def ops_in_steps(trace: Trace, steps: list[int] | None) -> np.ndarray:
+    """Whether each op of the op table has its ``step`` in ``steps`` (all of them for None; a
+    null step is in none), as a numpy bool array. Computed once per op table and steps."""
+
+    def build() -> np.ndarray:
+        if steps is None:
+            return np.ones(trace.ops.height, dtype=bool)
+        in_steps = pl.col("step").is_in(steps).fill_null(False)
+        return trace.ops.select(in_steps).to_series().to_numpy()
+
+    return trace.memo(f"ops_in_steps {steps}", (trace.ops,), build)
+
+
+def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``ids`` (integer ids; either may be floats with
+    NaN for null, which is in nothing): ``np.isin`` on integers, which looks ids up in a
+    table (linear time) rather than sorting."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind == "f":
+        ids = ids[~np.isnan(ids)]
+    values = np.asarray(values)
+    if values.dtype.kind != "f":
+        return np.isin(values, ids.astype(np.int64))
+    out = np.zeros(len(values), dtype=bool)
+    known = ~np.isnan(values)
+    out[known] = np.isin(values[known].astype(np.int64), ids.astype(np.int64))
+    return out
+
+
+def _of_ops(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
+    """``column`` of :func:`op_arrays` ``o`` for each of ``op_ids`` (floats; NaN: no op,
+    or an id the op table does not hold, gives NaN)."""
+    by_id = o["by_id"]
+    ids = o["op_id"] if by_id is None else o["op_id"][by_id]
+    at = np.searchsorted(ids, op_ids)
+    hit = at < len(ids)
+    hit[hit] = ids[at[hit]] == op_ids[hit]
+    out = np.full(len(op_ids), np.nan)
+    rows = at[hit] if by_id is None else by_id[at[hit]]
+    out[hit] = o[column][rows]
+    return out
+
+
+def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``top_op_id`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op),
+    from :func:`op_arrays` ``o``."""
+    return _of_ops(o, "top_op_id", op_ids)
+
+
+def op_step_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``step`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op), from
+    :func:`op_arrays` ``o``."""
+    return _of_ops(o, "step", op_ids)
+
+
+def op_duration_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
+    """The ``duration_us`` (NaN where no such op) of each of ``op_ids`` (floats, NaN: no op),
+    from :func:`op_arrays` ``o``."""
+    return _of_ops(o, "duration_us", op_ids)
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct keys, sorted; each row's position among them)."""
+    return np.unique(keys, return_inverse=True)
+
+
+def _group_sums(of: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (``of``: each row's group, ``n`` groups) the exact sum of int64 ``values``."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, of, values)
+    return out
+
+
+def _most_common(of: np.ndarray, n: int, labels: np.ndarray) -> np.ndarray:
+    """Per group (``of``: each row's group, ``n`` groups, every one with rows) the label
+    (an int >= 0) most of its rows have; ties: the smallest label."""
+    if len(labels) == 0:
+        return np.empty(0, dtype=np.int64)
+    m = int(labels.max()) + 1
+    pairs, count = np.unique(of * m + labels, return_counts=True)
+    group, label = pairs // m, pairs % m
+    # by group, then the largest count, then the smallest label: each group's first row wins
+    order = np.lexsort((label, -count, group))
+    first = order[np.unique(group[order], return_index=True)[1]]
+    out = np.empty(n, dtype=np.int64)
+    out[group[first]] = label[first]
+    return out
 
 
 def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
@@ -79,37 +244,18 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     """
     # in op order, so that a group's "first" values are its first op's (group_by's row
     # order is not fixed)
-    stats = launching_op_stats(trace, steps).sort("op_id")
+    stats = launching_op_stats(trace, steps)
     # Two levels, so that the nested key columns are hashed once per launching op: first by
     # the full call signature (what the FLOP model reads) in op order, then the few
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
-    sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
-    ops = trace.ops.select("op_id", *sig).filter(pl.col("op_id").is_in(stats["op_id"].implode()))
-    per_sig = ops.group_by(sig, maintain_order=True).agg("op_id").with_row_index("__sig")
-    of_op = per_sig.select("__sig", "op_id").explode("op_id")
-    g4 = (
-        stats.join(of_op, on="op_id", how="inner", maintain_order="left")
-        .group_by("__sig", maintain_order=True)
-        .agg(
-            pl.len().alias("count"),
-            sum_ps("device_time_us").alias("device_ps"),
-            pl.col("kernels").sum(),
-            pl.col("max_grid_blocks").max(),
-            pl.col("tf32").any(),
-            pl.col("kernel_kind").first(),
-            sum_ps("host_device_copy_us").alias("copy_ps"),
-        )
-        .join(per_sig.drop("op_id"), on="__sig", how="left", maintain_order="left")
-    )
+    g4 = _signature_totals(stats, op_signatures(trace, steps))
     try:
         from tracedx.analysis.intensity import add_op_costs
     except ImportError:  # pragma: no cover - models not installed
         add_op_costs = None
     if add_op_costs is not None and g4.height:
-        # one op's cost per signature; a signature's totals are count x that
-        g4 = add_op_costs(g4).with_columns(
-            flops=pl.col("flops") * pl.col("count"), bytes=pl.col("bytes") * pl.col("count")
-        )
+        # one op's cost per signature; a signature's totals are count x that (summed below)
+        g4 = add_op_costs(g4, distinct=True)
     key = ["name", "input_shapes", "input_dtypes"]
     aggs = [
         pl.col("count").sum(),
@@ -121,40 +267,105 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         pl.col("concrete_inputs").first(),
         (pl.col("copy_ps").sum().cast(pl.Float64) / PS_PER_US).alias("host_device_copy_us"),
     ]
-    for c, how in (
-        ("flops", "sum"),
-        ("bytes", "sum"),
-        ("compute_dtype", "first"),
-        ("family", "first"),
-        ("tensor_core", "first"),
-    ):
-        if c in g4.columns:
-            aggs.append(getattr(pl.col(c), how)())
+    if "flops" in g4.columns:
+        aggs += [(pl.col(c) * pl.col("count")).sum().alias(c) for c in ("flops", "bytes")]
+        aggs += [pl.col(c).first() for c in ("compute_dtype", "family", "tensor_core")]
     g = g4.group_by(key, maintain_order=True).agg(aggs)
     transfer = (pl.col("host_device_copy_us") > 0) & (
         pl.col("host_device_copy_us") >= 0.5 * pl.col("device_time_us")
     )
-    g = g.with_columns(
-        kernel_kind=pl.when(transfer).then(pl.lit(HOST_DEVICE_COPY)).otherwise("kernel_kind")
-    )
+    fixes = [
+        pl.when(transfer)
+        .then(pl.lit(HOST_DEVICE_COPY))
+        .otherwise("kernel_kind")
+        .alias("kernel_kind"),
+        pl.when(pl.col("tf32")).then(pl.lit("tf32")).alias("math_mode"),
+    ]
     if "family" in g.columns:
-        g = g.with_columns(
-            pl.when(~transfer).then(pl.col(c)).alias(c)
-            for c in ("flops", "bytes", "compute_dtype", "family", "tensor_core")
-            if c in g.columns
+        # a copy group has no model; a sum over nulls is 0 in polars: keep unmodelled
+        # groups' flops and bytes null
+        modelled = ~transfer & pl.col("family").is_not_null()
+        fixes += [pl.when(modelled).then(c).alias(c) for c in ("flops", "bytes")]
+        fixes += [
+            pl.when(~transfer).then(c).alias(c) for c in ("compute_dtype", "family", "tensor_core")
+        ]
+    # the columns in place, math_mode last, tf32 dropped: one select
+    fixed = {e.meta.output_name(): e for e in fixes}
+    cols = [fixed.pop(c, pl.col(c)) for c in g.columns if c != "tf32"]
+    return g.select(*cols, *fixed.values()).sort(
+        "device_time_us", descending=True, maintain_order=True
+    )
+
+
+def op_signatures(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
+    """The ops of :func:`launching_op_stats` grouped by call signature (what the FLOP models
+    read): ``name``, ``input_shapes``, ``input_dtypes``, ``concrete_inputs`` and ``op_id``
+    (the list of its ops), in the order of each signature's first row in the op table.
+    Computed once per set of tables and steps (the op groups and the batch model read it)."""
+
+    def build() -> pl.DataFrame:
+        stats = launching_op_stats(trace, steps)
+        sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
+        return (
+            trace.ops.select("op_id", *sig)
+            .filter(pl.col("op_id").is_in(stats["op_id"].implode()))
+            .group_by(sig, maintain_order=True)
+            .agg("op_id")
         )
-    if "flops" in g.columns:
-        # a sum over nulls is 0 in polars: keep unmodelled groups null
-        g = g.with_columns(
-            flops=pl.when(pl.col("family").is_not_null()).then("flops"),
-            bytes=pl.when(pl.col("family").is_not_null()).then("bytes"),
-        )
-    return (
-        g.with_columns(
-            math_mode=pl.when(pl.col("tf32")).then(pl.lit("tf32")),
-        )
-        .drop("tf32")
-        .sort("device_time_us", descending=True, maintain_order=True)
+
+    tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
+    return trace.memo(f"op_signatures {steps}", tables, build)
+
+
+def signature_of(per_sig: pl.DataFrame, op_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``op_ids`` (NaN: none) are ops of :func:`op_signatures` ``per_sig``, and the
+    signature (row of ``per_sig``) of each of those."""
+    sig_ops = per_sig["op_id"]
+    ids = sig_ops.explode().to_numpy()
+    sig_of = np.repeat(np.arange(per_sig.height), sig_ops.list.len().to_numpy())
+    order = np.argsort(ids, kind="stable")
+    at = np.searchsorted(ids[order], op_ids)
+    hit = at < len(ids)
+    hit[hit] = ids[order][at[hit]] == op_ids[hit]
+    return hit, sig_of[order][at[hit]]
+
+
+def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
+    """The launching ops' totals per call signature: ``per_sig``'s columns (one row per
+    signature, its ops in ``op_id``) and ``count``, ``device_ps`` and ``copy_ps`` (exact
+    picoseconds), ``kernels``, ``max_grid_blocks`` (max), ``tf32`` (any), ``kernel_kind``
+    (its first op's). ``stats`` is :func:`launching_op_stats` (in op order); the rows are in
+    the order of each signature's first op."""
+    hit, of = signature_of(per_sig, stats["op_id"].to_numpy())
+    rows = np.flatnonzero(hit)  # the stats rows of ops in the op table
+    # signatures in the order of their first op
+    first = np.full(per_sig.height, len(stats), dtype=np.int64)
+    np.minimum.at(first, of, rows)
+    sigs = np.argsort(first, kind="stable")[: len(np.unique(of))]
+    rank = np.empty(per_sig.height, dtype=np.int64)
+    rank[sigs] = np.arange(len(sigs))
+    n = len(sigs)
+    g = rank[of]
+
+    def total(col: np.ndarray) -> np.ndarray:
+        return _group_sums(g, n, col[rows])
+
+    blocks = np.full(n, np.nan)
+    np.fmax.at(blocks, g, stats["max_grid_blocks"].cast(pl.Float64).to_numpy()[rows])
+    tf32 = np.zeros(n, dtype=bool)
+    # (a null tf32, an op without kernels, counts as False, as polars' any() skips it)
+    np.logical_or.at(tf32, g, np.asarray(stats["tf32"].to_numpy(), dtype=bool)[rows])
+    return pl.DataFrame(
+        [
+            *per_sig.drop("op_id")[sigs].get_columns(),
+            pl.Series("count", np.bincount(g, minlength=n), dtype=pl.UInt32),
+            pl.Series("device_ps", total(to_ps(stats["device_time_us"].to_numpy()))),
+            pl.Series("kernels", total(stats["kernels"].to_numpy().astype(np.int64)), pl.UInt32),
+            pl.Series("max_grid_blocks", blocks, nan_to_null=True).cast(pl.Int64),
+            pl.Series("tf32", tf32, dtype=pl.Boolean),
+            stats["kernel_kind"][first[sigs]],
+            pl.Series("copy_ps", total(to_ps(stats["host_device_copy_us"].to_numpy()))),
+        ]
     )
 
 
@@ -165,10 +376,9 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     (GPU time of everything launched under them), kernels, launches, launch_us (time in launch
     calls), host_us_per_kernel (host time / kernels: the per-kernel launch cost seen from Python).
     """
-    ops = trace.ops.select("op_id", "parent_id", "name", "duration_us", "step")
-    if steps is not None:
-        ops = ops.filter(pl.col("step").is_in(steps))
-    if ops.height == 0:
+    o = op_arrays(trace)
+    in_steps = ops_in_steps(trace, steps)
+    if not in_steps.any():
         return pl.DataFrame(
             schema={
                 "name": pl.Utf8,
@@ -181,32 +391,37 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
                 "host_us_per_kernel": pl.Float64,
             }
         )
-    top = ops.filter(pl.col("parent_id").is_null()).select("op_id", "name", "duration_us")
-    # only the GPU events and launches under these top-level ops (not the whole trace's)
-    tops = top["op_id"].implode()
-    gpu = trace.gpu_activity().filter(pl.col("top_op_id").is_in(tops))
-    dev = (
-        gpu.group_by("top_op_id")
-        .agg(device_time_us=sum_us("duration_us"), kernels=(pl.col("kind") == "kernel").sum())
-        .rename({"top_op_id": "op_id"})
+    top = trace.ops[["op_id", "name", "duration_us"]].filter(pl.Series(in_steps & o["is_top"]))
+    # the GPU time and kernels, the launches and launch time under each top-level op
+    tops = top["op_id"].to_numpy()
+    gpu = trace.gpu_activity()
+    g_top = gpu["top_op_id"].cast(pl.Float64).to_numpy()
+    under = is_in(g_top, tops)
+    g_top, g_us = g_top[under], gpu["duration_us"].to_numpy()[under]
+    is_kernel = (gpu["kind"] == "kernel").to_numpy()[under]
+    device_ps, kernels = _sums_by(tops, g_top, to_ps(g_us), is_kernel.astype(np.int64))
+    la = trace.launches
+    la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
+    under = is_in(la_top, tops)
+    la_top, la_us = la_top[under], la["duration_us"].to_numpy()[under]
+    launches, launch_ps = _sums_by(tops, la_top, np.ones(len(la_top), dtype=np.int64), to_ps(la_us))
+    t = pl.DataFrame(
+        [
+            *top.get_columns(),
+            pl.Series("device_time_us", ps_to_us(device_ps)),
+            pl.Series("kernels", kernels, dtype=pl.UInt32),
+            pl.Series("launches", launches, dtype=pl.UInt32),
+            pl.Series("launch_us", ps_to_us(launch_ps)),
+        ]
     )
-    under = trace.ops.select("op_id", "top_op_id").filter(pl.col("top_op_id").is_in(tops))
-    la = (
-        trace.launches.select("op_id", "duration_us")
-        .join(under, on="op_id")
-        .group_by("top_op_id")
-        .agg(launches=pl.len(), launch_us=sum_us("duration_us"))
-        .rename({"top_op_id": "op_id"})
-    )
-    t = top.join(dev, on="op_id", how="left").join(la, on="op_id", how="left")
     return (
         t.group_by("name")
         .agg(
             count=pl.len(),
             host_time_us=sum_us("duration_us"),
             device_time_us=sum_us("device_time_us"),
-            kernels=pl.col("kernels").fill_null(0).sum(),
-            launches=pl.col("launches").fill_null(0).sum(),
+            kernels=pl.col("kernels").sum(),
+            launches=pl.col("launches").sum(),
             launch_us=sum_us("launch_us"),
         )
         .with_columns(

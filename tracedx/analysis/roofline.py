@@ -99,7 +99,8 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
     missing = [c for c in _REQUIRED if c not in op_stats.columns]
     if missing:
         raise ValueError(f"place_on_roofline needs columns {missing}")
-    df = op_stats.drop([c for c in _ADDED if c in op_stats.columns])
+    replaced = [c for c in _ADDED if c in op_stats.columns]
+    df = op_stats.drop(replaced) if replaced else op_stats
     order = [*df.columns, *_ADDED]
 
     flops = pl.col("flops").cast(pl.Float64)
@@ -110,14 +111,15 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
     intensity = pl.when(nbytes > 0).then(flops / nbytes).otherwise(None)
     achieved_tflops = pl.when(t_ok).then(flops / t_us / 1e6).otherwise(None)
     achieved_gbps = pl.when(t_ok).then(nbytes / t_us / 1e3).otherwise(None)
-    df = df.with_columns(
+    measured = [
         intensity.alias("intensity"),
         achieved_tflops.alias("achieved_tflops"),
         achieved_gbps.alias("achieved_gbps"),
-    )
+    ]
 
     if spec is None or not spec.bandwidth_gbs or spec.bandwidth_gbs <= 0:
         return df.with_columns(
+            *measured,
             pl.lit(None, dtype=pl.Float64).alias("peak_tflops"),
             pl.lit(None, dtype=pl.Float64).alias("ridge_point"),
             pl.lit(None, dtype=pl.Float64).alias("bound_tflops"),
@@ -144,7 +146,8 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
     peak = roof_key.replace_strict(
         list(peaks), list(peaks.values()), default=None, return_dtype=pl.Float64
     )
-    df = df.with_columns(peak.alias("peak_tflops"))
+    # each with_columns below reads columns the one before added (each is one polars call)
+    df = df.with_columns(*measured, peak.alias("peak_tflops"))
 
     peak_c = pl.col("peak_tflops")
     ridge = peak_c * 1e3 / bw  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
@@ -162,14 +165,7 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         bound.alias("bound_tflops"),
         roof_us.alias("roofline_time_us"),
     )
-    df = df.with_columns(
-        pl.when(t_ok)
-        .then(pl.col("roofline_time_us") / t_us)
-        .otherwise(None)
-        .alias("bound_fraction")
-    )
-
-    frac = pl.col("bound_fraction")
+    frac = pl.when(t_ok).then(pl.col("roofline_time_us") / t_us).otherwise(None)
     underfilled = frac < UNDERFILLED_FRACTION
     if spec.num_sms is not None and "max_grid_blocks" in df.columns:
         grid = pl.col("max_grid_blocks").cast(pl.Float64)
@@ -190,7 +186,7 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         .then(pl.lit("under-filled"))
         .otherwise(by_intensity)
     )
-    return df.with_columns(regime.alias("regime")).select(order)
+    return df.with_columns(frac.alias("bound_fraction"), regime.alias("regime")).select(order)
 
 
 def decode_ceiling(

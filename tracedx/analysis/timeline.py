@@ -47,15 +47,33 @@ import polars as pl
 from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
 from tracedx.analysis.intervals import gaps as _gaps
 from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
+from tracedx.analysis.ops import is_in, op_arrays, top_op_of
 from tracedx.trace import Trace
 
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
+OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 
 
 def dataloader_windows(trace: Trace) -> pl.DataFrame:
-    """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows)."""
-    return trace.annotations.filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+    """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows).
+    Computed once per annotations table."""
+    return trace.memo(
+        "dataloader_windows",
+        (trace.annotations,),
+        lambda: trace.annotations.filter(
+            (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
+        ),
+    )
+
+
+def optimizer_windows(trace: Trace) -> pl.DataFrame:
+    """The host annotations of the optimizer's ``Optimizer.step#...`` and
+    ``Optimizer.zero_grad#...`` calls (the annotations table's rows). Computed once per
+    annotations table."""
+    return trace.memo(
+        "optimizer_windows",
+        (trace.annotations,),
+        lambda: trace.annotations.filter(pl.col("name").str.contains(OPTIMIZER_RE)),
     )
 
 
@@ -64,13 +82,11 @@ def gpu_tree_tops(trace: Trace) -> pl.Series:
     when it or a descendant made a runtime launch call). Computed once per set of tables."""
 
     def build() -> pl.Series:
-        launching = trace.launches["op_id"].drop_nulls().unique()
-        return (
-            trace.ops.select("op_id", "top_op_id")
-            .filter(pl.col("op_id").is_in(launching.implode()))["top_op_id"]
-            .unique()
-            .sort()
-        )
+        launching = trace.launches["op_id"].cast(pl.Float64).to_numpy()
+        tops = top_op_of(op_arrays(trace), np.unique(launching[~np.isnan(launching)]))
+        known = np.unique(tops[~np.isnan(tops)]).astype(np.int64).tolist()
+        # sorted, a null (a launching op with no top-level op) first
+        return pl.Series("top_op_id", [None] * bool(np.isnan(tops).any()) + known, pl.Int64)
 
     return trace.memo("gpu_tree_tops", (trace.launches, trace.ops), build)
 
@@ -90,28 +106,40 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
-    la = trace.launches
-    page = trace.memcpys.filter(
-        (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
-    ).filter(pl.col("correlation").is_not_null())
-    small_dtoh = page.filter(
-        (pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)
+    # the copies from or to pageable memory (with a launch to match), and which of them are
+    # small device-to-host ones (a synchronous read of a value); the few memcpys in numpy
+    m = trace.memcpys.select(
+        "correlation",
+        page=(
+            (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
+        ).fill_null(False)
+        & pl.col("correlation").is_not_null(),
+        small=((pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)).fill_null(
+            False
+        ),
     )
-    big = page.filter(~pl.col("correlation").is_in(small_dtoh["correlation"].implode()))
+    corr, page, small = (m[c].to_numpy() for c in ("correlation", "page", "small"))
+    small_dtoh = corr[page & small].astype(np.int64)
+    big = corr[page & ~np.isin(corr, small_dtoh)].astype(np.int64)
     is_sync = pl.col("api_kind") == "sync"
     is_copy = pl.col("api_kind") == "memcpy"
     sync_copy = is_copy & (
-        ~pl.col("name").str.contains("Async")
-        | pl.col("correlation").is_in(small_dtoh["correlation"].implode())
+        ~pl.col("name").str.contains("Async", literal=True)
+        | pl.col("correlation").is_in(_ids(small_dtoh))
     )
-    pageable = is_copy & pl.col("correlation").is_in(big["correlation"].implode())
-    return la.filter(is_sync | sync_copy | pageable).with_columns(
+    pageable = is_copy & pl.col("correlation").is_in(_ids(big))
+    return trace.launches.filter(is_sync | sync_copy | pageable).with_columns(
         blocking_reason=pl.when(is_sync)
         .then(pl.lit("synchronize"))
         .when(sync_copy)
         .then(pl.lit("synchronous copy"))
         .otherwise(pl.lit("pageable memcpy"))
     )
+
+
+def _ids(ids: np.ndarray) -> pl.Series:
+    """An int64 array as the imploded Series ``is_in`` takes."""
+    return pl.Series(ids, dtype=pl.Int64).implode()
 
 
 def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
@@ -375,31 +403,31 @@ def idle_gaps(
     # host activity classes, as disjoint unions
     syncs = sync_calls(trace)
     dl = dataloader_windows(trace)
-    # only the columns used: filtering the whole op table copies its nested shape columns
-    top_ops = trace.ops.select("op_id", "parent_id", "start_us", "end_us").filter(
-        pl.col("parent_id").is_null()
-    )
-    in_gpu_tree = pl.col("op_id").is_in(gpu_tree_tops(trace).implode())
+    # the top-level ops, on the side of the ops that launch GPU work or of those that do not
+    o = op_arrays(trace)
+    is_top = o["is_top"]
+    top_id = o["op_id"][is_top]
+    in_gpu_tree = is_in(top_id, gpu_tree_tops(trace).to_numpy())
     if host_work_ops is not None and host_work_ops.len():
-        in_gpu_tree = in_gpu_tree & ~pl.col("op_id").is_in(host_work_ops.implode())
-    gpu_ops = top_ops.filter(in_gpu_tree)
-    cpu_ops = top_ops.filter(~in_gpu_tree)
+        in_gpu_tree &= ~is_in(top_id, host_work_ops.to_numpy())
+    top_start, top_end = o["start_us"][is_top], o["end_us"][is_top]
     u_sync_end = np.sort(_arr(syncs, "end_us"))
     u_dl = union(_arr(dl, "start_us"), _arr(dl, "end_us"))
-    u_gop = union(_arr(gpu_ops, "start_us"), _arr(gpu_ops, "end_us"))
-    u_cop = union(_arr(cpu_ops, "start_us"), _arr(cpu_ops, "end_us"))
+    u_gop = union(top_start[in_gpu_tree], top_end[in_gpu_tree])
+    u_cop = union(top_start[~in_gpu_tree], top_end[~in_gpu_tree])
+    w_dev = windows["device"].to_numpy()
+    w_step = windows["step"].to_numpy()
+    w_start = windows["window_start_us"].to_numpy()
+    w_end = windows["window_end_us"].to_numpy()
     out = []
     for dev in trace.devices:
         g = gpu.filter(pl.col("device") == dev).sort("start_us")
         m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
         starts = g["start_us"].to_numpy()
-        launch = g["launch_start_us"].fill_null(float("nan")).to_numpy()
-        w = windows.filter(pl.col("device") == dev)
+        launch = g["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
+        mine = w_dev == dev
         for step, a, b in zip(
-            w["step"].to_list(),
-            w["window_start_us"].to_list(),
-            w["window_end_us"].to_list(),
-            strict=True,
+            w_step[mine].tolist(), w_start[mine].tolist(), w_end[mine].tolist(), strict=True
         ):
             gs, ge = _gaps(m_start, m_end, a, b)
             if len(gs) == 0:
@@ -411,15 +439,6 @@ def idle_gaps(
     if not out:
         return pl.DataFrame(schema=schema)
     step_col, dev_col, a, b, nl = (np.concatenate(c) for c in zip(*out, strict=True))
-    gp = pl.DataFrame(
-        {
-            "step": step_col,
-            "device": dev_col,
-            "start_us": a,
-            "end_us": b,
-            "next_launch_start_us": nl,
-        }
-    )
     dur = b - a
     # a sync returned inside the gap (or just before it: the queue drained as it returned)
     i0 = np.searchsorted(u_sync_end, a - 5.0, side="left")
@@ -430,18 +449,30 @@ def idle_gaps(
     ov_cop = overlap(*u_cop, a, b)
     ov_py = np.maximum(dur - ov_gop - ov_cop - ov_dl, 0.0)
     shares = np.stack([ov_dl, ov_gop, ov_cop, ov_py])
-    names = np.array(["dataloader", "kernel launch", "host work", "python"])
-    cause = names[np.argmax(shares, axis=0)]
-    cause = np.where(had_sync, "host sync", cause)
+    # the cause as its index in _GAP_CAUSES (a Series of strings is built once, by index)
+    cause = np.argmax(shares, axis=0)
+    cause = np.where(had_sync, 4, cause)
     queued = ~np.isnan(nl) & (nl <= a)
-    cause = np.where(queued, "kernel wait", cause)
-    return gp.with_columns(
-        duration_us=pl.Series(dur),
-        cause=pl.Series(cause.astype(str)),
-        next_launch_start_us=pl.when(pl.col("next_launch_start_us").is_finite()).then(
-            pl.col("next_launch_start_us")
-        ),
-    ).select(list(schema))
+    cause = np.where(queued, 5, cause)
+    return pl.DataFrame(
+        {
+            "step": step_col,
+            "device": dev_col,
+            "start_us": a,
+            "end_us": b,
+            "duration_us": dur,
+            "cause": pl.Series(_GAP_CAUSES)[cause],
+            "next_launch_start_us": pl.Series(
+                np.where(np.isfinite(nl), nl, np.nan), nan_to_null=True
+            ),
+        },
+        schema=schema,
+    )
+
+
+_GAP_CAUSES = ["dataloader", "kernel launch", "host work", "python", "host sync", "kernel wait"]
+"""The causes :func:`idle_gaps` names, in the order of its index (the largest share of the
+first four, else a sync, else queued work)."""
 
 
 def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,107 @@
+"""The numpy paths of the per-op tables against hand-computed values and polars' own sums."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+import tracedx
+from tests.tracebuilder import T0, TraceBuilder
+from tracedx.analysis.intervals import ps_to_us, sum_us, sum_us_of, to_ps
+from tracedx.analysis.ops import is_in, launching_op_stats, op_arrays, top_level_ops, top_op_of
+
+GEMM = "ampere_sgemm_128x64_nn"
+GEMM_TF32 = "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16"
+EW = "void at::native::vectorized_elementwise_kernel<4>"
+
+
+def test_sums_are_sum_us_floats():
+    """Half a picosecond rounds to even, NaN and infinities count 0; a whole column's sum is
+    divided, a group's multiplied by the reciprocal, as polars does."""
+    us = [1.25, 2.5, 0.0000005, 0.0000015, float("nan"), float("inf"), 0.895]
+    assert to_ps(us).tolist() == [1_250_000, 2_500_000, 0, 2, 0, 0, 895_000]
+    whole = pl.DataFrame({"x": us}).select(sum_us("x")).item()
+    assert sum_us_of(us) == whole == 4.645002
+    groups = pl.DataFrame({"g": [1, 1, 2], "x": [0.5, 0.395, 7.424]})
+    by = groups.group_by("g").agg(sum_us("x")).sort("g")["x"].to_list()
+    assert ps_to_us(np.array([895_000, 7_424_000])).tolist() == by
+    assert by[0] != 895_000 / 1e6  # the reciprocal's product differs in the last bit here
+    assert sum_us_of([]) == 0.0
+
+
+def _trace(tmp_path):
+    b = TraceBuilder()
+    b.step(1, T0, 200)
+    # op 1: one GEMM and one elementwise kernel (a tie: the first kind by name wins)
+    e1 = b.op("aten::a", T0 + 1, 10)
+    for ts, name, grid in ((T0 + 20, EW, [4, 2, 1]), (T0 + 30, GEMM, [3, 1, 1])):
+        b.kernel(ts, 5.125, b.launch(T0 + 2, 1, ext=e1), name, ext=e1, grid=grid)
+    # op 2: two GEMMs (one tf32) and one elementwise kernel
+    e2 = b.op("aten::b", T0 + 12, 10)
+    for ts, name in ((T0 + 40, GEMM), (T0 + 50, GEMM_TF32), (T0 + 60, EW)):
+        b.kernel(ts, 2.5, b.launch(T0 + 13, 1, ext=e2), name, ext=e2)
+    # op 3: a host-to-device copy only
+    e3 = b.op("aten::copy_", T0 + 24, 10)
+    b.memcpy(T0 + 70, 7.25, b.launch(T0 + 25, 2, "cudaMemcpyAsync", ext=e3), 4096, ext=e3)
+    return tracedx.load(b.write(tmp_path / "t.json"))
+
+
+def test_launching_op_stats_by_hand(tmp_path):
+    t = _trace(tmp_path)
+    s = launching_op_stats(t, [1])
+    names = dict(t.ops.select("op_id", "name").rows())
+    assert [names[i] for i in s["op_id"]] == ["aten::a", "aten::b", "aten::copy_"]
+    assert s.select(pl.exclude("op_id")).rows() == [
+        (10.25, 2, 8, False, "elementwise", 0.0),
+        (7.5, 3, 1024, True, "gemm", 0.0),
+        (7.25, 0, None, None, None, 7.25),
+    ]
+    assert launching_op_stats(t, [1]) is s  # once per set of tables and steps
+
+
+def test_top_level_ops_by_hand(tmp_path):
+    t = _trace(tmp_path)
+    top = top_level_ops(t, [1]).sort("name")
+    assert top.select("name", "device_time_us", "kernels", "launches", "launch_us").rows() == [
+        ("aten::a", 10.25, 2, 2, 2.0),
+        ("aten::b", 7.5, 3, 3, 3.0),
+        ("aten::copy_", 7.25, 0, 1, 2.0),
+    ]
+    assert top_level_ops(t, [2]).height == 0
+
+
+def test_op_lookups(tmp_path):
+    t = _trace(tmp_path)
+    o = op_arrays(t)
+    ids = t.ops["op_id"].to_list()
+    got = top_op_of(o, np.array([float(ids[1]), np.nan, 1e9]))
+    assert got[0] == t.ops["top_op_id"][1] and math.isnan(got[1]) and math.isnan(got[2])
+    assert is_in(np.array([1.0, np.nan, 3.0]), np.array([3, 1])).tolist() == [True, False, True]
+    assert is_in(np.array([1, 2]), np.array([np.nan, 2.0])).tolist() == [False, True]
+
+
+def test_op_costs_of_distinct_rows_match_the_joined_ones():
+    """``distinct=True`` (one model call per row, no join) gives the default path's table,
+    with and without a concrete inputs column."""
+    from tracedx.analysis.intensity import add_op_costs
+
+    ops = pl.DataFrame(
+        {
+            "name": ["aten::mm", "aten::mm", "aten::relu", "aten::view", "aten::add"],
+            "input_shapes": [[[64, 32], [32, 16]], [[8, 8], [8, 8]], [[128]], [[4, 4], []], None],
+            "input_dtypes": [
+                ["float", "float"],
+                ["c10::BFloat16"] * 2,
+                ["float"],
+                ["float", ""],
+                None,
+            ],
+            "concrete_inputs": [["", ""], ["", ""], [""], ["", "[16]"], None],
+        }
+    )
+    for df in (ops, ops.drop("concrete_inputs")):
+        joined, distinct = add_op_costs(df), add_op_costs(df, distinct=True)
+        assert joined.equals(distinct) and joined.schema == distinct.schema
+    assert add_op_costs(ops, distinct=True)["flops"].to_list()[:2] == [2 * 64 * 32 * 16, 2 * 8**3]
