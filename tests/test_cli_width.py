@@ -274,3 +274,56 @@ def test_fit_keeps_a_number_with_its_unit():
 
     out = fit("a" * 45 + " 0.25 s then 2 GiB", 50).split("\n")  # "0.25" would end at column 50
     assert out == ["a" * 45, "    0.25 s then 2 GiB"], out
+
+
+# --- narrow terminals --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [80, 90])
+def test_report_tables_fit_a_narrow_terminal_without_wrapped_rows(width):
+    """At 80 columns every table row of the report stays one line: the op column gives up
+    width, not the numbers (a wrapped row would be indented under its first)."""
+    from conftest import SAMPLES
+
+    import tracedx
+    from tracedx.report import render
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "mlp_train-eager.json.gz"))
+    text = render(d, "text", width=width)
+    _fits(text, width)
+    lines = text.splitlines()
+    for title in ("CPU VS DEVICE TIME", "TOP OPS BY DEVICE TIME"):
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(title))
+        rows = lines[at + 1 : lines.index("", at)]
+        assert all(not r.startswith("    ") for r in rows), rows  # no continuation lines
+
+
+def test_a_shortened_op_name_keeps_what_tells_it_apart():
+    from tracedx.report.text import short_name
+
+    name = "autograd::engine::evaluate_function: AddmmBackward0"
+    assert short_name(name, 32) == "autograd::engin…: AddmmBackward0"
+    assert short_name(name, 14) == "autograd::eng…"  # the tail alone would not fit
+    assert short_name(name, 60) == name
+    assert short_name("void at::native::kernel<float>(int)", 12) == "void at::na…"
+
+
+def test_a_terminal_of_unknown_size_is_not_taken_as_narrow(monkeypatch):
+    import os
+    import sys
+
+    from tracedx import console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+        def fileno(self):
+            return 1
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert console.columns(Tty()) == console.WIDTH
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((72, 20)))
+    assert console.columns(Tty()) == 72
+    assert sys.stdout is not None

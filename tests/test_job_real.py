@@ -67,6 +67,14 @@ def test_ranks_of_two_runs_are_said_to_be_so():
     assert note.startswith("rank 0's collectives all end 14.7 s before rank 1's first")
     one = diagnose_job(load_job([str(runs / "ddp_mlp-gloo-balanced")], progress=False))
     assert not any("different runs" in n for n in one.notes)
+    # the reports say it before the verdict, not only in the notes at the end
+    from tracedx.report.job import RUNS_APART_WARNING, render_markdown, render_text
+
+    assert mixed.clock.runs_apart and not one.clock.runs_apart
+    text = render_text(mixed)
+    assert text.index("WARNING: these ranks never ran") < text.index("JOB VERDICT")
+    assert RUNS_APART_WARNING in render_markdown(mixed).split("**Verdict:**")[0]
+    assert "WARNING" not in render_text(one)
 
 
 def test_c16_nccl_pair_one_verdict():

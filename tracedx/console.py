@@ -42,7 +42,8 @@ def columns(stream=None) -> int:
         cols = int(env)
     else:
         try:
-            cols = os.get_terminal_size(stream.fileno()).columns
+            # a pseudo-terminal whose size was never set says 0 columns: not a narrow one
+            cols = os.get_terminal_size(stream.fileno()).columns or WIDTH
         except (AttributeError, ValueError, OSError):
             cols = WIDTH
     return max(cols, MIN_WIDTH)

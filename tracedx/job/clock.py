@@ -61,6 +61,8 @@ class ClockEstimate:
             (before and after correction), None when there are none.
         source: where hosts came from: ``hostname``, ``gpus_per_node`` or ``assumed``.
         notes: what was done and why.
+        runs_apart: whether ranks on one host's clock never ran at the same time (the traces
+            are probably of different runs, not one job; a note says which ranks and how far).
     """
 
     hosts: pl.DataFrame
@@ -71,6 +73,7 @@ class ClockEstimate:
     end_skew_after_us: float | None
     source: str
     notes: list[str] = field(default_factory=list)
+    runs_apart: bool = False
 
     @property
     def timestamps_usable(self) -> bool:
@@ -365,6 +368,7 @@ def _one_host(
         )
         return per
     notes = [] if source == "assumed" else _runs_apart(members)
+    apart = bool(notes)
     if source == "assumed" and len(host_of) > 1:
         notes.append(
             "no hostnames in the file names: the ranks are taken to share one host's clock"
@@ -372,4 +376,4 @@ def _one_host(
         )
     zero = {r: 0.0 for r in host_of}
     empty = _hosts_table(hosts, host_of, {}, {}, {}, {}, {})
-    return ClockEstimate(empty, host_of, zero, "one host", med, med, source, notes)
+    return ClockEstimate(empty, host_of, zero, "one host", med, med, source, notes, apart)

@@ -238,10 +238,11 @@ def render_text(td, width: int = WIDTH) -> str:
     if kc:
         out.append("")
         out.append("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+        kw = max(12, min(50, width - 45))  # the kernel column takes what the numbers leave
         for k in kc[:TOP]:
             sign = "+" if k["status"] == "appeared" else "-"
             out.append(
-                f"  {sign} {short_name(k['kernel'], 50):<50} {k['kind']:<13} "
+                f"  {sign} {short_name(k['kernel'], kw):<{kw}} {k['kind']:<13} "
                 f"{k['before_count']:>5.0f} -> {k['after_count']:<5.0f} {_us(k['after_us'] if sign == '+' else k['before_us']):>11}"
             )
         if len(kc) > TOP:

@@ -73,6 +73,13 @@ def collective_groups(jd) -> pl.DataFrame:
     )
 
 
+RUNS_APART_WARNING = (
+    "WARNING: these ranks never ran at the same time on their shared clock: the traces are "
+    "probably of different runs, not one job, and what follows compares them as one (see the "
+    "notes)"
+)
+
+
 def job_dict(jd) -> dict[str, Any]:
     """The ``tracedx.job/1`` document (keys: schema, ranks, steps, regime, bottleneck, evidence,
     straggler, collectives, findings, notes)."""
@@ -111,6 +118,7 @@ def job_dict(jd) -> dict[str, Any]:
             "by_group": _rows(collective_groups(jd)),
             "clock": {
                 "mode": cl.mode,
+                "runs_apart": cl.runs_apart,
                 "hosts_from": cl.source,
                 "end_skew_before_ms": _ms(cl.end_skew_before_us),
                 "end_skew_after_ms": _ms(cl.end_skew_after_us),
@@ -163,6 +171,8 @@ def render_text(jd) -> str:
         head += f" · {len(nums)} step{'s' if len(nums) != 1 else ''} ({nums[0]}..{nums[-1]})"
     out.append(head)
     out.append("")
+    if d["collectives"]["clock"].get("runs_apart"):
+        out += [RUNS_APART_WARNING, ""]
     out.append(f"JOB VERDICT: {verdict_line(d)}")
     for e in d["evidence"]:
         out.append(f"  - {e}")
@@ -261,6 +271,8 @@ def render_markdown(jd) -> str:
     """The job report as Markdown: verdict, a per-rank table, fixes, notes."""
     d = job_dict(jd)
     out = [f"# tracedx job report ({len(d['ranks'])} ranks)", ""]
+    if d["collectives"]["clock"].get("runs_apart"):
+        out += [f"> **{RUNS_APART_WARNING}**", ""]
     out.append(f"**Verdict:** {verdict_line(d, 'none')}")
     out.append("")
     out += [f"- {e}" for e in d["evidence"]]

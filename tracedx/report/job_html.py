@@ -25,7 +25,7 @@ from tracedx.report.html import (
     regime_head,
     write_page,
 )
-from tracedx.report.job import collective_groups, group_label, job_dict
+from tracedx.report.job import RUNS_APART_WARNING, collective_groups, group_label, job_dict
 
 CSS = """
 tr.straggler td{background:#fde8ec}
@@ -290,8 +290,14 @@ def render_job_html(jd) -> str:
     header = (
         f"<header><h1>tracedx job report</h1><p class='meta'>{e(' · '.join(meta))}</p></header>"
     )
+    warning = (
+        f"<p class='warn'><strong>{e(RUNS_APART_WARNING)}</strong></p>"
+        if d["collectives"]["clock"].get("runs_apart")
+        else ""
+    )
     body = [
         header,
+        warning,
         _verdict(d, jd),
         f"<section id='ranks-section'><h2>Ranks</h2>{_rank_table(jd)}</section>",
         figure_section(

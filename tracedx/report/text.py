@@ -40,7 +40,15 @@ def short_name(name: str, width: int = 48) -> str:
     """Shorten a long C++ template kernel/op name for display (the full name is kept in data)."""
     name = name.replace("\n", "\\n").replace("\t", "\\t")
     name = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
-    return name if len(name) <= width else name[: width - 1] + "…"
+    if len(name) <= width:
+        return name
+    # "autograd::engine::evaluate_function: AddmmBackward0": what follows the last ": " tells
+    # such names apart, so it is kept and the common prefix is cut
+    head, sep, tail = name.rpartition(": ")
+    keep = width - 1 - len(sep) - len(tail)  # of the head, beside "…" and the tail
+    if sep and tail and 0 < keep < len(head):
+        return name[:keep] + "…" + sep + tail
+    return name[: width - 1] + "…"
 
 
 # evidence lines the WHERE THE TIME GOES section shows with their scope: not repeated
@@ -181,13 +189,13 @@ def _top_level_op_lines(d: dict, width: int) -> list[str]:
         return []
     n = max(d["steps"]["count"], 1)
     if not d["trace"]["devices"]:
-        w = max(40, min(60, width - 12))  # the op column takes the width the numbers leave
+        w = max(12, min(60, width - 12))  # the op column takes the width the numbers leave
         out = ["", "HOST TIME BY TOP-LEVEL OP (mean per step; the trace has no GPU activity)"]
         out.append(f"  {'op':<{w}} {'host ms':>9}")
         for t in tops:
             out.append(f"  {short_name(t['name'], w):<{w}} {t['host_time_us'] / n / 1e3:>9.3f}")
         return out
-    w = max(40, min(80, width - 48))
+    w = max(12, min(80, width - 48))  # the op column takes what the numbers leave
     out = ["", "CPU VS DEVICE TIME (top-level ops, mean per step)"]
     out.append(
         f"  {'op':<{w}} {'host ms':>9} {'device ms':>10} {'kernels':>8} {'host us/kernel':>15}"
@@ -226,9 +234,10 @@ def _op_lines(d: dict, every: str, width: int) -> list[str]:
     names = [o["name"] for o in ops]
     # the op column takes what the fixed columns (54) and the longest regime leave
     reg_w = max(len(o["regime"] or _unplaced(o)) for o in ops)
-    op_w = max(20, min(40, width - 54 - reg_w))
+    op_w = max(12, min(40, width - 54 - reg_w))
+    head = "op (inputs where names repeat)" if op_w >= 30 else "op"
     out.append(
-        f"  {'op (inputs where names repeat)':<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
+        f"  {head:<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
         f"{'TFLOP/s':>8} {'GB/s':>7} {'of roof':>7}  regime"
     )
     for o in ops:
