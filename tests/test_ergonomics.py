@@ -551,3 +551,17 @@ def test_progress_bar_follows_the_bytes_read_and_waits_before_showing(tmp_path):
 def test_no_progress_output_when_stderr_is_not_a_terminal():
     r = CliRunner().invoke(main, ["diagnose", str(SAMPLES / "add_loop-eager.json.gz")])
     assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_diagnose_given_a_path_says_what_to_call_first():
+    from conftest import SAMPLES
+
+    import tracedx
+
+    f = SAMPLES / "mlp_train-eager.json.gz"
+    with pytest.raises(TypeError, match=r"not a path: tracedx\.diagnose\(tracedx\.load\('"):
+        tracedx.diagnose(str(f))
+    with pytest.raises(TypeError, match=r"tracedx\.load_job\("):
+        tracedx.diagnose(SAMPLES / "ddp_mlp-gloo-balanced")
+    with pytest.raises(TypeError, match="not dict"):
+        tracedx.diagnose({})

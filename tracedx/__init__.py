@@ -74,16 +74,29 @@ def diagnose(target, **options):
     ``peak_tflops``, ``bandwidth_gbs``, ``calibration``, ``steps``);
     ``diagnose(job) -> JobDiagnosis`` for a :class:`tracedx.job.diagnosis.Job` from
     :func:`load_job` (:func:`tracedx.job.diagnosis.diagnose_job`; it takes no options: give them
-    to ``load_job``). Raises TypeError for options given with a job."""
+    to ``load_job``). Raises TypeError for options given with a job, and for a path or anything
+    else that is not a loaded trace or job (saying what to call first)."""
+    import os
     import sys
 
+    if isinstance(target, (str, os.PathLike)):
+        load = "tracedx.load_job" if os.path.isdir(target) else "tracedx.load"
+        raise TypeError(
+            f"diagnose takes a loaded trace or job, not a path: tracedx.diagnose({load}({str(target)!r}))"
+        )
     jobs = sys.modules.get("tracedx.job.diagnosis")  # a Job exists only once it is imported
     if jobs is not None and isinstance(target, jobs.Job):
         if options:
             raise TypeError("diagnose(job) takes no options: give them to load_job")
         return jobs.diagnose_job(target)
     from tracedx.analysis.diagnosis import diagnose as diagnose_trace
+    from tracedx.trace import Trace
 
+    if not isinstance(target, Trace):
+        raise TypeError(
+            f"diagnose takes a Trace (tracedx.load) or a Job (tracedx.load_job), not "
+            f"{type(target).__name__}"
+        )
     return diagnose_trace(target, **options)
 
 

@@ -136,7 +136,7 @@ def _time_lines(d: dict, every: str) -> list[str]:
         cs = ", ".join(f"{k} {v['ms_per_step']:.3f} ms" for k, v in causes if v["ms_per_step"])
         out.append(
             f"  GPU idle       {_pct(st['idle_fraction'])} of the step"
-            + (f"; by cause: {cs}" if cs else "")
+            + (f"; by cause (each its median): {cs}" if cs else "")
         )
         out.append(f"  kernels        {st['kernels_per_step']:.0f}")
         out.append(
