@@ -610,3 +610,12 @@ def test_given_fix_without_evidence_is_said():
     assert r.exit_code == 0
     assert "nothing in the two traces shows tf32 applied (given with --fix)" in r.output
     assert "the evidence points at cuda-graphs" in r.output
+
+
+def test_a_trace_against_itself_takes_the_same_time():
+    t = tracedx.load(SAMPLES / "mlp_train-eager.json.gz")
+    d = tracedx.diff(t, t).to_dict()
+    assert d["step_change"]["summary"] == (
+        "AFTER takes the same time (unprofiled median step 1.316 -> 1.316 ms)"
+    )
+    assert d["step_change"]["speedup"] == 1.0 and not d["step_change"]["regression"]

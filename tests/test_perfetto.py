@@ -449,3 +449,14 @@ def test_annotate_command_on_a_captured_gloo_job(tmp_path):
             assert e["dur"] <= e["args"]["kernel_us"] + 1e-6
         src = next(f for f in files if Path(f).name.removesuffix(".json.gz") in p.name)
         _same_reading(Path(src), p)
+
+
+def test_annotate_refuses_to_write_over_its_input(tmp_path):
+    p = shutil.copy(SAMPLES / "add_loop-eager.json.gz", tmp_path / "t.json.gz")
+    before = Path(p).read_bytes()
+    r = CliRunner().invoke(main, ["annotate", str(p), "-o", str(p)])
+    assert r.exit_code == 2
+    assert r.stderr == (
+        f"tracedx: error: {p}: is the trace being annotated; write the copy elsewhere (-o)\n"
+    )
+    assert Path(p).read_bytes() == before

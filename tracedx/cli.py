@@ -685,9 +685,12 @@ def annotate(trace_paths, out_path, **analysis):
         jd = diagnose_job(load_job(files, **options))
         done = perfetto.annotate_job(jd, out_path or "annotated", **options)
     else:
+        out = out_path or "annotated.json.gz"
+        if os.path.exists(out) and os.path.samefile(out, files[0]):
+            raise TraceError(f"{out}: is the trace being annotated; write the copy elsewhere (-o)")
         with _spinner(f"reading {files[0]}") as status:
             diag = _load_and_diagnose(files[0], **analysis, repair=False, status=status)
-            done = [perfetto.annotate(files[0], out_path or "annotated.json.gz", diag)]
+            done = [perfetto.annotate(files[0], out, diag)]
     for res in done:
         click.echo(
             f"{term(res.path)}: {res.original_events} original events, {res.added_events} added "

@@ -635,6 +635,8 @@ class TraceDiff(Presentable):
             summary = f"AFTER is {1 / x:.2f}x slower{per} (+{slower:.0f}% step time{per}; {how})"
         elif slower > 0:
             summary = f"AFTER is {slower:.1f}% slower{per} ({1 / x:.2f}x the time; {how})"
+        elif slower == 0:
+            summary = f"AFTER takes the same time{per} ({how})"
         else:
             summary = f"AFTER is {x:.2f}x faster{per} ({-slower:.1f}% less time{per}; {how})"
         return {
