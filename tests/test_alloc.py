@@ -77,16 +77,17 @@ _MMAP = (
     "big = bytearray(16 << 20)\n"
     "del big  # freed while mapped: glibc raises its threshold over 16 MB\n"
     "first = mapped(300_000)\n"
-    "alloc.trim_heap()\n"
+    "alloc.trim_heap(int(sys.argv[2]))\n"
     "print(first, mapped(300_000), mapped(200_000))\n"
 )
 
 
-def _mapped(mode: str, **env_extra: str) -> str:
+def _mapped(mode: str, rows: int = 1000, **env_extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in alloc._USER_MALLOC_ENV} | env_extra
     out = subprocess.run(
-        [sys.executable, "-c", _MMAP, mode], env=env, capture_output=True, text=True, check=False
-    )
+        [sys.executable, "-c", _MMAP, mode, str(rows)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if out.returncode or not out.stdout.strip():
         pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip()[-200:]}")
     return out.stdout.strip()
@@ -98,3 +99,5 @@ def test_trim_heap_fixes_the_mmap_threshold_for_the_command_line_only():
     assert _mapped("cli") == "0 1 0"
     assert _mapped("library") == "0 0 0"  # a notebook's process keeps glibc's own behaviour
     assert _mapped("cli", MALLOC_MMAP_THRESHOLD_="1048576") == "0 0 0"  # and a user's setting
+    # and tables of millions of rows: their megabyte temporaries would all fault in new pages
+    assert _mapped("cli", rows=alloc.FIXED_THRESHOLD_MAX_ROWS + 1) == "0 0 0"

@@ -35,6 +35,8 @@ def release_promptly() -> None:
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc's malloc.h)
 MMAP_THRESHOLD_BYTES = 256 << 10
+FIXED_THRESHOLD_MAX_ROWS = 500_000
+"""Above this many rows in a table, the mmap threshold is left to glibc (see :func:`trim_heap`)."""
 _USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 
 
@@ -58,7 +60,7 @@ _TRIM: list = []
 _PROMPT: list = []  # release_promptly was called: this process is the command line's
 
 
-def trim_heap() -> None:
+def trim_heap(rows: int = 0) -> None:
     """Return the C library's free heap memory to the system (glibc's ``malloc_trim(0)``,
     which also releases free pages inside the heap); nothing where it is not glibc.
 
@@ -76,10 +78,17 @@ def trim_heap() -> None:
     arrays come from the heap, and the pages they leave free there stay resident: the 107 MB
     trace's heap held 23 MB free at the end of its diagnosis. Only after the read: while
     reading, the dynamic threshold lets the 8 MB buffers reuse the heap's pages (fixed from the
-    start, the read faulted in fresh pages for each, 5% slower at 100 MB)."""
+    start, the read faulted in fresh pages for each, 5% slower at 100 MB).
+
+    Not when the largest table has over :data:`FIXED_THRESHOLD_MAX_ROWS` rows (``rows``): then
+    every temporary is megabytes, each would fault in fresh pages, and the tables, not the
+    heap, make the peak (under 1x the JSON at 1 GB). On the project's device machine (gVisor,
+    2 cores) the 1 GB trace's diagnosis took 10.7-13.4 s with the threshold fixed against
+    9.9-10.6 s without (3 interleaved runs each; 3.4-4.8 s of system time against 1.9-2.1)."""
     if not _TRIM:
         _TRIM.append(_glibc())
-        if _TRIM[0] is not None and _PROMPT and not any(map(os.environ.get, _USER_MALLOC_ENV)):
+        mine = not any(map(os.environ.get, _USER_MALLOC_ENV))
+        if _TRIM[0] is not None and _PROMPT and mine and rows <= FIXED_THRESHOLD_MAX_ROWS:
             _TRIM[0][1](M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     if _TRIM[0] is not None:
         _TRIM[0][0](0)

@@ -368,7 +368,8 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
             f"{p}: is a directory, not a trace file (a job's traces: tracedx.load_job)"
         )
     doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
-    trim_heap()  # the decoded events are gone: the heap they left free goes back
+    # the decoded events are gone: the heap they left free goes back
+    trim_heap(max(raw.ops.height, raw.launches.height, raw.kernels.height))
     warnings = [DataWarning("repaired", 1, f"repaired: {r}") for r in repairs] + raw.warnings
     ns = _nanoseconds(doc, raw)
     if ns:
