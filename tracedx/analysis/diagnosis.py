@@ -17,7 +17,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.intervals import inside, overlap, ps_to_us, sum_us, to_ps, union
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
 from tracedx.analysis.ops import (
     is_in,
@@ -502,11 +502,9 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
         np.concatenate([top["start_us"].to_numpy(), out_s]),
         np.concatenate([top["end_us"].to_numpy(), out_e]),
     )
-    python = 0.0
-    for a, b in zip(st["start_us"].to_numpy(), st["end_us"].to_numpy(), strict=True):
-        covered = np.clip(np.minimum(ce, b) - np.maximum(cs, a), 0.0, None).sum()
-        python += (b - a) - covered
-    return float(python) / n, float(no_gpu_us), float(events)
+    a, b = st["start_us"].to_numpy(), st["end_us"].to_numpy()
+    python = float(((b - a) - overlap(cs, ce, a, b)).sum())
+    return python / n, float(no_gpu_us), float(events)
 
 
 # An op faster than this multiple of its roofline bound is not explained by the L2 cache
@@ -1534,21 +1532,20 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     weights, plus the batch's first input) the 7 cast kernels take 0.630 ms per step; this
     gives 2.42 GB, 0.50 ms at 4.8 TB/s.
     """
-    # one pass over the steps' ops: the GEMM ops' inputs, and whether any op is a backward node
-    cast_op = pl.col("name").is_in(list(_CAST_GEMM_WEIGHT))
-    backward = pl.col("name").str.starts_with("autograd::engine::evaluate_function")
-    rows = (
-        trace.ops[["name", "input_shapes", "input_dtypes"]]
-        .filter(pl.lit(pl.Series(ops_in_steps(trace, steps))) & (cast_op | backward))
-        .rows()
+    # the GEMM ops' inputs, and whether any op of the steps is a backward node (one scan of
+    # the names; only the GEMM ops' rows come to Python)
+    in_steps = pl.lit(pl.Series(ops_in_steps(trace, steps)))
+    names = trace.ops.select(
+        cast=in_steps & pl.col("name").is_in(list(_CAST_GEMM_WEIGHT)),
+        backward=(
+            in_steps & pl.col("name").str.starts_with("autograd::engine::evaluate_function")
+        ).any(),
     )
-    # the rows that are no GEMM op are backward nodes
-    has_backward = any(name not in _CAST_GEMM_WEIGHT for name, _, _ in rows)
+    has_backward = bool(names["backward"][0]) if names.height else False
+    rows = trace.ops[["name", "input_shapes", "input_dtypes"]].filter(names["cast"]).rows()
     per_element = (2 if has_backward else 1) * CAST_BYTES_PER_ELEMENT
     total = 0.0
     for name, shapes, dtypes in rows:
-        if name not in _CAST_GEMM_WEIGHT:
-            continue
         for i in _CAST_GEMM_WEIGHT[name]:
             if not shapes or i >= len(shapes) or not shapes[i]:
                 continue
