@@ -51,10 +51,10 @@ def _own_cache_dir(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _numpy_2_5_where():
     """``np.where(cond, unsigned_array, -1)`` raises OverflowError from NumPy 2.5 on (a Python
-    int beside an array takes the array's dtype, NEP 50), while the NumPy CI installs may still
-    promote it: every test runs with ``np.where`` refusing that mix, so code that an older
-    NumPy forgives fails here too (a uint32 polars count reached it once: only the device's
-    NumPy 2.5.2 found it)."""
+    int beside an array takes the array's dtype, NEP 50), and NumPy 2.4, which CI installs,
+    silently gives 4294967295 for a uint32 instead: every test runs with ``np.where`` refusing
+    that mix, so such code fails here too (a uint32 polars count reached it once: only the
+    device's NumPy 2.5.2 found it)."""
     import numpy as np
 
     where = np.where

@@ -78,14 +78,16 @@ _MMAP = (
     "del big  # freed while mapped: glibc raises its threshold over 16 MB\n"
     "first = mapped(300_000)\n"
     "alloc.trim_heap(int(sys.argv[2]))\n"
-    "print(first, mapped(300_000), mapped(200_000))\n"
+    "after = mapped(300_000), mapped(200_000)\n"
+    "alloc.trim_heap(int(sys.argv[3]))  # the next trace of the command\n"
+    "print(first, *after, mapped(300_000))\n"
 )
 
 
-def _mapped(mode: str, rows: int = 1000, **env_extra: str) -> str:
+def _mapped(mode: str, rows: int = 1000, then: int = 1000, **env_extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in alloc._USER_MALLOC_ENV} | env_extra
     out = subprocess.run(
-        [sys.executable, "-c", _MMAP, mode, str(rows)],
+        [sys.executable, "-c", _MMAP, mode, str(rows), str(then)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if out.returncode or not out.stdout.strip():
@@ -96,8 +98,11 @@ def _mapped(mode: str, rows: int = 1000, **env_extra: str) -> str:
 def test_trim_heap_fixes_the_mmap_threshold_for_the_command_line_only():
     # a 300 KB block comes from the heap while glibc's dynamic threshold is high; after the
     # command line's trim_heap it is mapped on its own (and a 200 KB one still from the heap)
-    assert _mapped("cli") == "0 1 0"
-    assert _mapped("library") == "0 0 0"  # a notebook's process keeps glibc's own behaviour
-    assert _mapped("cli", MALLOC_MMAP_THRESHOLD_="1048576") == "0 0 0"  # and a user's setting
+    big = alloc.FIXED_THRESHOLD_MAX_ROWS + 1
+    assert _mapped("cli") == "0 1 0 1"
+    assert _mapped("library") == "0 0 0 0"  # a notebook's process keeps glibc's own behaviour
+    assert _mapped("cli", MALLOC_MMAP_THRESHOLD_="1048576") == "0 0 0 0"  # and a user's setting
     # and tables of millions of rows: their megabyte temporaries would all fault in new pages
-    assert _mapped("cli", rows=alloc.FIXED_THRESHOLD_MAX_ROWS + 1) == "0 0 0"
+    assert _mapped("cli", rows=big, then=big) == "0 0 0 0"
+    # decided per trace: a large trace after a small one gets the dynamic threshold's maximum
+    assert _mapped("cli", rows=1000, then=big) == "0 1 0 0"

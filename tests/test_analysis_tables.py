@@ -18,16 +18,21 @@ EW = "void at::native::vectorized_elementwise_kernel<4>"
 
 
 def test_sums_are_sum_us_floats():
-    """Half a picosecond rounds to even, NaN and infinities count 0; a whole column's sum is
-    divided, a group's multiplied by the reciprocal, as polars does."""
+    """Half a picosecond rounds to even, NaN and infinities count 0; sums are divided into
+    microseconds, the correctly rounded quotient (which a polars group_by of several groups,
+    multiplying by the reciprocal, can miss by the last bit)."""
     us = [1.25, 2.5, 0.0000005, 0.0000015, float("nan"), float("inf"), 0.895]
     assert to_ps(us).tolist() == [1_250_000, 2_500_000, 0, 2, 0, 0, 895_000]
     whole = pl.DataFrame({"x": us}).select(sum_us("x")).item()
     assert sum_us_of(us) == whole == 4.645002
-    groups = pl.DataFrame({"g": [1, 1, 2], "x": [0.5, 0.395, 7.424]})
-    by = groups.group_by("g").agg(sum_us("x")).sort("g")["x"].to_list()
-    assert ps_to_us(np.array([895_000, 7_424_000])).tolist() == by
-    assert by[0] != 895_000 / 1e6  # the reciprocal's product differs in the last bit here
+    assert (
+        ps_to_us(np.array([895_000, 7_424_000, 78_415_000])).tolist()
+        == [
+            0.895,
+            7.424,
+            78.415,
+        ]
+    )  # the quotients (895_000 * 1e-6 gives 0.8949999999999999, 78_415_000 * 1e-6 78.41499999999999)
     assert sum_us_of([]) == 0.0
 
 

@@ -241,9 +241,16 @@ def test_a_cap_of_zero_stores_nothing_and_a_bad_one_is_a_note(tmp_path, monkeypa
 
 def test_an_entry_alone_over_the_cap_is_not_kept(tmp_path, monkeypatch):
     p = shutil.copy(SAMPLES / NAMES[0], tmp_path / NAMES[0])
-    monkeypatch.setattr(cache, "max_bytes", lambda: 1000)  # smaller than any entry
-    trace, hit = cache.load(p)
+    others = [_fake_entry(cache.cache_dir(), c * 32, 400, 1_000) for c in "ab"]
+    monkeypatch.setattr(cache, "max_bytes", lambda: 1000)  # smaller than any real entry
+    notes = []
+    trace, hit = cache.load(p, on_note=notes.append)
     assert not hit and not cache.entry_path(p).exists()
+    assert all(o.is_dir() for o in others)  # the entries that fit are not evicted for it
+    [note] = notes
+    assert note.startswith(f"the cached tables of {p} (") and note.endswith(
+        " MB) are over the cache's cap (0.0 MB, TRACEDX_CACHE_MAX_MB): not kept"
+    )
     r = CliRunner().invoke(main, ["diagnose", str(p)])  # the result is not stored either
     assert r.exit_code == 0 and not cache.entry_path(p).exists()
 

@@ -268,3 +268,22 @@ def test_inside_disjoint_intervals():
     ]  # fmt: skip
     assert inside(np.empty(0), np.empty(0), t).tolist() == [False] * len(t)
     assert inside(s, e, np.empty(0)).tolist() == []
+
+
+def test_pinned_copies_of_no_measured_duration_give_no_bandwidth(tmp_path):
+    """The pinned-memory fix takes its bandwidth from the trace's pinned copies only when they
+    have a duration: 1 MiB pinned copies of 0 us beside pageable ones (a ZeroDivisionError, an
+    internal error, before) fall back to the assumed PCIe bandwidth."""
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    for i in range(3):
+        t = T0 + i * 100.0
+        b.step(i + 1, t, 100.0)
+        for k, (src, dur) in enumerate((("Pinned", 0.0), ("Pageable", 30.0))):
+            e = b.op("aten::copy_", t + 1 + 50 * k, 45)
+            c = b.launch(t + 2 + 50 * k, 1, "cudaMemcpyAsync", ext=e)
+            b.memcpy(t + 5 + 50 * k, dur, c, 2**20, src=src)
+    d = diagnose(tracedx.load(b.write(tmp_path / "zero.json")))
+    [pinned] = [f for f in d.findings if f.fix == "pinned-memory"]
+    assert "pinned copies at 50 GB/s (assumed: PCIe Gen5 x16" in pinned.derivation

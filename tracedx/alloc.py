@@ -57,6 +57,8 @@ def _glibc():
 
 
 _TRIM: list = []
+_THRESHOLD: list = [None]  # the mmap threshold this process set (None: glibc's dynamic one)
+_DYNAMIC_MAX_BYTES = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit (mallopt(3))
 _PROMPT: list = []  # release_promptly was called: this process is the command line's
 
 
@@ -70,7 +72,7 @@ def trim_heap(rows: int = 0) -> None:
     diagnosis then peaked at 206 MB instead of 220 (3 runs each).
 
     In the command line (after :func:`release_promptly`, and unless the user set glibc's
-    ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES``), the first call also fixes glibc's mmap
+    ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES``), each call also fixes glibc's mmap
     threshold at :data:`MMAP_THRESHOLD_BYTES`: from then on, a block that large (a numpy array
     of 32,768 values: the linking's and the analysis' temporaries) gets pages of its own, which
     go back to the system when it is freed. Without it, glibc raises the threshold to the size
@@ -87,8 +89,14 @@ def trim_heap(rows: int = 0) -> None:
     9.9-10.6 s without (3 interleaved runs each; 3.4-4.8 s of system time against 1.9-2.1)."""
     if not _TRIM:
         _TRIM.append(_glibc())
-        mine = not any(map(os.environ.get, _USER_MALLOC_ENV))
-        if _TRIM[0] is not None and _PROMPT and mine and rows <= FIXED_THRESHOLD_MAX_ROWS:
-            _TRIM[0][1](M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    if _TRIM[0] is not None:
-        _TRIM[0][0](0)
+    libc = _TRIM[0]
+    if libc is not None and _PROMPT and not any(map(os.environ.get, _USER_MALLOC_ENV)):
+        # decided per trace (diff and annotate read several): once set, glibc's dynamic
+        # threshold is off for the process, so a large trace after a small one gets the
+        # value the dynamic threshold would reach (its 64-bit maximum, mallopt(3))
+        want = MMAP_THRESHOLD_BYTES if rows <= FIXED_THRESHOLD_MAX_ROWS else _DYNAMIC_MAX_BYTES
+        if _THRESHOLD[0] != want and (_THRESHOLD[0] is not None or want == MMAP_THRESHOLD_BYTES):
+            libc[1](M_MMAP_THRESHOLD, want)
+            _THRESHOLD[0] = want
+    if libc is not None:
+        libc[0](0)

@@ -181,7 +181,7 @@ def _touch(entry: Path) -> None:
 def prune(keep: Path | None = None, limit: int | None = None) -> int:
     """Remove the least recently used entries of the cache folder until the others add up to
     ``limit`` bytes (default :func:`max_bytes`); ``keep`` (the entry just stored) goes last,
-    only when it alone is over the limit. Also removes temporary folders over an hour old (a
+    only when it alone is over the limit (then it alone is removed). Also removes temporary folders over an hour old (a
     write that was killed). Returns the bytes removed. Errors (a folder another command
     removes meanwhile) are skipped."""
     limit = _cap() if limit is None else limit
@@ -206,6 +206,10 @@ def prune(keep: Path | None = None, limit: int | None = None) -> int:
             entries.append((path == keep, mtime, _size(path), path))
         except OSError:
             continue
+    kept = [e for e in entries if e[0]]
+    if kept and kept[0][2] > limit:  # over the cap alone: it goes, and the others stay
+        shutil.rmtree(kept[0][3], ignore_errors=True)
+        return kept[0][2]
     total = sum(e[2] for e in entries)
     for _, _, size, folder in sorted(entries, key=lambda e: e[:2]):
         if total <= limit:
@@ -275,7 +279,12 @@ def _private(folder: Path) -> bool:
 
 
 def write(
-    trace, path: str | os.PathLike, *, repair: bool = False, entry: Path | None = None
+    trace,
+    path: str | os.PathLike,
+    *,
+    repair: bool = False,
+    entry: Path | None = None,
+    on_note=None,
 ) -> Path | None:
     """Store ``trace`` (loaded from ``path`` with ``repair``) as the entry of ``path``.
 
@@ -319,8 +328,16 @@ def write(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     _touch(entry)  # another process's entry, kept: used now
+    size = _size(entry)
     prune(keep=entry)
-    return entry if entry.is_dir() else None
+    if entry.is_dir():
+        return entry
+    if on_note:
+        on_note(
+            f"the cached tables of {path} ({size / 1e6:.1f} MB) are over the cache's cap "
+            f"({_cap() / 1e6:.1f} MB, {MAX_ENV}): not kept"
+        )
+    return None
 
 
 def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_note=None):
@@ -346,7 +363,9 @@ def load(path: str | os.PathLike, *, repair: bool = False, progress=None, on_not
         before = None
     trace = load_file(path, repair=repair, progress=progress)
     try:
-        stored = before is not None and write(trace, path, repair=repair, entry=before)
+        stored = before is not None and write(
+            trace, path, repair=repair, entry=before, on_note=on_note
+        )
         if (
             not stored
             and on_note

@@ -281,9 +281,10 @@ def _sync_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
     if sc.height == 0:
         return pl.DataFrame(schema=schema)
     return (
-        sc.group_by("site", "op", pl.col("name").alias("call"))
+        # first-seen order, then a stable sort: ties keep it (the report is the same each run)
+        sc.group_by("site", "op", pl.col("name").alias("call"), maintain_order=True)
         .agg(count=pl.len(), blocked_us=sum_us("duration_us"))
-        .sort("blocked_us", descending=True)
+        .sort("blocked_us", descending=True, maintain_order=True)
         .select(list(schema))
     )
 
@@ -1425,7 +1426,8 @@ def _findings(
     ).rename({"duration_us": "device_time_us"})
     if page.height:
         pinned = memcpy.filter(pl.col("host_memory") == "Pinned")
-        if pinned.height and pinned["bytes"].sum() > 2**20:
+        # (copies of no measured duration give no bandwidth)
+        if pinned.height and pinned["bytes"].sum() > 2**20 and pinned["device_time_us"].sum() > 0:
             gbs = float(pinned["bytes"].sum() / pinned["device_time_us"].sum() / 1e3)
             src = "pinned copies measured in this trace"
         else:

@@ -36,10 +36,10 @@ def to_ps(us) -> np.ndarray:
 
 
 def ps_to_us(ps: np.ndarray) -> np.ndarray:
-    """Per-group sums of int64 picoseconds as Float64 microseconds, the floats :func:`sum_us`
-    gives per group in a ``group_by`` (polars divides a column by a constant as a product
-    with its reciprocal, which can differ from the quotient in the last bit)."""
-    return np.asarray(ps).astype(np.float64) * (1.0 / PS_PER_US)
+    """Sums of int64 picoseconds as Float64 microseconds: the correctly rounded quotient, as
+    :func:`sum_us_of` gives for one sum. (A polars ``group_by`` of several groups multiplies by
+    the reciprocal instead, which can differ in the last bit; of one group, it divides.)"""
+    return np.asarray(ps).astype(np.float64) / PS_PER_US
 
 
 def sum_us_of(us) -> float:
