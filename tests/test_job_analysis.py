@@ -847,3 +847,15 @@ def test_a_step_with_more_exposed_communication_than_its_length_is_noted():
         "17.586 ms exposed in a 6.137 ms step)"
     ), note
     assert _past_window_notes(steps.filter(pl.col("step") == 11)) == []
+
+
+def test_too_few_steps_for_the_straggler_test_says_how_many_it_needs():
+    """Rank 1 is last in all 5 steps of a 2-rank job: 2^-5 = 0.031 is not under 0.01 / 2, so
+    the test cannot tell it from chance, and says that 8 steps would (2^-8 = 0.0039)."""
+    jd = diagnose_job(Job(lateness_job([[0.0, 300.0]] * 5)))
+    assert jd.straggler is None
+    assert jd.straggler_test.reason == (
+        "rank 1 paced all 5 steps, but over 5 steps even that could be chance (p = 0.031 >= "
+        "0.01 / 2 ranks): the test needs at least 8 steps with matched collectives (record or "
+        "analyse more steps)"
+    )

@@ -245,6 +245,15 @@ def find_straggler(
             f"too few steps with matched collectives ({best['steps']} < {MIN_STEPS}) to test "
             "arrival against chance"
         )
+    elif best["p_value"] >= alpha and best["last"] == best["steps"] and 0 < best["chance"] < 1:
+        # pacing every step is not enough: too few steps for the test to tell it from chance
+        need = math.floor(math.log(alpha) / math.log(best["chance"])) + 1
+        reason = (
+            f"rank {r} paced all {best['steps']} steps, but over {best['steps']} steps even that "
+            f"could be chance (p = {best['p_value']:.2g} >= {P_VALUE:g} / {arr.height} ranks): "
+            f"the test needs at least {need} steps with matched collectives (record or analyse "
+            "more steps)"
+        )
     elif best["p_value"] >= alpha:
         reason = (
             f"no rank paces the steps more often than chance (best: rank {r}, paced "
