@@ -509,7 +509,7 @@ def test_no_breakdown_or_profiler_sentence_repeats_and_scopes_are_labelled():
     assert "(share over all 4 steps)" in text
     assert "TOP OPS BY DEVICE TIME (count and ms: totals over all 4 steps)" in text
     assert "CPU VS DEVICE TIME (top-level ops, mean per step)" in text
-    assert "(one gap)" in text
+    assert "(a single gap, not a median)" in text
 
 
 def test_op_groups_with_one_name_show_their_shapes():

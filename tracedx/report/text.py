@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tracedx.analysis import HOST_DEVICE_COPY
+from tracedx.analysis.roofline import UNDERFILLED_FRACTION
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, safe_strings, term
@@ -169,7 +170,7 @@ def _time_lines(d: dict, every: str) -> list[str]:
     for g in d["largest_gaps"][:3]:
         out.append(
             f"  largest gap    {g['duration_us'] / 1e3:.3f} ms in step {g['step']}: {g['cause']} "
-            "(one gap)"
+            "(a single gap, not a median)"
         )
     n = max(st["count"], 1)
     for s in d["sync_sites"][:3]:
@@ -248,6 +249,11 @@ def _op_lines(d: dict, every: str, width: int) -> list[str]:
             f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
             f"{_cell(o['intensity'], '8.1f'):>8} {_cell(o['achieved_tflops'], '8.1f'):>8} "
             f"{_cell(o['achieved_gbps'], '7.0f'):>7} {_cell(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
+        )
+    if any(o["regime"] == "under-filled" for o in ops):
+        out.append(
+            f"  (under-filled: under {UNDERFILLED_FRACTION:.0%} of its roof with fewer thread "
+            "blocks than SMs: too little work per kernel to fill the GPU)"
         )
     return out
 
