@@ -296,7 +296,7 @@ def test_report_tables_fit_a_narrow_terminal_without_wrapped_rows(width):
         at = next(i for i, ln in enumerate(lines) if ln.startswith(title))
         end = lines.index("", at)
         # the table's rows, up to a note under it (which may wrap)
-        rows = [r for r in lines[at + 1 : end]]
+        rows = lines[at + 1 : end]
         rows = rows[: next((i for i, r in enumerate(rows) if r.startswith("  (")), len(rows))]
         assert all(not r.startswith("    ") for r in rows), rows  # no continuation lines
 
