@@ -10,7 +10,13 @@ import polars as pl
 import tracedx
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.intervals import ps_to_us, sum_us, sum_us_of, to_ps
-from tracedx.analysis.ops import is_in, launching_op_stats, op_arrays, top_level_ops, top_op_of
+from tracedx.analysis.ops import (
+    is_in,
+    launching_op_stats,
+    op_arrays,
+    op_column_of,
+    top_level_ops,
+)
 
 GEMM = "ampere_sgemm_128x64_nn"
 GEMM_TF32 = "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16"
@@ -81,7 +87,7 @@ def test_op_lookups(tmp_path):
     t = _trace(tmp_path)
     o = op_arrays(t)
     ids = t.ops["op_id"].to_list()
-    got = top_op_of(o, np.array([float(ids[1]), np.nan, 1e9]))
+    got = op_column_of(o, "top_op_id", np.array([float(ids[1]), np.nan, 1e9]))
     assert got[0] == t.ops["top_op_id"][1] and math.isnan(got[1]) and math.isnan(got[2])
     assert is_in(np.array([1.0, np.nan, 3.0]), np.array([3, 1])).tolist() == [True, False, True]
     assert is_in(np.array([1, 2]), np.array([np.nan, 2.0])).tolist() == [False, True]

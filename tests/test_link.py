@@ -119,3 +119,16 @@ def test_thread_order_is_the_op_trees_stable_sort(rows, runs, cut):
         (pl.col("pid") != pl.col("pid").shift(1)) | (pl.col("tid") != pl.col("tid").shift(1))
     ).to_series()
     assert new.tolist() == heads.fill_null(True).to_list()
+
+
+def test_find_rows_gives_the_first_equal_row_and_nan_matches_nothing():
+    from tracedx.trace.link import find_rows
+
+    keys = np.array([7, 3, 7, 5])  # unsorted, 7 twice: its first row, 0
+    assert find_rows(keys, np.array([7, 5, 4, 3, 9])).tolist() == [0, 3, -1, 1, -1]
+    assert find_rows(keys, np.array([7.0, np.nan])).tolist() == [0, -1]
+    valid = np.array([False, True, True, True])  # row 0 left out: 7 is row 2
+    assert find_rows(keys, np.array([7]), valid=valid).tolist() == [2]
+    assert find_rows(np.array([1.0, np.nan, 2.0]), np.array([2.0, np.nan])).tolist() == [2, -1]
+    assert find_rows(np.arange(5), np.array([4, 0, 5])).tolist() == [4, 0, -1]  # sorted: no sort
+    assert find_rows(np.array([], np.int64), np.array([1])).tolist() == [-1]

@@ -44,8 +44,8 @@ from tracedx.analysis.intervals import inside, union
 from tracedx.analysis.kernels import kernel_name_kinds
 from tracedx.analysis.ops import (
     op_arrays,
+    op_column_of,
     op_signatures,
-    op_step_of,
     ops_in_steps,
     signature_of,
 )
@@ -197,7 +197,7 @@ def batch_model(
     # each kernel's op's signature (none for a kernel with no op, or whose op is not in the
     # analysed steps)
     k_op = k["op_id"].cast(pl.Float64).to_numpy()
-    k_op = np.where(np.isin(op_step_of(op_arrays(trace), k_op), steps), k_op, np.nan)
+    k_op = np.where(np.isin(op_column_of(op_arrays(trace), "step", k_op), steps), k_op, np.nan)
     hit, g = signature_of(groups, k_op)
     k_weight_only = np.zeros(k.height, dtype=bool)
     k_weight_only[hit] = np.array(weight_only, dtype=bool)[g]

@@ -22,11 +22,10 @@ from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
 from tracedx.analysis.ops import (
     is_in,
     op_arrays,
-    op_duration_of,
+    op_column_of,
     op_groups,
     ops_in_steps,
     top_level_ops,
-    top_op_of,
 )
 from tracedx.analysis.timeline import (
     dataloader_windows,
@@ -372,7 +371,7 @@ def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
     at = np.searchsorted(tops, top)
     known = at < len(tops)
     known[known] = tops[at[known]] == top[known]
-    h = op_duration_of(op_arrays(trace), top)
+    h = op_column_of(op_arrays(trace), "duration_us", top)
     known &= ~np.isnan(h)
     host = np.full(len(top), np.nan)
     host[known] = h[known] / n_kernels[at[known]]
@@ -908,7 +907,7 @@ def _step_model(
     own_sync_count = int(own.sum()) / n
     # host time of the top-level ops that issued those syncs (e.g. aten::item): a graph cannot
     # capture them, so they stay on the host
-    sync_tops = top_op_of(o, sc_op[~pageable])
+    sync_tops = op_column_of(o, "top_op_id", sc_op[~pageable])
     sync_ops_host = (
         _float_sum(o["duration_us"][in_steps][is_in(o["op_id"][in_steps], sync_tops)]) / n
     )

@@ -19,6 +19,7 @@ from tracedx.analysis import HOST_DEVICE_COPY
 from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_us, to_ps
 from tracedx.analysis.kernels import KINDS, kernel_name_kinds
 from tracedx.trace import Trace
+from tracedx.trace.link import find_rows
 
 KINDS_SORTED = sorted(KINDS)
 
@@ -105,24 +106,21 @@ def _null_where_not(keep: np.ndarray, values: np.ndarray) -> pl.Series:
 def _sums_by(keys: np.ndarray, of: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
     """Per key of ``keys`` (distinct), the exact sums of each int64 array of ``values`` over
     the rows whose ``of`` is that key (rows with another ``of``, or NaN, count nowhere)."""
-    order = np.argsort(keys, kind="stable")
-    at = np.searchsorted(keys[order], of)
-    hit = at < len(keys)
-    hit[hit] = keys[order][at[hit]] == of[hit]
+    rows = find_rows(keys, of)
+    hit = rows >= 0
     sums = []
     for v in values:
         out = np.zeros(len(keys), dtype=np.int64)
-        np.add.at(out, order[at[hit]], v[hit])
+        np.add.at(out, rows[hit], v[hit])
         sums.append(out)
     return sums
 
 
 def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
     """The op table's columns as numpy arrays, for analyses that only count and sum:
-    ``op_id``, ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null), ``start_us``,
-    ``end_us``, ``duration_us``, ``is_top`` (no parent), and ``by_id`` (the rows in ``op_id``
-    order; None when the table is in that order).
-    Computed once per op table."""
+    ``op_id`` (int64), ``parent_id``, ``top_op_id`` and ``step`` (floats, NaN where null),
+    ``start_us``, ``end_us``, ``duration_us`` (us) and ``is_top`` (bool: no parent); shape
+    (ops,) each. Computed once per op table."""
 
     def build() -> dict[str, np.ndarray]:
         o = trace.ops
@@ -136,8 +134,6 @@ def op_arrays(trace: Trace) -> dict[str, np.ndarray]:
             "duration_us": o["duration_us"].to_numpy(),
             "parent_id": o["parent_id"].cast(pl.Float64).to_numpy(),
             "is_top": o["parent_id"].is_null().to_numpy(),
-            # the table is written in op_id order: no sort then
-            "by_id": None if np.all(ids[1:] > ids[:-1]) else np.argsort(ids, kind="stable"),
         }
 
     return trace.memo("op_arrays", (trace.ops,), build)
@@ -172,36 +168,14 @@ def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def _of_ops(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
-    """``column`` of :func:`op_arrays` ``o`` for each of ``op_ids`` (floats; NaN: no op,
-    or an id the op table does not hold, gives NaN)."""
-    by_id = o["by_id"]
-    ids = o["op_id"] if by_id is None else o["op_id"][by_id]
-    at = np.searchsorted(ids, op_ids)
-    hit = at < len(ids)
-    hit[hit] = ids[at[hit]] == op_ids[hit]
+def op_column_of(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
+    """``column`` of :func:`op_arrays` ``o`` (``top_op_id``, ``step``, ``duration_us``, ...)
+    for each of ``op_ids`` (floats, NaN: no op): floats, NaN for no op or an id the op table
+    does not hold."""
+    rows = find_rows(o["op_id"], op_ids)
     out = np.full(len(op_ids), np.nan)
-    rows = at[hit] if by_id is None else by_id[at[hit]]
-    out[hit] = o[column][rows]
+    out[rows >= 0] = o[column][rows[rows >= 0]]
     return out
-
-
-def top_op_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
-    """The ``top_op_id`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op),
-    from :func:`op_arrays` ``o``."""
-    return _of_ops(o, "top_op_id", op_ids)
-
-
-def op_step_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
-    """The ``step`` (float, NaN where none) of each of ``op_ids`` (floats, NaN: no op), from
-    :func:`op_arrays` ``o``."""
-    return _of_ops(o, "step", op_ids)
-
-
-def op_duration_of(o: dict[str, np.ndarray], op_ids: np.ndarray) -> np.ndarray:
-    """The ``duration_us`` (NaN where no such op) of each of ``op_ids`` (floats, NaN: no op),
-    from :func:`op_arrays` ``o``."""
-    return _of_ops(o, "duration_us", op_ids)
 
 
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -321,13 +295,10 @@ def signature_of(per_sig: pl.DataFrame, op_ids: np.ndarray) -> tuple[np.ndarray,
     """Which of ``op_ids`` (NaN: none) are ops of :func:`op_signatures` ``per_sig``, and the
     signature (row of ``per_sig``) of each of those."""
     sig_ops = per_sig["op_id"]
-    ids = sig_ops.explode().to_numpy()
     sig_of = np.repeat(np.arange(per_sig.height), sig_ops.list.len().to_numpy())
-    order = np.argsort(ids, kind="stable")
-    at = np.searchsorted(ids[order], op_ids)
-    hit = at < len(ids)
-    hit[hit] = ids[order][at[hit]] == op_ids[hit]
-    return hit, sig_of[order][at[hit]]
+    rows = find_rows(sig_ops.explode().to_numpy(), op_ids)
+    hit = rows >= 0
+    return hit, sig_of[rows[hit]]
 
 
 def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
@@ -401,7 +372,7 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     is_kernel = (gpu["kind"] == "kernel").to_numpy()[under]
     device_ps, kernels = _sums_by(tops, g_top, to_ps(g_us), is_kernel.astype(np.int64))
     la = trace.launches
-    la_top = top_op_of(o, la["op_id"].cast(pl.Float64).to_numpy())
+    la_top = op_column_of(o, "top_op_id", la["op_id"].cast(pl.Float64).to_numpy())
     under = is_in(la_top, tops)
     la_top, la_us = la_top[under], la["duration_us"].to_numpy()[under]
     launches, launch_ps = _sums_by(tops, la_top, np.ones(len(la_top), dtype=np.int64), to_ps(la_us))

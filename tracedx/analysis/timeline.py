@@ -47,7 +47,7 @@ import polars as pl
 from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
 from tracedx.analysis.intervals import gaps as _gaps
 from tracedx.analysis.intervals import overlap, owned_union, sum_us, union
-from tracedx.analysis.ops import is_in, op_arrays, top_op_of
+from tracedx.analysis.ops import is_in, op_arrays, op_column_of
 from tracedx.trace import Trace
 
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
@@ -83,7 +83,9 @@ def gpu_tree_tops(trace: Trace) -> pl.Series:
 
     def build() -> pl.Series:
         launching = trace.launches["op_id"].cast(pl.Float64).to_numpy()
-        tops = top_op_of(op_arrays(trace), np.unique(launching[~np.isnan(launching)]))
+        tops = op_column_of(
+            op_arrays(trace), "top_op_id", np.unique(launching[~np.isnan(launching)])
+        )
         known = np.unique(tops[~np.isnan(tops)]).astype(np.int64).tolist()
         # sorted, a null (a launching op with no top-level op) first
         return pl.Series("top_op_id", [None] * bool(np.isnan(tops).any()) + known, pl.Int64)

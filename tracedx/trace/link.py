@@ -426,20 +426,36 @@ def link_launches_to_ops(
 
 def _find(keys: pl.Series, queries: pl.Series) -> np.ndarray:
     """For each query, the first row of ``keys`` equal to it, -1 for none; a null matches
-    nothing. Integer keys: a binary search over them sorted (a stable sort, fast on the few
-    ascending runs that ids come in)."""
-    k, q = _ints(keys, 0), _ints(queries, 0)
-    order = np.argsort(k, kind="stable")
-    if keys.null_count():
-        order = order[keys.is_not_null().to_numpy()[order]]
-    if len(order) == 0:
-        return np.full(len(q), -1, np.int64)
-    k = k[order]
-    i = np.minimum(np.searchsorted(k, q), len(k) - 1)
-    hit = k[i] == q
+    nothing (:func:`find_rows` over the integer ids)."""
+    valid = keys.is_not_null().to_numpy() if keys.null_count() else None
+    rows = find_rows(_ints(keys, 0), _ints(queries, 0), valid=valid)
     if queries.null_count():
-        hit &= queries.is_not_null().to_numpy()
-    return np.where(hit, order[i], -1)
+        rows[queries.is_null().to_numpy()] = -1
+    return rows
+
+
+def find_rows(
+    keys: np.ndarray, queries: np.ndarray, *, valid: np.ndarray | None = None
+) -> np.ndarray:
+    """For each of ``queries`` (shape (m,)), the first row of ``keys`` (shape (n,)) equal to
+    it, -1 for none: an int64 array of shape (m,). Rows of ``keys`` where ``valid`` (bool,
+    shape (n,)) is False, and NaN in float keys or queries, match nothing. A binary search over
+    ``keys`` sorted stably (no sort when they are strictly increasing: row numbers, op ids).
+    Ids are compared as given: floats are exact for ids under 2**53."""
+    keys, queries = np.asarray(keys), np.asarray(queries)
+    if len(keys) < 2 or np.all(keys[1:] > keys[:-1]):
+        order = np.arange(len(keys))
+    else:
+        order = np.argsort(keys, kind="stable")
+    if valid is not None:
+        order = order[valid[order]]
+    if keys.dtype.kind == "f":
+        order = order[~np.isnan(keys[order])]
+    if len(order) == 0:
+        return np.full(len(queries), -1, np.int64)
+    k = keys[order]
+    i = np.minimum(np.searchsorted(k, queries), len(k) - 1)
+    return np.where(k[i] == queries, order[i], -1)  # NaN equals nothing
 
 
 def _ints(s: pl.Series, fill: int) -> np.ndarray:
