@@ -249,7 +249,7 @@ def test_an_entry_alone_over_the_cap_is_not_kept(tmp_path, monkeypatch):
     assert all(o.is_dir() for o in others)  # the entries that fit are not evicted for it
     [note] = notes
     assert note.startswith(f"the cached tables of {p} (") and note.endswith(
-        " MB) are over the cache's cap (0.0 MB, TRACEDX_CACHE_MAX_MB): not kept"
+        " MiB) are over the cache's cap (0.0 MiB, TRACEDX_CACHE_MAX_MB): not kept"
     )
     r = CliRunner().invoke(main, ["diagnose", str(p)])  # the result is not stored either
     assert r.exit_code == 0 and not cache.entry_path(p).exists()

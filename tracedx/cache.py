@@ -334,8 +334,8 @@ def write(
         return entry
     if on_note:
         on_note(
-            f"the cached tables of {path} ({size / 1e6:.1f} MB) are over the cache's cap "
-            f"({_cap() / 1e6:.1f} MB, {MAX_ENV}): not kept"
+            f"the cached tables of {path} ({size / 2**20:.1f} MiB) are over the cache's cap "
+            f"({_cap() / 2**20:.1f} MiB, {MAX_ENV}): not kept"
         )
     return None
 

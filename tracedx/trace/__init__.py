@@ -610,12 +610,7 @@ def _quality(
         .collect()["correlation"]
         .to_numpy()
     )
-    if len(lk):
-        corr = np.sort(corr)
-        i = np.minimum(np.searchsorted(corr, lk), max(len(corr) - 1, 0))
-        orphan = int(np.count_nonzero(corr[i] != lk)) if len(corr) else len(lk)
-    else:
-        orphan = 0
+    orphan = int(np.count_nonzero(~np.isin(lk, corr)))  # launches whose GPU work is missing
     if orphan:
         out.append(
             DataWarning(
@@ -662,6 +657,41 @@ def _quality(
         )
     end = _column(tables, "end_us")
     launch_end = launch_start + _column(tables, "launch_duration_us", 0.0)
+    ov, ooo = _stream_order_counts(tables, start, end, launch_start, launch_end, linked)
+    if ov:
+        out.append(
+            DataWarning(
+                "stream_overlap",
+                ov,
+                f"{_gpu_events(ov, 'starts', 'start')} before the previous event on their stream ended (a few us "
+                "is normal with programmatic dependent launch on Hopper and later; busy time is a "
+                "union, so nothing is counted twice)",
+            )
+        )
+    if ooo:
+        out.append(
+            DataWarning(
+                "gpu_out_of_order",
+                ooo,
+                f"{_gpu_events(ooo, 'ran', 'ran')} before work launched earlier on the same stream (a stream "
+                "runs in launch order: timestamps or correlation ids are inconsistent)",
+            )
+        )
+    return out
+
+
+def _stream_order_counts(
+    tables: list[pl.DataFrame],
+    start: np.ndarray,
+    end: np.ndarray,
+    launch_start: np.ndarray,
+    launch_end: np.ndarray,
+    linked: np.ndarray,
+) -> tuple[int, int]:
+    """(GPU events that start before an earlier event of their stream ended, events that
+    start before an event of their stream launched after theirs returned): the ``tables``'
+    rows (kernels, memcpys, memsets, in that order, as the arrays, us) taken one stream at a
+    time. ``linked``: the events with a launch record; the second count reads only those."""
     ov = ooo = 0
     streams = (
         pl.concat([t.select("device", "stream") for t in tables])
@@ -691,23 +721,4 @@ def _quality(
         latest = np.maximum.accumulate(start[by_end])
         j = np.searchsorted(ends, launch_start[rows], side="left") - 1
         ooo += int(np.count_nonzero((j >= 0) & (start[rows] < latest[np.maximum(j, 0)] - 1e-3)))
-    if ov:
-        out.append(
-            DataWarning(
-                "stream_overlap",
-                ov,
-                f"{_gpu_events(ov, 'starts', 'start')} before the previous event on their stream ended (a few us "
-                "is normal with programmatic dependent launch on Hopper and later; busy time is a "
-                "union, so nothing is counted twice)",
-            )
-        )
-    if ooo:
-        out.append(
-            DataWarning(
-                "gpu_out_of_order",
-                ooo,
-                f"{_gpu_events(ooo, 'ran', 'ran')} before work launched earlier on the same stream (a stream "
-                "runs in launch order: timestamps or correlation ids are inconsistent)",
-            )
-        )
-    return out
+    return ov, ooo
