@@ -313,7 +313,6 @@ def test_a_shortened_op_name_keeps_what_tells_it_apart():
 
 def test_a_terminal_of_unknown_size_is_not_taken_as_narrow(monkeypatch):
     import os
-    import sys
 
     from tracedx import console
 
@@ -329,4 +328,3 @@ def test_a_terminal_of_unknown_size_is_not_taken_as_narrow(monkeypatch):
     assert console.columns(Tty()) == console.WIDTH
     monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((72, 20)))
     assert console.columns(Tty()) == 72
-    assert sys.stdout is not None
