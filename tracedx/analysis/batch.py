@@ -214,9 +214,11 @@ def batch_model(
     is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
     is_scaled = ~is_fixed & ~is_gemm
     gemm = np.column_stack([t, fill, k_w])[is_gemm]
-    floor = np.array(
-        [KERNEL_FLOOR_US.get(x, KERNEL_FLOOR_DEFAULT_US) for x in kind[is_scaled]], dtype=float
-    )
+    # each kernel's floor by its kind, one np.where per listed kind (a dict look-up per
+    # kernel took 0.07 s at 1 GB)
+    floor = np.full(int(is_scaled.sum()), KERNEL_FLOOR_DEFAULT_US)
+    for kk, floor_us in KERNEL_FLOOR_US.items():
+        floor[kind[is_scaled] == kk] = floor_us
     ts = t[is_scaled]
     scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])
     total = float(k["duration_us"].sum())

@@ -105,14 +105,34 @@ def gaps(
     m_start: np.ndarray, m_end: np.ndarray, a: float, b: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """The uncovered sub-intervals of [a, b) given disjoint sorted intervals."""
-    lo = np.searchsorted(m_end, a, side="right")
-    hi = np.searchsorted(m_start, b, side="left")
-    s = np.clip(m_start[lo:hi], a, b)
-    e = np.clip(m_end[lo:hi], a, b)
-    g_start = np.concatenate([[a], e])
-    g_end = np.concatenate([s, [b]])
+    _, g_start, g_end = gaps_in(m_start, m_end, np.array([a]), np.array([b]))
+    return g_start, g_end
+
+
+def gaps_in(
+    m_start: np.ndarray, m_end: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The uncovered sub-intervals of each window [a_i, b_i) given disjoint sorted intervals
+    (m_start, m_end): (window index i, gap start, gap end), window by window, each window's
+    gaps in time order. One pass over all windows: a loop calling numpy per window cost 0.1 s
+    over the 862 steps of a 1 GB trace."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(m_start) == 0:
+        keep = b > a
+        return np.flatnonzero(keep), a[keep], b[keep]
+    lo = np.searchsorted(m_end, a, side="right")  # the first interval ending after a
+    hi = np.searchsorted(m_start, b, side="left")  # past the last starting before b
+    # window i's candidates k = 0..hi-lo: from a or the end of interval lo+k-1, to the start
+    # of interval lo+k or b, clipped to the window
+    per = np.maximum(hi - lo, 0) + 1
+    win = np.repeat(np.arange(len(a)), per)
+    k = np.arange(len(win)) - np.repeat(np.cumsum(per) - per, per)
+    wa, wb, at = a[win], b[win], lo[win] + k
+    top = len(m_start) - 1
+    g_start = np.where(k == 0, wa, np.clip(m_end[np.clip(at - 1, 0, top)], wa, wb))
+    g_end = np.where(k == per[win] - 1, wb, np.clip(m_start[np.minimum(at, top)], wa, wb))
     keep = g_end > g_start
-    return g_start[keep], g_end[keep]
+    return win[keep], g_start[keep], g_end[keep]
 
 
 def owned_union(starts: np.ndarray, ends: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
