@@ -134,15 +134,20 @@ def batch_model(
 ) -> BatchModel:
     """The :class:`BatchModel` of ``device`` over ``steps`` (see the module docstring)."""
     names = kernel_name_kinds(trace)
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
-        "op_id",
-        "duration_us",
-        "launch_start_us",
-        kk=pl.col("name").replace_strict(names["name"], names["kind"]),
-        blocks=pl.col("grid_x").cast(pl.Float64)
-        * pl.col("grid_y").fill_null(1)
-        * pl.col("grid_z").fill_null(1),
-    )
+    k = (
+        trace.kernels.lazy()
+        .filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
+        .select(
+            "op_id",
+            "duration_us",
+            "launch_start_us",
+            kk=pl.col("name").replace_strict(names["name"], names["kind"]),
+            blocks=pl.col("grid_x").cast(pl.Float64)
+            * pl.col("grid_y").fill_null(1)
+            * pl.col("grid_z").fill_null(1),
+        )
+        .collect()
+    )  # (lazy: the filter reads only the columns selected)
     if k.height == 0:
         return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
     props = trace.metadata.get("device_properties") or []

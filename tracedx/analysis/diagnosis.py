@@ -303,22 +303,29 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "names": pl.List(pl.Utf8),
     }  # fmt: skip
     names = kernel_name_kinds(trace)
-    k = trace.kernels.filter(pl.col("step").is_in(steps) & (pl.col("device") == device)).select(
-        "step",
-        "stream",
-        "start_us",
-        "end_us",
-        "duration_us",
-        "name",
-        "top_op_id",
-        "launch_start_us",
-        fus=pl.col("name").replace_strict(
-            names["name"],
-            [
-                kind in FUSABLE_KINDS and not name.startswith("triton_")
-                for name, kind in zip(names["name"], names["kind"], strict=True)
-            ],
-        ),
+    in_steps = pl.col("step").is_in(steps) & (pl.col("device") == device)
+    # (lazy: the filter reads only the columns selected)
+    k = (
+        trace.kernels.lazy()
+        .filter(in_steps)
+        .select(
+            "step",
+            "stream",
+            "start_us",
+            "end_us",
+            "duration_us",
+            "name",
+            "top_op_id",
+            "launch_start_us",
+            fus=pl.col("name").replace_strict(
+                names["name"],
+                [
+                    kind in FUSABLE_KINDS and not name.startswith("triton_")
+                    for name, kind in zip(names["name"], names["kind"], strict=True)
+                ],
+            ),
+        )
+        .collect()
     )
     if k.height == 0:
         return pl.DataFrame(schema=schema)
@@ -561,8 +568,12 @@ def diagnose(
     primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
     # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
     in_chosen = pl.col("step").is_in(chosen)
-    gpu = trace.gpu_activity().filter(
-        in_chosen if primary is None else in_chosen & (pl.col("device") == primary)
+    gpu = (
+        trace.gpu_activity()
+        .lazy()
+        .filter(in_chosen if primary is None else in_chosen & (pl.col("device") == primary))
+        .select("kind", "name", "duration_us")  # what gpu_breakdown reads
+        .collect()
     )
     kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
     peer_note = _peer_wait_note(trace, kinds, n)
@@ -933,7 +944,12 @@ def _step_model(
     op_us = o["duration_us"][in_steps]
     ops_dl = inside(dl_s, dl_e, o["start_us"][in_steps])
     host_no_gpu = _float_sum(op_us[is_top & no_gpu_side & ~ops_dl]) / n + dl_us
-    la = trace.launches.filter(pl.col("step").is_in(steps))
+    la = (
+        trace.launches.lazy()
+        .filter(pl.col("step").is_in(steps))
+        .select("start_us", "api_kind", "op_id")
+        .collect()
+    )
     la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy())
     host_events = (len(op_us) + la.height) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n

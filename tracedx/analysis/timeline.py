@@ -160,7 +160,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     and null GPU columns (never "100 % idle").
     """
     steps = trace.steps.sort("start_us")
-    gpu = trace.gpu_activity()
+    # the columns read below: each filter then copies these, not every column
+    gpu = trace.gpu_activity().select("device", "step", "kind", "start_us", "end_us", "duration_us")
     rows = [
         _device_windows(
             steps, _on_device(gpu, dev, len(trace.devices)) if dev is not None else gpu.clear(), dev
@@ -401,7 +402,7 @@ def idle_gaps(
 
     Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
     """
-    gpu = trace.gpu_activity()
+    gpu = trace.gpu_activity().select("device", "start_us", "end_us", "launch_start_us")
     schema = {
         "step": pl.Int64,
         "device": pl.Int64,
