@@ -9,12 +9,13 @@ import polars as pl
 
 import tracedx
 from tests.tracebuilder import T0, TraceBuilder
-from tracedx.analysis.intervals import ps_to_us, sum_us, sum_us_of, to_ps
+from tracedx.analysis.intervals import gaps, gaps_in, ps_to_us, sum_us, sum_us_of, to_ps
 from tracedx.analysis.ops import (
     is_in,
     launching_op_stats,
     op_arrays,
     op_column_of,
+    op_rows,
     top_level_ops,
 )
 
@@ -89,8 +90,32 @@ def test_op_lookups(tmp_path):
     ids = t.ops["op_id"].to_list()
     got = op_column_of(o, "top_op_id", np.array([float(ids[1]), np.nan, 1e9]))
     assert got[0] == t.ops["top_op_id"][1] and math.isnan(got[1]) and math.isnan(got[2])
+    # the ids are the row numbers: looked up by value; else (a table of other ids) searched
+    assert bool(o["ids_are_rows"]) and len(ids) == 3
+    queries = np.array([2.0, np.nan, -1.0, 1.5, 3.0, 0.0])
+    assert op_rows(o, queries).tolist() == [2, -1, -1, -1, -1, 0]
+    other = {**o, "op_id": o["op_id"][::-1] * 10, "ids_are_rows": np.array(False)}
+    assert op_rows(other, np.array([20.0, 10.0, 15.0, np.nan])).tolist() == [0, 1, -1, -1]
     assert is_in(np.array([1.0, np.nan, 3.0]), np.array([3, 1])).tolist() == [True, False, True]
     assert is_in(np.array([1, 2]), np.array([np.nan, 2.0])).tolist() == [False, True]
+
+
+def test_gaps_in_windows():
+    # covered [1, 2), [4, 6), [7, 8); windows [0, 5), [5, 9), [6, 7), [8, 8) and [9, 12)
+    ms, me = np.array([1.0, 4.0, 7.0]), np.array([2.0, 6.0, 8.0])
+    a, b = np.array([0.0, 5.0, 6.0, 8.0, 9.0]), np.array([5.0, 9.0, 7.0, 8.0, 12.0])
+    win, gs, ge = gaps_in(ms, me, a, b)
+    assert list(zip(win.tolist(), gs.tolist(), ge.tolist(), strict=True)) == [
+        (0, 0.0, 1.0),
+        (0, 2.0, 4.0),
+        (1, 6.0, 7.0),
+        (1, 8.0, 9.0),
+        (2, 6.0, 7.0),
+        (4, 9.0, 12.0),
+    ]
+    assert [x.tolist() for x in gaps(ms, me, 0.0, 5.0)] == [[0.0, 2.0], [1.0, 4.0]]
+    win, gs, ge = gaps_in(np.empty(0), np.empty(0), a, b)  # nothing covered: whole windows
+    assert win.tolist() == [0, 1, 2, 4] and gs.tolist() == [0.0, 5.0, 6.0, 9.0]
 
 
 def test_op_costs_of_distinct_rows_match_the_joined_ones():

@@ -123,14 +123,22 @@ def gaps_in(
     lo = np.searchsorted(m_end, a, side="right")  # the first interval ending after a
     hi = np.searchsorted(m_start, b, side="left")  # past the last starting before b
     # window i's candidates k = 0..hi-lo: from a or the end of interval lo+k-1, to the start
-    # of interval lo+k or b, clipped to the window
+    # of interval lo+k or b, clipped to the window (in place, to keep the temporaries few)
     per = np.maximum(hi - lo, 0) + 1
     win = np.repeat(np.arange(len(a)), per)
-    k = np.arange(len(win)) - np.repeat(np.cumsum(per) - per, per)
-    wa, wb, at = a[win], b[win], lo[win] + k
+    at = np.arange(len(win))  # becomes lo + k
+    at += np.repeat(lo - (np.cumsum(per) - per), per)
     top = len(m_start) - 1
-    g_start = np.where(k == 0, wa, np.clip(m_end[np.clip(at - 1, 0, top)], wa, wb))
-    g_end = np.where(k == per[win] - 1, wb, np.clip(m_start[np.minimum(at, top)], wa, wb))
+    g_start = m_end[np.clip(at - 1, 0, top)]
+    g_end = m_start[np.minimum(at, top)]
+    wa, wb = a[win], b[win]
+    np.clip(g_start, wa, wb, out=g_start)
+    np.clip(g_end, wa, wb, out=g_end)
+    first = at == lo[win]
+    g_start[first] = wa[first]
+    last = at == (lo + per - 1)[win]
+    g_end[last] = wb[last]
+    del wa, wb, first, last, at
     keep = g_end > g_start
     return win[keep], g_start[keep], g_end[keep]
 
