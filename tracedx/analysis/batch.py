@@ -68,6 +68,16 @@ def _shape_key(shape) -> tuple | None:
     return tuple(shape) if shape else None
 
 
+def _group_key(name: str | None, shapes, dtypes) -> tuple:
+    """(name, input shapes, input dtypes) of an op group as a hashable key, lists as tuples
+    (1.4 us a row, against 3.2 us for ``str`` of the nested lists)."""
+    return (
+        name,
+        None if shapes is None else tuple(None if x is None else tuple(x) for x in shapes),
+        None if dtypes is None else tuple(dtypes),
+    )
+
+
 def weight_shapes(ops: pl.DataFrame) -> set[tuple]:
     """Shapes of weight operands in ``ops`` (and their transposes), as tuples."""
     out: set[tuple] = set()
@@ -178,7 +188,7 @@ def batch_model(
             "name", "input_shapes", "input_dtypes", "regime"
         ).rows():
             if regime == "bandwidth":
-                bandwidth_bound.add((name, str(sh), str(dt)))
+                bandwidth_bound.add(_group_key(name, sh, dt))
     from tracedx.analysis.diagnosis import _tensor_bytes
 
     # per call signature of the launching ops, not per kernel: whether every tensor input is
@@ -189,7 +199,7 @@ def batch_model(
         shapes = [x for x in (sh or []) if x]
         weight_only.append(bool(shapes) and all(_shape_key(x) in wshapes for x in shapes))
         w = 0.0
-        if (name, str(sh), str(dt)) in bandwidth_bound:
+        if bandwidth_bound and _group_key(name, sh, dt) in bandwidth_bound:
             dts = dt or []
             b = [
                 (_tensor_bytes(x, dts[i] if i < len(dts) else None), _shape_key(x) in wshapes)
