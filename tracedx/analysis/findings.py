@@ -670,6 +670,12 @@ def faster_math(
     return make_finding(m, fix, title, op_time_us, new, derivation, evidence)
 
 
+def fusion_applies(chains: float, kernels_removed: float) -> bool:
+    """Whether :func:`torch_compile` has chains to fuse (per step: some chain, a kernel or
+    more removed); the diagnosis measures the compiled region's host time only then."""
+    return chains > 0 and kernels_removed >= 1
+
+
 def torch_compile(
     m: StepModel,
     chain_us: float,
@@ -703,7 +709,7 @@ def torch_compile(
       compiled backward replace them, so they go (their events' profiler cost at most their
       traced time).
     """
-    if chains <= 0 or kernels_removed < 1:
+    if not fusion_applies(chains, kernels_removed):
         return None
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
