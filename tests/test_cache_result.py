@@ -98,6 +98,8 @@ def test_second_run_is_byte_identical_without_reading_or_diagnosing(trace, fmt, 
             "--no-cache reads the file)"
         )
     assert len(list(cache.entry_path(trace).glob("result-*.json"))) == 1
+    quiet = _run("diagnose", trace, "--format", fmt, "-q")  # --quiet: the same, no note
+    assert quiet.stdout == cold[fmt] and quiet.stderr == ""
 
 
 @pytest.mark.parametrize(

@@ -541,6 +541,12 @@ def test_progress_bar_follows_the_bytes_read_and_waits_before_showing(tmp_path):
     assert t.kernels.height and bar.shown
     assert task.total == path.stat().st_size and task.completed == path.stat().st_size
     assert task.description == "diagnosing"
+    # the read is finished (rich would freeze its clock and blank its spinner) but the command
+    # is not: the clock counts from the start, the spinner spins
+    task.start_time -= 5.0
+    spinner, *_, clock = bar._bar.columns
+    assert task.finished and str(clock.render(task)) == "0:00:05"
+    assert str(spinner.render(task)).strip()
     bar.close()
     quick = _Progress(True, after_s=5.0, console=Console(file=io.StringIO(), force_terminal=True))
     quick.reading(str(path))

@@ -71,10 +71,16 @@ def _cache_note() -> str | None:
     return f"{'; '.join(parts)} (in {cache_dir()}; --no-cache reads the {files})"
 
 
-def _flush_notes() -> None:
+_QUIET = "tracedx.quiet"
+"""The key in click's ``Context.meta`` (shared by a command and its group) that ``--quiet``
+sets: the notes are then not printed."""
+
+
+def _flush_notes(ctx: click.Context) -> None:
     note = _cache_note()
-    for msg in [note] + _NOTES if note else _NOTES:
-        _say(f"tracedx: {msg}")
+    if not ctx.meta.get(_QUIET):
+        for msg in [note] + _NOTES if note else _NOTES:
+            _say(f"tracedx: {msg}")
     _NOTES.clear()
     _CACHE_USED.clear()
 
@@ -100,10 +106,10 @@ class _Group(click.Group):
         _CACHE_USED.clear()
         try:
             out = super().invoke(ctx)
-            _flush_notes()
+            _flush_notes(ctx)
             return out
         except click.exceptions.Exit:
-            _flush_notes()
+            _flush_notes(ctx)
             raise
         except TraceError as e:
             _say(f"tracedx: error: {e}", error=True)
@@ -257,6 +263,7 @@ class _Progress:
         if not enabled:
             return
         import threading
+        from datetime import timedelta
 
         from rich.console import Console
         from rich.progress import (
@@ -267,10 +274,21 @@ class _Progress:
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.text import Text
+
+        # rich stops the spinner and the clock of a finished task, and the read is finished once
+        # its bytes are in; the command is not: both go on through the later stages
+        class Spinner(SpinnerColumn):
+            def render(self, task):
+                return self.spinner.render(task.get_time())
+
+        class Elapsed(TimeElapsedColumn):
+            def render(self, task):
+                return Text(str(timedelta(seconds=int(task.elapsed or 0))), "progress.elapsed")
 
         self._bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-            TimeElapsedColumn(), console=console or Console(stderr=True), transient=True,
+            Spinner(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            Elapsed(), console=console or Console(stderr=True), transient=True,
         )  # fmt: skip
         self._task = self._bar.add_task("starting", total=None)
         self._timer = threading.Timer(after_s, self._show)
@@ -421,7 +439,11 @@ def _load_and_diagnose(
     metavar="N",
     help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option(
+    "--quiet", "-q", is_flag=True,
+    help="No progress bar, and no notes on stderr (what came from the cache, its upkeep); "
+    "errors still print.",
+)  # fmt: skip
 def diagnose(
     trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, quiet, **analysis
 ):
@@ -437,6 +459,7 @@ def diagnose(
     """
     from tracedx.job.discover import expand_inputs
 
+    click.get_current_context().meta[_QUIET] = quiet
     files = expand_inputs(trace_paths)
     if len(files) > 1:
         if max_step_ms is not None:
