@@ -132,9 +132,42 @@ def test_gloo_host_straggler_sample_names_rank_1_for_host_work():
     assert bal.estimated_speedup > 1.5
 
 
-def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path):
+def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path, monkeypatch):
     """sample_traces/ in small: the two gloo job folders beside a single-GPU trace were read as
-    one job of 3 ranks (two of them duplicates); now one line naming what is there, exit 2."""
+    one job of 3 ranks (two of them duplicates); now one line naming what is there, exit 2.
+    The files' heads (distributedInfo before traceEvents, as Kineto writes it) already show
+    the two whole rank sets: refused before any rank is summarised."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    import tracedx.job.executor
+    from tracedx.cli import main
+
+    s = ROOT / "sample_traces"
+    for job in ("ddp_mlp-gloo-balanced", "ddp_mlp-gloo-host-straggler"):
+        shutil.copytree(s / job, tmp_path / job)
+    shutil.copy(s / "matmul-bf16.json.gz", tmp_path)
+
+    def no_map(*a, **k):
+        raise AssertionError("a rank was summarised")
+
+    monkeypatch.setattr(tracedx.job.executor, "map_ranks", no_map)
+    r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"tracedx: error: {tmp_path}/ holds 2 whole rank sets, separate jobs or profiling "
+        "windows (ddp_mlp-gloo-balanced/, ddp_mlp-gloo-host-straggler/) and 1 other file; "
+        "diagnose one of these folders, or one trace"
+    ]
+
+
+def test_two_jobs_whose_heads_say_nothing_are_refused_after_reading(tmp_path):
+    """The same folder with each rank's distributedInfo written after its events (a head that
+    tells nothing): every trace is summarised, then the full check refuses it, naming the
+    single-GPU trace as such."""
+    import gzip
+    import json
     import shutil
 
     from click.testing import CliRunner
@@ -143,7 +176,13 @@ def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path):
 
     s = ROOT / "sample_traces"
     for job in ("ddp_mlp-gloo-balanced", "ddp_mlp-gloo-host-straggler"):
-        shutil.copytree(s / job, tmp_path / job)
+        (tmp_path / job).mkdir()
+        for r in (0, 1):
+            doc = json.loads(gzip.decompress((s / job / f"rank{r}.json.gz").read_bytes()))
+            dist = doc.pop("distributedInfo")
+            (tmp_path / job / f"rank{r}.json").write_text(
+                json.dumps({**doc, "distributedInfo": dist})
+            )
     shutil.copy(s / "matmul-bf16.json.gz", tmp_path)
     r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
     assert r.exit_code == 2 and r.stdout == ""
