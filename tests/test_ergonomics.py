@@ -284,6 +284,9 @@ def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
         assert _unrelated_note(d(p["before"]), d(p["after"])) is None, p["pair"]
     note = _unrelated_note(d("add_loop-eager.json.gz"), d("resnet_train-fp32.json.gz"))
     assert note.startswith("BEFORE and AFTER share 0% of their tensor shapes (1 and 30 distinct)")
+    # matmul's one trailing shape (4096,) is also decode's hidden size: not enough to relate
+    note = _unrelated_note(d("matmul-fp32.json.gz"), d("decode-eager.json.gz"))
+    assert note.startswith("BEFORE and AFTER share 0% of their tensor shapes (1 and 28 distinct)")
     td = tracedx.diff(d("matmul-bf16.json.gz").trace, d("decode-eager.json.gz").trace)
     assert td.unrelated and td.notes[0] == td.unrelated
     assert f"WARNING: {td.unrelated}" in " ".join(td.to_text().split())
