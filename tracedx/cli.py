@@ -73,12 +73,35 @@ def _cache_note() -> str | None:
 
 _QUIET = "tracedx.quiet"
 """The key in click's ``Context.meta`` (shared by a command and its group) that ``--quiet``
-sets: the notes are then not printed."""
+sets: no progress bar, and the notes are not printed."""
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get(_QUIET))
+
+
+def _set_quiet(ctx: click.Context, _param, value: bool) -> None:
+    if value:
+        ctx.meta[_QUIET] = True
+
+
+_quiet_option = click.option(
+    "--quiet", "-q", is_flag=True, expose_value=False, callback=_set_quiet,
+    help="No progress bar, and no notes on stderr (files written, what came from the cache, "
+    "its upkeep); errors and FAIL lines still print.",
+)  # fmt: skip
+
+
+def _note(message: str) -> None:
+    """An informational line on stderr (a file written), left out under ``--quiet``."""
+    if not _quiet():
+        _say(message)
 
 
 def _flush_notes(ctx: click.Context) -> None:
     note = _cache_note()
-    if not ctx.meta.get(_QUIET):
+    if not ctx.meta.get(_QUIET):  # --quiet
         for msg in [note] + _NOTES if note else _NOTES:
             _say(f"tracedx: {msg}")
     _NOTES.clear()
@@ -330,10 +353,10 @@ def _label(message: str) -> str:
 
 
 @contextlib.contextmanager
-def _spinner(message: str, quiet: bool = False):
+def _spinner(message: str):
     """A :class:`_Progress` while a command reads and diagnoses (``message`` is its first
-    stage), off when stderr is not a terminal or ``quiet``."""
-    bar = _Progress(sys.stderr.isatty() and not quiet)
+    stage), off when stderr is not a terminal or under ``--quiet``."""
+    bar = _Progress(sys.stderr.isatty() and not _quiet())
     bar.update(message)
     try:
         yield bar
@@ -439,13 +462,9 @@ def _load_and_diagnose(
     metavar="N",
     help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
 )
-@click.option(
-    "--quiet", "-q", is_flag=True,
-    help="No progress bar, and no notes on stderr (what came from the cache, its upkeep); "
-    "errors still print.",
-)  # fmt: skip
+@_quiet_option
 def diagnose(
-    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, quiet, **analysis
+    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, **analysis
 ):
     """Where the time goes, what binds it, and what each fix is worth.
 
@@ -459,18 +478,17 @@ def diagnose(
     """
     from tracedx.job.discover import expand_inputs
 
-    click.get_current_context().meta[_QUIET] = quiet
     files = expand_inputs(trace_paths)
     if len(files) > 1:
         if max_step_ms is not None:
             raise TraceError("--max-step-ms checks one trace, not a job's traces")
         analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
         where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
-        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
+        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if _quiet() else None)
         return
     from tracedx.report import render
 
-    with _spinner(f"reading {files[0]}", quiet) as status:
+    with _spinner(f"reading {files[0]}") as status:
         # a cached result comes back as its document (a dict), which the report renders from
         diag = _load_and_diagnose(files[0], **analysis, status=status, document=True)
         if isinstance(diag, dict) and (html_path or max_step_ms is not None):
@@ -480,7 +498,7 @@ def diagnose(
     click.echo(render(doc, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
     if max_step_ms is not None:
         st = diag.step_time
         if st["ms"] is None:
@@ -511,7 +529,7 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
         from tracedx.report.job_html import write_job_html
 
         _write_html(jd, html_path, write_job_html)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
 
 
 def _job_options(analysis: dict) -> dict:
@@ -658,6 +676,7 @@ def calibrate(out_file, quick):
     help="The HTML file to write.",
 )
 @_analysis_options
+@_quiet_option
 def report(trace_path, out_path, **analysis):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE.
 
@@ -687,6 +706,7 @@ def report(trace_path, out_path, **analysis):
     "for a job's traces, the folder for one annotated trace per rank [default: annotated].",
 )
 @_analysis_options
+@_quiet_option
 def annotate(trace_paths, out_path, **analysis):
     """Write TRACE with what tracedx found laid on its timeline, for the Perfetto UI.
 
@@ -705,7 +725,7 @@ def annotate(trace_paths, out_path, **analysis):
         from tracedx.job.load import load_job
 
         options = _job_options(analysis)  # summarize_path and diagnose take the same ones
-        jd = diagnose_job(load_job(files, **options))
+        jd = diagnose_job(load_job(files, progress=False if _quiet() else None, **options))
         done = perfetto.annotate_job(jd, out_path or "annotated", **options)
     else:
         out = out_path or "annotated.json.gz"
@@ -755,6 +775,7 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     default=None,
     help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
 )
+@_quiet_option
 def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache, fail_pct):
     """Re-measure: BEFORE against AFTER, and the fix's estimate against what it achieved.
 
@@ -784,7 +805,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         from tracedx.report.diff_html import write_diff_html
 
         _write_html(td, html_path, write_diff_html)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
     if fail_pct is not None:
         c = td.step_change
         if c["basis"] is None:
