@@ -557,6 +557,30 @@ def test_progress_bar_follows_the_bytes_read_and_waits_before_showing(tmp_path):
     assert not quick.shown  # a read shorter than the delay prints nothing
 
 
+def test_progress_line_fits_an_80_column_terminal_with_a_long_path(tmp_path):
+    """A long path is cut at its start (the stage and the file name's end kept), so the bar,
+    the bytes read and the clock stay on one 80-column line."""
+    import io
+
+    from rich.console import Console
+
+    from tracedx.cli import _Progress
+
+    path = tmp_path / ("a" * 60) / "resnet_train-bf16-cl-1000MB.json"
+    path.parent.mkdir()
+    path.write_bytes(b" " * 1000)
+    bar = _Progress(True, after_s=100.0, console=Console(file=io.StringIO(), width=80))
+    bar.reading(str(path))(600)
+    bar.close()
+    # 80 columns less 52 for the other columns: 28 for the text, "reading " and "…" 9 of them
+    assert bar._bar.tasks[0].description == "reading …bf16-cl-1000MB.json"
+    screen = Console(file=io.StringIO(), width=80)
+    screen.print(bar._bar.get_renderable())
+    [line] = screen.file.getvalue().splitlines()
+    assert line.startswith("⠋ reading …") and line.endswith("0.6/1.0 kB 0:00:00")
+    assert len(line) <= 80
+
+
 def test_no_progress_output_when_stderr_is_not_a_terminal():
     r = CliRunner().invoke(main, ["diagnose", str(SAMPLES / "add_loop-eager.json.gz")])
     assert r.exit_code == 0 and r.stderr == ""

@@ -310,7 +310,7 @@ class _Progress:
                 return Text(str(timedelta(seconds=int(task.elapsed or 0))), "progress.elapsed")
 
         self._bar = Progress(
-            Spinner(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            Spinner(), TextColumn("{task.description}"), BarColumn(BAR_COLUMNS), DownloadColumn(),
             Elapsed(), console=console or Console(stderr=True), transient=True,
         )  # fmt: skip
         self._task = self._bar.add_task("starting", total=None)
@@ -330,26 +330,45 @@ class _Progress:
 
         total = os.path.getsize(path) if os.path.isfile(path) else None
         self._bar.update(
-            self._task, description=_label(f"reading {path}"), total=total, completed=0
+            self._task, description=self._label(f"reading {path}"), total=total, completed=0
         )
         return lambda n: self._bar.update(self._task, completed=n)
 
     def update(self, message: str) -> None:
         if self.enabled:
-            self._bar.update(self._task, description=_label(message))
+            self._bar.update(self._task, description=self._label(message))
 
     def close(self) -> None:
         if self.enabled:
             self._timer.cancel()
             self._bar.stop()
 
+    def _label(self, message: str) -> str:
+        """The bar's text, shortened to what the line leaves it (:func:`_label`)."""
+        return _label(message, self._bar.console.width - _OTHER_COLUMNS)
 
-def _label(message: str) -> str:
-    """A progress bar's text: escaped (paths may hold control characters) and literal (rich
-    markup such as ``[red]`` in a path stays as written)."""
+
+BAR_COLUMNS = 20
+"""The bar's own width in the progress line."""
+_OTHER_COLUMNS = BAR_COLUMNS + 32
+"""What the line's other columns take: spinner, bytes read (``0.6/1.1 GB``), elapsed time and
+the spaces between them."""
+
+
+def _label(message: str, width: int = 200) -> str:
+    """A progress bar's text: escaped (paths may hold control characters), literal (rich
+    markup such as ``[red]`` in a path stays as written) and at most ``width`` characters (at
+    least 20), a long path cut at its start: ``reading …-bf16-cl-1000MB.json`` keeps the stage
+    and the file name's end, so the line fits an 80-column terminal."""
     from rich.markup import escape
 
-    return escape(term(message, 200))
+    text = term(message, 200)
+    width = max(width, 20)
+    if len(text) > width:
+        verb, _, rest = text.partition(" ")
+        head = verb + " " if rest and len(verb) < width // 2 else ""
+        text = head + "…" + text[len(text) - (width - len(head) - 1) :]
+    return escape(text)
 
 
 @contextlib.contextmanager
