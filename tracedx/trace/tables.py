@@ -121,11 +121,17 @@ def _shapes(v: Any) -> list[list[int]] | None:
         return None
     out = []
     for d in v:
-        if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+        # the types and the range checked at C speed (JSON gives no int subclass but bool)
+        if type(d) is not list or not set(map(type, d)) <= _INT:
+            out.append([])
+        elif d and not (-(2**63) <= min(d) and max(d) < 2**63):
             out.append([x if -(2**63) <= x < 2**63 else 0 for x in d])
         else:
-            out.append([])
+            out.append(d)
     return out
+
+
+_INT = frozenset((int,))
 
 
 def _strs(v: Any) -> list[str] | None:
@@ -292,16 +298,31 @@ class _Interner:
                 codes[k] = len(codes)
         return pl.Series([codes[k] for k in keys], dtype=pl.UInt32)
 
-    def decoded(self, field: int) -> list:
-        """Field ``field`` of each distinct key, in code order, decoded (None when absent or bad)."""
-        out = []
-        for key in self.codes:
-            raw = key.split(b"\x00")[field]
-            try:
-                out.append(msgspec.json.decode(raw) if raw else None)
-            except msgspec.DecodeError:
-                out.append(None)
-        return out
+    def decoded(self) -> list[list]:
+        """Each field of the distinct keys, in code order, decoded (None when absent or bad): one
+        list per field. A field's values are decoded in one call, as one JSON array (on the 10
+        MB benchmark trace, 1,200 calls of ``msgspec.json.decode`` took 3 of the tables' 10 ms);
+        a value that is not JSON makes that field's values decoded one by one."""
+        fields = list(zip(*(key.split(b"\x00") for key in self.codes), strict=True))
+        return [_decode_each(raws) for raws in fields] if fields else [[]] * self.n_fields
+
+
+_JSON = msgspec.json.Decoder()
+
+
+def _decode_each(raws: tuple[bytes, ...]) -> list:
+    """The JSON values ``raws`` decoded (``b""``: None), in one call when all are JSON."""
+    try:
+        return _JSON.decode(b"[" + b",".join([r or b"null" for r in raws]) + b"]")
+    except msgspec.DecodeError:
+        pass
+    out = []
+    for raw in raws:
+        try:
+            out.append(_JSON.decode(raw) if raw else None)
+        except msgspec.DecodeError:
+            out.append(None)
+    return out
 
 
 # Kind codes used while bucketing.
@@ -835,6 +856,7 @@ class TableBuilder:
     def finish(self) -> RawTables:
         parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*_KINDS, "comm", "memory")}
         self._interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
+        self._decoded: dict[str, list[list]] = {}  # _Interner.decoded, by kind
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.unknown: dict[str, int] = {}
@@ -1031,7 +1053,9 @@ class TableBuilder:
 
     def _values(self, kind: str, col: str, field: int) -> pl.Series:
         """Column ``col``'s value for each distinct key of ``kind``, in code order."""
-        uniq = self._interners[kind].decoded(field)
+        if kind not in self._decoded:
+            self._decoded[kind] = self._interners[kind].decoded()
+        uniq = self._decoded[kind][field]
         if kind == "kernel":
             i = "xyz".index(col[-1])
             return pl.Series([_dim3(v, i) for v in uniq], dtype=pl.Int64)
