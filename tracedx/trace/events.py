@@ -44,9 +44,9 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # host sync events (enable_cuda_sync_events)
     cuda_sync_kind: Any = None
     # cpu_op shapes (record_shapes=True), raw for the same reason as grid and block.
-    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     # python_function (with_stack=True)
     python_id: Any = msgspec.field(default=None, name="Python id")
     python_parent_id: Any = msgspec.field(default=None, name="Python parent id")
