@@ -98,6 +98,8 @@ def test_second_run_is_byte_identical_without_reading_or_diagnosing(trace, fmt, 
             "--no-cache reads the file)"
         )
     assert len(list(cache.entry_path(trace).glob("result-*.json"))) == 1
+    quiet = _run("diagnose", trace, "--format", fmt, "-q")  # --quiet: the same, no note
+    assert quiet.stdout == cold[fmt] and quiet.stderr == ""
 
 
 @pytest.mark.parametrize(
@@ -282,3 +284,17 @@ def test_a_calibration_that_is_not_a_regular_file_is_not_opened_for_the_key(trac
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_quiet_leaves_out_the_notes_of_every_command(trace, tmp_path):
+    """--quiet on diff, report and diagnose --html: the same stdout, and nothing on stderr (the
+    cache's note, "wrote FILE"); without it both notes are there."""
+    _run("diagnose", trace, "--format", "json")  # fills the cache
+    loud = _run("diff", trace, trace, "--html", str(tmp_path / "d.html"))
+    assert "using the cached tables" in _note(loud) and f"wrote {tmp_path}" in _note(loud)
+    quiet = _run("diff", trace, trace, "--html", str(tmp_path / "d.html"), "-q")
+    assert quiet.stdout == loud.stdout and quiet.stderr == ""
+    r = _run("report", trace, "-o", str(tmp_path / "r.html"), "--quiet")
+    assert r.stdout == f"{tmp_path / 'r.html'}\n" and r.stderr == ""
+    r = _run("diagnose", trace, "--html", str(tmp_path / "x.html"), "-q")
+    assert r.stderr == "" and (tmp_path / "x.html").stat().st_size

@@ -284,6 +284,9 @@ def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
         assert _unrelated_note(d(p["before"]), d(p["after"])) is None, p["pair"]
     note = _unrelated_note(d("add_loop-eager.json.gz"), d("resnet_train-fp32.json.gz"))
     assert note.startswith("BEFORE and AFTER share 0% of their tensor shapes (1 and 30 distinct)")
+    # matmul's one trailing shape (4096,) is also decode's hidden size: not enough to relate
+    note = _unrelated_note(d("matmul-fp32.json.gz"), d("decode-eager.json.gz"))
+    assert note.startswith("BEFORE and AFTER share 0% of their tensor shapes (1 and 28 distinct)")
     td = tracedx.diff(d("matmul-bf16.json.gz").trace, d("decode-eager.json.gz").trace)
     assert td.unrelated and td.notes[0] == td.unrelated
     assert f"WARNING: {td.unrelated}" in " ".join(td.to_text().split())
@@ -541,11 +544,41 @@ def test_progress_bar_follows_the_bytes_read_and_waits_before_showing(tmp_path):
     assert t.kernels.height and bar.shown
     assert task.total == path.stat().st_size and task.completed == path.stat().st_size
     assert task.description == "diagnosing"
+    # the read is finished (rich would freeze its clock and blank its spinner) but the command
+    # is not: the clock counts from the start, the spinner spins
+    task.start_time -= 5.0
+    spinner, *_, clock = bar._bar.columns
+    assert task.finished and str(clock.render(task)) == "0:00:05"
+    assert str(spinner.render(task)).strip()
     bar.close()
     quick = _Progress(True, after_s=5.0, console=Console(file=io.StringIO(), force_terminal=True))
     quick.reading(str(path))
     quick.close()
     assert not quick.shown  # a read shorter than the delay prints nothing
+
+
+def test_progress_line_fits_an_80_column_terminal_with_a_long_path(tmp_path):
+    """A long path is cut at its start (the stage and the file name's end kept), so the bar,
+    the bytes read and the clock stay on one 80-column line."""
+    import io
+
+    from rich.console import Console
+
+    from tracedx.cli import _Progress
+
+    path = tmp_path / ("a" * 60) / "resnet_train-bf16-cl-1000MB.json"
+    path.parent.mkdir()
+    path.write_bytes(b" " * 1000)
+    bar = _Progress(True, after_s=100.0, console=Console(file=io.StringIO(), width=80))
+    bar.reading(str(path))(600)
+    bar.close()
+    # 80 columns less 52 for the other columns: 28 for the text, "reading " and "…" 9 of them
+    assert bar._bar.tasks[0].description == "reading …bf16-cl-1000MB.json"
+    screen = Console(file=io.StringIO(), width=80)
+    screen.print(bar._bar.get_renderable())
+    [line] = screen.file.getvalue().splitlines()
+    assert line.startswith("⠋ reading …") and line.endswith("0.6/1.0 kB 0:00:00")
+    assert len(line) <= 80
 
 
 def test_no_progress_output_when_stderr_is_not_a_terminal():

@@ -71,10 +71,39 @@ def _cache_note() -> str | None:
     return f"{'; '.join(parts)} (in {cache_dir()}; --no-cache reads the {files})"
 
 
-def _flush_notes() -> None:
+_QUIET = "tracedx.quiet"
+"""The key in click's ``Context.meta`` (shared by a command and its group) that ``--quiet``
+sets: no progress bar, and the notes are not printed."""
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get(_QUIET))
+
+
+def _set_quiet(ctx: click.Context, _param, value: bool) -> None:
+    if value:
+        ctx.meta[_QUIET] = True
+
+
+_quiet_option = click.option(
+    "--quiet", "-q", is_flag=True, expose_value=False, callback=_set_quiet,
+    help="No progress bar, and no notes on stderr (files written, what came from the cache, "
+    "its upkeep); errors and FAIL lines still print.",
+)  # fmt: skip
+
+
+def _note(message: str) -> None:
+    """An informational line on stderr (a file written), left out under ``--quiet``."""
+    if not _quiet():
+        _say(message)
+
+
+def _flush_notes(ctx: click.Context) -> None:
     note = _cache_note()
-    for msg in [note] + _NOTES if note else _NOTES:
-        _say(f"tracedx: {msg}")
+    if not ctx.meta.get(_QUIET):  # --quiet
+        for msg in [note] + _NOTES if note else _NOTES:
+            _say(f"tracedx: {msg}")
     _NOTES.clear()
     _CACHE_USED.clear()
 
@@ -100,10 +129,10 @@ class _Group(click.Group):
         _CACHE_USED.clear()
         try:
             out = super().invoke(ctx)
-            _flush_notes()
+            _flush_notes(ctx)
             return out
         except click.exceptions.Exit:
-            _flush_notes()
+            _flush_notes(ctx)
             raise
         except TraceError as e:
             _say(f"tracedx: error: {e}", error=True)
@@ -257,6 +286,7 @@ class _Progress:
         if not enabled:
             return
         import threading
+        from datetime import timedelta
 
         from rich.console import Console
         from rich.progress import (
@@ -267,10 +297,21 @@ class _Progress:
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.text import Text
+
+        # rich stops the spinner and the clock of a finished task, and the read is finished once
+        # its bytes are in; the command is not: both go on through the later stages
+        class Spinner(SpinnerColumn):
+            def render(self, task):
+                return self.spinner.render(task.get_time())
+
+        class Elapsed(TimeElapsedColumn):
+            def render(self, task):
+                return Text(str(timedelta(seconds=int(task.elapsed or 0))), "progress.elapsed")
 
         self._bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-            TimeElapsedColumn(), console=console or Console(stderr=True), transient=True,
+            Spinner(), TextColumn("{task.description}"), BarColumn(BAR_COLUMNS), DownloadColumn(),
+            Elapsed(), console=console or Console(stderr=True), transient=True,
         )  # fmt: skip
         self._task = self._bar.add_task("starting", total=None)
         self._timer = threading.Timer(after_s, self._show)
@@ -289,33 +330,52 @@ class _Progress:
 
         total = os.path.getsize(path) if os.path.isfile(path) else None
         self._bar.update(
-            self._task, description=_label(f"reading {path}"), total=total, completed=0
+            self._task, description=self._label(f"reading {path}"), total=total, completed=0
         )
         return lambda n: self._bar.update(self._task, completed=n)
 
     def update(self, message: str) -> None:
         if self.enabled:
-            self._bar.update(self._task, description=_label(message))
+            self._bar.update(self._task, description=self._label(message))
 
     def close(self) -> None:
         if self.enabled:
             self._timer.cancel()
             self._bar.stop()
 
+    def _label(self, message: str) -> str:
+        """The bar's text, shortened to what the line leaves it (:func:`_label`)."""
+        return _label(message, self._bar.console.width - _OTHER_COLUMNS)
 
-def _label(message: str) -> str:
-    """A progress bar's text: escaped (paths may hold control characters) and literal (rich
-    markup such as ``[red]`` in a path stays as written)."""
+
+BAR_COLUMNS = 20
+"""The bar's own width in the progress line."""
+_OTHER_COLUMNS = BAR_COLUMNS + 32
+"""What the line's other columns take: spinner, bytes read (``0.6/1.1 GB``), elapsed time and
+the spaces between them."""
+
+
+def _label(message: str, width: int = 200) -> str:
+    """A progress bar's text: escaped (paths may hold control characters), literal (rich
+    markup such as ``[red]`` in a path stays as written) and at most ``width`` characters (at
+    least 20), a long path cut at its start: ``reading …-bf16-cl-1000MB.json`` keeps the stage
+    and the file name's end, so the line fits an 80-column terminal."""
     from rich.markup import escape
 
-    return escape(term(message, 200))
+    text = term(message, 200)
+    width = max(width, 20)
+    if len(text) > width:
+        verb, _, rest = text.partition(" ")
+        head = verb + " " if rest and len(verb) < width // 2 else ""
+        text = head + "…" + text[len(text) - (width - len(head) - 1) :]
+    return escape(text)
 
 
 @contextlib.contextmanager
-def _spinner(message: str, quiet: bool = False):
+def _spinner(message: str):
     """A :class:`_Progress` while a command reads and diagnoses (``message`` is its first
-    stage), off when stderr is not a terminal or ``quiet``."""
-    bar = _Progress(sys.stderr.isatty() and not quiet)
+    stage), off when stderr is not a terminal or under ``--quiet``."""
+    bar = _Progress(sys.stderr.isatty() and not _quiet())
     bar.update(message)
     try:
         yield bar
@@ -421,9 +481,9 @@ def _load_and_diagnose(
     metavar="N",
     help="Local worker processes for a job (default: from free memory, trace sizes, CPUs).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_quiet_option
 def diagnose(
-    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, quiet, **analysis
+    trace_paths, fmt, html_path, max_step_ms, scheduler, summaries_dir, workers, **analysis
 ):
     """Where the time goes, what binds it, and what each fix is worth.
 
@@ -443,11 +503,11 @@ def diagnose(
             raise TraceError("--max-step-ms checks one trace, not a job's traces")
         analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
         where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
-        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if quiet else None)
+        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if _quiet() else None)
         return
     from tracedx.report import render
 
-    with _spinner(f"reading {files[0]}", quiet) as status:
+    with _spinner(f"reading {files[0]}") as status:
         # a cached result comes back as its document (a dict), which the report renders from
         diag = _load_and_diagnose(files[0], **analysis, status=status, document=True)
         if isinstance(diag, dict) and (html_path or max_step_ms is not None):
@@ -457,7 +517,7 @@ def diagnose(
     click.echo(render(doc, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
     if max_step_ms is not None:
         st = diag.step_time
         if st["ms"] is None:
@@ -488,7 +548,7 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
         from tracedx.report.job_html import write_job_html
 
         _write_html(jd, html_path, write_job_html)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
 
 
 def _job_options(analysis: dict) -> dict:
@@ -635,6 +695,7 @@ def calibrate(out_file, quick):
     help="The HTML file to write.",
 )
 @_analysis_options
+@_quiet_option
 def report(trace_path, out_path, **analysis):
     """Write a self-contained HTML report (verdict, roofline, timeline, fixes) of TRACE.
 
@@ -664,6 +725,7 @@ def report(trace_path, out_path, **analysis):
     "for a job's traces, the folder for one annotated trace per rank [default: annotated].",
 )
 @_analysis_options
+@_quiet_option
 def annotate(trace_paths, out_path, **analysis):
     """Write TRACE with what tracedx found laid on its timeline, for the Perfetto UI.
 
@@ -682,7 +744,7 @@ def annotate(trace_paths, out_path, **analysis):
         from tracedx.job.load import load_job
 
         options = _job_options(analysis)  # summarize_path and diagnose take the same ones
-        jd = diagnose_job(load_job(files, **options))
+        jd = diagnose_job(load_job(files, progress=False if _quiet() else None, **options))
         done = perfetto.annotate_job(jd, out_path or "annotated", **options)
     else:
         out = out_path or "annotated.json.gz"
@@ -732,6 +794,7 @@ annotate.params = [p for p in annotate.params if p.name != "repair"]
     default=None,
     help="Also write an HTML report here (BEFORE and AFTER side by side, estimate vs achieved).",
 )
+@_quiet_option
 def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache, fail_pct):
     """Re-measure: BEFORE against AFTER, and the fix's estimate against what it achieved.
 
@@ -761,7 +824,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         from tracedx.report.diff_html import write_diff_html
 
         _write_html(td, html_path, write_diff_html)
-        _say(f"wrote {html_path}")
+        _note(f"wrote {html_path}")
     if fail_pct is not None:
         c = td.step_change
         if c["basis"] is None:

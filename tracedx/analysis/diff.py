@@ -1053,11 +1053,15 @@ pairs of them share 0-29%."""
 
 
 def _shape_set(d: Diagnosis, trailing: bool) -> set[tuple]:
+    """The distinct input shapes of the trace's ops; ``trailing``: without their first
+    dimension, kept only when two dimensions or more remain (a lone hidden size such as
+    ``(4096,)`` is common to unrelated programs: matmul-fp32's one ``(4096, 4096)`` and
+    decode-eager's ``(1, 4096)`` share it)."""
     out: set[tuple] = set()
     for row in d.trace.ops["input_shapes"].drop_nulls().to_list():
         for sh in row or []:
             key = tuple(sh[1:]) if trailing and sh else tuple(sh or ())
-            if key:
+            if len(key) >= (2 if trailing else 1):
                 out.add(key)
     return out
 

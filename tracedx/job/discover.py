@@ -23,7 +23,8 @@ File-name layouts, with their sources:
   ``torch.profiler.tensorboard_trace_handler``): the host name, not a rank (the summary reads
   the host name, ``tracedx.job.summary.TB_NAME_RE``).
 
-Nothing here reads a trace: this is pure bookkeeping over paths and summary metadata.
+Nothing here reads a trace: this is pure bookkeeping over paths and metadata (the summaries',
+or the files' heads for :func:`check_heads`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tracedx.errors import TraceError
 
 __all__ = [
     "RankSet",
+    "check_heads",
     "check_one_job",
     "expand_inputs",
     "is_url",
@@ -547,15 +549,51 @@ def check_one_job(
             f"these {len(entries)} traces share no collective and no distributedInfo: they are "
             "not one job; diagnose each alone"
         )
+    jobs = _rank_sets(ranks)
+    if len(jobs) == 1 and not singles:
+        return
+    others = ""
+    if singles:
+        gpu = all(m.get("device_name") for _, m in singles)
+        kind = "single-GPU" if gpu else "single-process"
+        others = f"{len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
+    raise TraceError(_refusal(jobs, others, [p for p, _ in entries]))
+
+
+def check_heads(entries: Sequence[tuple[str, Mapping]], files: Sequence[str]) -> None:
+    """Raise before any trace is read when ``(path, meta)`` entries, from the files' heads
+    (:func:`tracedx.trace.head.head_metadata`: ``rank``, ``world_size``, ``pg_config`` of
+    their ``distributedInfo``), already hold two whole rank sets or more: :func:`check_one_job`
+    would refuse them after summarising every rank. ``files``: every file given, head read or
+    not; those outside the rank sets are named as a count. Entries that are not surely ranks
+    (no world size or process group above 1) are left to the full check.
+
+    Raises :class:`~tracedx.errors.TraceError` as :func:`check_one_job` does."""
+    ranks = [(str(p), m) for p, m in entries if not _is_single(m, 0)]
+    jobs = _rank_sets(ranks)
+    if len(jobs) < 2:
+        return
+    rest = len(files) - len(ranks)
+    others = f"{rest} other file{'s' if rest != 1 else ''}" if rest else ""
+    raise TraceError(_refusal(jobs, others, files))
+
+
+def _rank_sets(ranks: Sequence[tuple[str, Mapping]]) -> list[list[tuple[str, Mapping]]]:
+    """The ranks' traces split by folder (a rank's own ``rank{N}/`` folder counted as its
+    parent) and world size when two of those groups or more are whole (:func:`_complete`);
+    else all of them as one job."""
     groups: dict[tuple[str, int | None], list[tuple[str, Mapping]]] = {}
     for path, meta in sorted(ranks, key=lambda e: str(e[0])):
         key = (_job_folder(str(path)), _as_int(meta.get("world_size")))
         groups.setdefault(key, []).append((str(path), meta))
     whole = sum(1 for g in groups.values() if _complete(g))
-    jobs = list(groups.values()) if whole >= 2 else [[(str(p), m) for p, m in ranks]]
-    if len(jobs) == 1 and not singles:
-        return
-    top = _common([os.path.dirname(str(p)) or "." for p, _ in entries])
+    return list(groups.values()) if whole >= 2 else [[(str(p), m) for p, m in ranks]]
+
+
+def _refusal(jobs: list[list[tuple[str, Mapping]]], others: str, paths: Sequence) -> str:
+    """The one line refusing ``jobs`` (rank sets) beside ``others`` (a count of other
+    traces, or ""), found among ``paths``."""
+    top = _common([os.path.dirname(str(p)) or "." for p in paths])
     names = ", ".join(_job_name(job, top) for job in jobs)
     # whole rank sets side by side: two runs, or two profiling windows of one run
     # (torchtitan's iteration_10/, iteration_20/); the traces cannot tell which
@@ -567,12 +605,10 @@ def check_one_job(
     else:
         found = f"{len(jobs)} whole rank sets, separate jobs or profiling windows ({names})"
         one = "one of these folders"
-    if singles:
-        gpu = all(m.get("device_name") for _, m in singles)
-        kind = "single-GPU" if gpu else "single-process"
-        found += f" and {len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
+    if others:
+        found += f" and {others}"
     where = "the inputs hold" if not top else f"{'this folder' if top == '.' else top + '/'} holds"
-    raise TraceError(f"{where} {found}; diagnose {one}, or one trace")
+    return f"{where} {found}; diagnose {one}, or one trace"
 
 
 def _job_name(job: list[tuple[str, Mapping]], top: str | None) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import polars as pl
 
 from tracedx.errors import TraceError
-from tracedx.job.discover import expand_inputs, resolve_ranks
+from tracedx.job.discover import check_heads, expand_inputs, is_url, resolve_ranks
 
 __all__ = ["load_job"]
 
@@ -66,6 +66,7 @@ def load_job(
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     files = expand_inputs(items)
+    _check_heads(files)
     from tracedx.job.executor import map_ranks
 
     results = map_ranks(
@@ -78,6 +79,25 @@ def load_job(
         workers=workers,
     )
     return assemble_job([(r.path, r.summary, r.note) for r in results], Job)
+
+
+def _check_heads(files: list[str]) -> None:
+    """Refuse two whole rank sets or more from the files' heads, before any summary
+    (:func:`~tracedx.job.discover.check_heads`). Two rank sets need at least four files; URLs
+    are left to the workers, which read them anyway (a head each from the client would be a
+    round trip per rank)."""
+    if len(files) < 4 or any(is_url(f) for f in files):
+        return
+    from tracedx.trace.head import head_metadata
+
+    entries = []
+    for path in files:
+        head = head_metadata(path)
+        dist = head.get("distributedInfo") if head else None
+        if isinstance(dist, dict):
+            keys = ("rank", "world_size", "pg_config")
+            entries.append((path, {k: dist.get(k) for k in keys}))
+    check_heads(entries, files)
 
 
 def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
