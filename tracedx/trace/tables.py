@@ -301,19 +301,8 @@ class _Interner:
 _JSON = msgspec.json.Decoder()
 
 
-def _json_array(raws: tuple[bytes, ...]) -> bytes:
-    """The JSON values ``raws`` (``b""``: null) as one JSON array."""
-    return b"[" + b",".join([r or b"null" for r in raws]) + b"]"
-
-
 def _decode_each(raws: tuple[bytes, ...]) -> list:
-    """The JSON values ``raws`` decoded (``b""``: None), in one call when all are JSON (1,200
-    calls of ``msgspec.json.decode`` took 3 ms on the 10 MB benchmark trace); one by one
-    otherwise, a value that is not JSON read as None."""
-    try:
-        return _JSON.decode(_json_array(raws))
-    except msgspec.DecodeError:
-        pass
+    """The JSON values ``raws`` decoded (None for ``b""`` and for a value that is not JSON)."""
     out = []
     for raw in raws:
         try:
@@ -336,18 +325,20 @@ def _plain_column(raws: tuple[bytes, ...], col: str) -> pl.Series | None:
     """Column ``col`` of the cpu ops' interned ``raws``, parsed by polars from the raw JSON,
     when :func:`_shapes` or :func:`_strs` would keep every value as it is (checked by a typed
     decoder: lists of int64 or of strings, or absent) and no string has an escape (the
-    decoders could differ on a lone surrogate); else None. On the 10 MB benchmark trace's
-    354 distinct op keys, 1.2 ms instead of the 4.7 ms of decoding, checking and encoding
-    each value in Python."""
-    text = _json_array(raws)
+    decoders could differ on a lone surrogate); else None. With the kernels' launch shapes
+    decoded once per field (not once per column), the 10 MB benchmark trace's 354 distinct
+    op keys and 65 launch shapes take 1.1 ms instead of 2.4 (decoding, checking and encoding
+    each value in Python; best of 30, collector off as in a load)."""
+    text = b"[" + b",".join([r or b"null" for r in raws]) + b"]"  # b"": absent
     if b"\\" in text:
         return None
-    try:
-        _PLAIN[col].decode(text)
-    except msgspec.ValidationError:
-        return None
     dtype = _SCHEMAS["cpu_op"][col]
-    out = pl.Series([r.decode() if r else None for r in raws], dtype=pl.Utf8).str.json_decode(dtype)
+    try:
+        _PLAIN[col].decode(text)  # (a ValidationError is a DecodeError)
+        text_col = pl.Series([r.decode() if r else None for r in raws], dtype=pl.Utf8)
+        out = text_col.str.json_decode(dtype)
+    except (msgspec.DecodeError, pl.exceptions.PolarsError):
+        return None
     return out if out.dtype == dtype else None
 
 
