@@ -287,3 +287,16 @@ def test_pinned_copies_of_no_measured_duration_give_no_bandwidth(tmp_path):
     d = diagnose(tracedx.load(b.write(tmp_path / "zero.json")))
     [pinned] = [f for f in d.findings if f.fix == "pinned-memory"]
     assert "pinned copies at 50 GB/s (assumed: PCIe Gen5 x16" in pinned.derivation
+
+
+def test_markdown_top_ops_tell_same_named_ops_apart_by_their_inputs():
+    """decode-eager's top ops hold four aten::addmm groups: the markdown table gives each its
+    input shapes (bias, activation, weight), as the text report does where names repeat."""
+    from tests.conftest import SAMPLES
+    from tracedx.report import render
+
+    md = render(tracedx.diagnose(tracedx.load(SAMPLES / "decode-eager.json.gz")), "md")
+    rows = [r for r in md.splitlines() if r.startswith("| `aten::addmm` |")]
+    inputs = [r.split(" | ")[1] for r in rows]
+    assert len(rows) == 4 and len(set(inputs)) == 4
+    assert "1024,1x1024,1024x1024" in inputs

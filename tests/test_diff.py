@@ -619,3 +619,10 @@ def test_a_trace_against_itself_takes_the_same_time():
         "AFTER takes the same time (unprofiled median step 1.316 -> 1.316 ms)"
     )
     assert d["step_change"]["speedup"] == 1.0 and not d["step_change"]["regression"]
+
+
+def test_copy_sizes_in_the_diff_table_read_in_a_unit_that_fits():
+    from tracedx.report.diff_report import _num
+
+    got = [_num(v, "MiB, median") for v in (0.0, 1000 / 2**20, 0.5, 3.25)]
+    assert got == ["0.0 MiB", "1,000 bytes", "512.0 KiB", "3.2 MiB"]

@@ -160,7 +160,7 @@ def test_job_diagnosis_repr_card_and_formats(tmp_path):
 
     assert jd.to_text() == render_text(jd) and jd.to_markdown() == render_markdown(jd)
     rows = [x for x in jd.to_text().splitlines() if x.startswith("     0 vm ")]
-    assert rows and rows[0].endswith("load imbalance (waits for rank 1)")  # a rank's row, unwrapped
+    assert rows and rows[0].endswith("  waits for rank 1")  # a rank's row, unwrapped
     assert len(rows[0]) <= 100
     page = _no_nonce(jd.to_html())
     assert page == _no_nonce(render_job_html(jd))

@@ -130,6 +130,15 @@ def test_gloo_host_straggler_sample_names_rank_1_for_host_work():
     assert jd.straggler.cause == "host work"
     bal = next(f for f in jd.findings if f.fix == "balance-ranks")
     assert bal.estimated_speedup > 1.5
+    # the 30 ms spin is host time outside ops and collectives: "other", per rank-step the step
+    # less compute and exposed communication (no GPU: no idle)
+    s = jd.steps
+    assert s["other_us"].to_list() == pytest.approx(
+        (s["step_time_us"] - s["compute_us"] - s["exposed_comm_us"]).clip(0).to_list()
+    )
+    other = dict(zip(jd.ranks["rank"], jd.ranks["other_us"], strict=True))
+    assert other[1] > 30_000 > 2_000 > other[0]
+    assert "other 47% (3-92% over ranks)" in " ".join(jd.evidence)
 
 
 def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path, monkeypatch):

@@ -170,7 +170,7 @@ def test_cli_html_of_a_job_writes_the_job_page(host_job, tmp_path):
     assert r.exit_code == 0, r.stderr
     page = out.read_text(encoding="utf-8")
     table = page[page.index("id='ranks'") : page.index("</table>", page.index("id='ranks'"))]
-    rows = [x.split("'")[0] for x in table.split("<td data-v='")[1::13]]  # 13 columns
+    rows = [x.split("'")[0] for x in table.split("<td data-v='")[1::14]]  # 14 columns
     assert "tracedx job report" in page and rows == ["0", "1", "2", "3"]
 
 

@@ -218,6 +218,7 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
         "exposed_unsplit_us",
         "overlap_ratio",
         "idle_us",
+        "other_us",
         "transfer_us",
     ]
     have = [c for c in cols if c in steps.columns]
@@ -332,6 +333,7 @@ def _typical(steps: pl.DataFrame, ranks: pl.DataFrame) -> dict[str, Any]:
         "exposed_transfer_us": typ("exposed_transfer_us"),
         "exposed_unsplit_us": typ("exposed_unsplit_us"),
         "idle_us": typ("idle_us"),
+        "other_us": typ("other_us"),
         "transfer_us": typ("transfer_us"),
         "load_balance": lb,
         "communication_efficiency": umax / T if umax is not None and T else None,
@@ -635,11 +637,11 @@ def _step_lines(ranks: pl.DataFrame, typ: dict[str, Any], gpu: bool) -> list[str
             f"; the ranks' own median steps {lo / 1e3:.3f} to {hi / 1e3:.3f} ms (spread "
             f"{(hi - lo) / T:.1%} of the step)"
         )
-    U, E, X, gi = (
-        typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
-    )
-    parts = f"compute {_pct(U, T)}, exposed wait {_pct(E, T)}, exposed transfer {_pct(X, T)}"
-    parts += f", GPU idle {_pct(gi, T)}" if gpu else ""
+    names = {"compute_us": "compute", "exposed_wait_us": "exposed wait"}
+    names |= {"exposed_transfer_us": "exposed transfer"}
+    names |= {"idle_us": "GPU idle"} if gpu else {}
+    names |= {"other_us": "other"}
+    parts = ", ".join(f"{n} {_pct(typ[c], T)}{_spread(ranks, c, T)}" for c, n in names.items())
     out = [
         step,
         "the median rank's step (per figure, the median over ranks of each rank's median "
@@ -651,6 +653,20 @@ def _step_lines(ranks: pl.DataFrame, typ: dict[str, Any], gpu: bool) -> list[str
             "median compute per step"
         )
     return out
+
+
+SPREAD_SHOWN = 0.10
+"""A part of the typical step whose ranks' medians span at least this share of the step gets
+its range over ranks beside it: with two ranks, a straggler's 0% wait and its peer's 91% have
+a median of 45% that no rank has."""
+
+
+def _spread(ranks: pl.DataFrame, c: str, T: float | None) -> str:
+    """`` (A-B% over ranks)`` when column ``c``'s medians span at least SPREAD_SHOWN of ``T``."""
+    v = ranks[c].drop_nulls().to_list() if c in ranks.columns else []
+    if len(v) < 2 or not T or (max(v) - min(v)) / T < SPREAD_SHOWN:
+        return ""
+    return f" ({100 * min(v) / T:.0f}-{100 * max(v) / T:.0f}% over ranks)"
 
 
 def _idle_medians(job: Job) -> dict[str, float]:

@@ -300,6 +300,7 @@ STEP_COLUMNS = (
     "last_arrivals",
     "collectives",
     "idle_us",
+    "other_us",
 )
 
 
@@ -314,7 +315,9 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
     communication), ``wait_us`` (sum of the rank's waits), ``transfer_us`` (communication
     alone, M: the union of its kernels' transfer parts ``[end - tau, end]``, so concurrent
     collectives count once), ``last_arrivals``,
-    ``collectives`` (fully matched), the ``idle_*`` columns of the summary.
+    ``collectives`` (fully matched), the ``idle_*`` columns of the summary, ``other_us`` (the
+    rest of the step: step time - U - X - GPU idle, at least 0; on a CPU-only rank the host time
+    outside its ops and collectives, such as Python between them).
     E and the exposed transfer are null (and unsplit = X) where the rank-step has communication
     but no fully matched collective (waiting cannot be split from one rank's trace).
     """
@@ -382,6 +385,12 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
                 overlap_ratio=pl.when(pl.col("comm_us") > 0)
                 .then(pl.col("comm_overlap_us") / pl.col("comm_us"))
                 .otherwise(None),
+                other_us=(
+                    pl.col("step_time_us")
+                    - pl.col("compute_us").fill_null(0.0)
+                    - pl.col("exposed_comm_us").fill_null(0.0)
+                    - (pl.col("idle_us") if "idle_us" in f.columns else pl.lit(None)).fill_null(0.0)
+                ).clip(lower_bound=0.0),
             )
         )
         frames = [f]

@@ -78,8 +78,10 @@ def _num(v, unit: str) -> str:
         return f"{v:.0%}"
     if unit.startswith("ms"):
         return f"{v:.3f} ms"
-    if "MiB" in unit:
-        return f"{v:.1f} MiB" if abs(v) >= 1 or v == 0 else f"{v:.3g} MiB"
+    if "MiB" in unit:  # under 1 MiB in KiB, under 1 KiB in bytes: never "0.000954 MiB"
+        if abs(v) >= 1 or v == 0:
+            return f"{v:.1f} MiB"
+        return f"{v * 1024:.1f} KiB" if abs(v) >= 1 / 1024 else f"{v * 2**20:,.0f} bytes"
     return f"{v:.1f}" if v != int(v) else f"{v:.0f}"
 
 

@@ -15,6 +15,11 @@ from tracedx.report.json import _clean
 SCHEMA = "tracedx.job/1"
 
 
+OTHER_SHOWN = 0.05
+"""The RANKS table shows the "other" column when some rank's other time is this share of its
+step or more."""
+
+
 def _ms(v) -> float | None:
     return None if v is None else round(v / 1e3, 6)
 
@@ -152,7 +157,12 @@ def verdict_line(d: dict, none: str = "no regime (see below)") -> str:
 
 
 def _rank_verdict(r: dict) -> str:
+    """A rank's verdict in the RANKS table; a waiting rank's "load imbalance (waits for rank
+    N)" shortened to "waits for rank N" (the job's bottleneck says load imbalance) so that the
+    row fits 100 columns."""
     regime, bott = r.get("regime"), r.get("bottleneck")
+    if bott and bott.startswith("load imbalance (waits for "):
+        bott = bott.removeprefix("load imbalance (").removesuffix(")")
     if regime:
         return f"{regime} ({bott or 'n/a'})"
     return bott or "n/a"
@@ -183,18 +193,25 @@ def render_text(jd) -> str:
     shown = _shown_ranks(d)
     # the host column as wide as its longest name (4 to 12), so the verdict fits 100 columns
     hw = max([4] + [min(12, len(str(r.get("host") or ""))) for r in shown])
+    # "other" (neither compute, exposed communication nor GPU idle: host time outside the ops
+    # of a CPU rank) gets a column where it is 5% of a rank's step or more
+    other = any(
+        (r.get("other_ms") or 0) >= OTHER_SHOWN * (r.get("step_time_ms") or float("inf"))
+        for r in d["ranks"]
+    )
     out.append(
         f"  {'rank':>4} {'host':<{hw}} {'step ms':>9} {'compute':>8} {'exp.wait':>8} "
-        f"{'exp.xfer':>8} {'overlap':>7} {'last in':>7}  verdict"
+        f"{'exp.xfer':>8}{' other' if other else ''} {'overlap':>7} {'last in':>7}  verdict"
     )
     for r in shown:
         ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
         last = f"{r.get('last_arrivals') or 0}/{r.get('collectives') or 0}"
+        rest = f" {_f(r.get('other_ms'), '.3f', ''):>6}" if other else ""
         out.append(
             f"  {r['rank']:>4} {str(r.get('host') or '')[:12]:<{hw}} "
             f"{_f(r.get('step_time_ms'), '.3f', ''):>9} {_f(r.get('compute_ms'), '.3f', ''):>8} "
             f"{_f(r.get('exposed_wait_ms'), '.3f', ''):>8} "
-            f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>8} {ov:>7} {last:>7}  "
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', ''):>8}{rest} {ov:>7} {last:>7}  "
             f"{_rank_verdict(r)}"
         )
     if len(shown) < n:
@@ -233,7 +250,7 @@ def render_text(jd) -> str:
     if not d["findings"]:
         out.append("  none")
     for i, f in enumerate(d["findings"], 1):
-        s = "inf" if f["local_speedup"] is None else f"{f['local_speedup']:.2f}"
+        s = "∞" if f["local_speedup"] is None else f"{f['local_speedup']:.1f}x"  # as one trace's
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
         out.append(
             f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms "

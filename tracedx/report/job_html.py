@@ -101,12 +101,13 @@ _PARTS = (
     ("exposed_transfer_us", "exposed transfer", KIND_COLORS["communication"], ""),
     ("exposed_wait_us", "exposed wait", HOST_COLORS["blocking sync"], "x"),
     ("idle_us", "GPU idle", CAUSE_COLORS["kernel launch"], "/"),
+    ("other_us", "other", CAUSE_COLORS["python"], "."),
 )
 
 
 def ranks_figure(jd) -> go.Figure:
-    """Per rank (medians over its steps, ms): compute, exposed transfer, exposed wait and GPU
-    idle, stacked, with the median step time as a marker. Compute on concurrent streams and
+    """Per rank (medians over its steps, ms): compute, exposed transfer, exposed wait, GPU
+    idle and other (the rest of the step: host time outside the ops of a CPU rank), stacked, with the median step time as a marker. Compute on concurrent streams and
     medians taken one by one need not add up to the step exactly."""
     title = "Each rank's step (medians, ms)"
     r = jd.ranks
@@ -214,6 +215,7 @@ _RANK_TABLE = (
     ("exposed transfer ms", "exposed_transfer_us", "ms"),
     ("overlap", "overlap_ratio", "pct"),
     ("GPU idle ms", "idle_us", "ms"),
+    ("other ms", "other_us", "ms"),
     ("wait in collectives ms (all steps)", "wait_total_us", "ms"),
     ("arrived last", "last_arrivals", "int"),
     ("collectives", "collectives", "int"),
@@ -314,7 +316,8 @@ def render_job_html(jd) -> str:
             "rank-steps",
             "Each rank's step",
             "Medians per rank: compute, exposed transfer (moving bytes with nothing to hide "
-            "it), exposed wait (hatched) and GPU idle; the black line is the step time.",
+            "it), exposed wait (hatched), GPU idle and other (the rest: host time outside ops "
+            "and collectives, such as Python between them); the black line is the step time.",
             ranks_figure(jd),
         ),
         f"<section id='collectives-section'><h2>Collectives</h2>{_collectives(jd)}</section>",

@@ -74,7 +74,7 @@ def estimate_label(f: dict, unit: str = " ms") -> str:
     return f"{ms:.3f}{unit} per step"
 
 
-def _shape_tag(shapes) -> str:
+def shape_tag(shapes) -> str:
     """``[[1024], [1, 1024], [1024, 3072], []]`` -> ``1024,1x1024,1024x3072`` (tensor inputs)."""
     try:
         return ",".join("x".join(str(x) for x in s) for s in shapes or [] if s)
@@ -243,8 +243,8 @@ def _op_lines(d: dict, every: str, width: int) -> list[str]:
     )
     for o in ops:
         label = o["name"]
-        if names.count(label) > 1 and _shape_tag(o["input_shapes"]):
-            label = f"{label} {_shape_tag(o['input_shapes'])}"
+        if names.count(label) > 1 and shape_tag(o["input_shapes"]):
+            label = f"{label} {shape_tag(o['input_shapes'])}"
         out.append(
             f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
             f"{_cell(o['intensity'], '8.1f'):>8} {_cell(o['achieved_tflops'], '8.1f'):>8} "
