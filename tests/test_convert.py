@@ -82,3 +82,27 @@ def test_a_repeated_name_is_stored_once():
     plain = pl.Series(names, dtype=pl.Utf8).fill_null("")
     assert len(pickle.dumps(col)) < len(pickle.dumps(plain)) / 2
     assert _str_col(names[:10]).to_list() == plain[:10].to_list()  # a few: stored as they are
+
+
+def test_op_shapes_and_types_read_by_polars_match_the_python_rules():
+    # the first table's values are all plain (read from the raw JSON by polars); each odd value
+    # of the second makes its column take the Python rules (_shapes, _strs), which must agree
+    plain = [
+        _op(1.0, **{"Input Dims": [[2, 3], [], [-(2**63)]], "Input type": ["float", ""],
+                    "Concrete Inputs": ["", "[1, 2]"]}),
+        _op(2.0, **{"Input Dims": [[2**63 - 1]], "Input type": ["c10::BFloat16"]}),
+        _op(3.0),
+    ]  # fmt: skip
+    ops = build_tables(_events(*plain)).ops
+    assert ops["input_shapes"].to_list() == [[[2, 3], [], [-(2**63)]], [[2**63 - 1]], None]
+    assert ops["input_dtypes"].to_list() == [["float", ""], ["c10::BFloat16"], None]
+    assert ops["concrete_inputs"].to_list() == [["", "[1, 2]"], None, None]
+    odd = [
+        _op(4.0, **{"Input Dims": [[2**63], [True], [1.5], 7, [[1]]], "Input type": [None, 3],
+                    "Concrete Inputs": ['say "caf\u00e9"']}),
+        _op(5.0, **{"Input Dims": {"a": 1}, "Input type": "float", "Concrete Inputs": [False]}),
+    ]  # fmt: skip
+    ops = build_tables(_events(*plain, *odd)).ops
+    assert ops["input_shapes"].to_list()[3:] == [[[0], [], [], [], []], None]
+    assert ops["input_dtypes"].to_list()[3:] == [["", "3"], None]
+    assert ops["concrete_inputs"].to_list()[3:] == [['say "caf\u00e9"'], ["False"]]

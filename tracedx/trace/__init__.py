@@ -27,7 +27,7 @@ from tracedx.trace.link import (
     link_gpu,
     link_launches_to_ops,
 )
-from tracedx.trace.source import TRUNCATED_NOTE
+from tracedx.trace.source import TRUNCATED_NOTE, collector_paused
 from tracedx.trace.tables import COMM_SCHEMA, DataWarning
 
 __all__ = ["DataWarning", "Trace", "load"]
@@ -367,6 +367,12 @@ def load(path: str | Path, *, repair: bool = False, progress=None) -> Trace:
         raise TraceFormatError(
             f"{p}: is a directory, not a trace file (a job's traces: tracedx.load_job)"
         )
+    with collector_paused():
+        return _load(p, repair, progress)
+
+
+def _load(p: Path, repair: bool, progress) -> Trace:
+    """:func:`load` of a path that is not a directory."""
     doc, repairs, raw = read_tables(p, repair=repair, progress=progress)  # B/E paired as X
     # the decoded events are gone: the heap they left free goes back
     trim_heap(max(raw.ops.height, raw.launches.height, raw.kernels.height))
