@@ -300,3 +300,31 @@ def test_markdown_top_ops_tell_same_named_ops_apart_by_their_inputs():
     inputs = [r.split(" | ")[1] for r in rows]
     assert len(rows) == 4 and len(set(inputs)) == 4
     assert "1024,1x1024,1024x1024" in inputs
+
+
+def test_busy_share_is_busy_over_step_and_a_gap_to_100_is_explained():
+    """add_loop-cudagraph: median step 0.824 ms, GPU busy 0.528 ms = 64% of it (it read 60%, one
+    minus the idle share), idle 40%: the graph's kernels run past their step's window, so the
+    two medians miss 100% by 4 points and the line says why; attention-sdpa's 99% + 0% do not."""
+    from tests.conftest import SAMPLES
+
+    ev = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz")).evidence
+    line = next(e for e in ev if e.startswith("median step"))
+    assert line.startswith("median step 0.824 ms: GPU busy 0.528 ms (64%), idle 40% (medians of")
+    ev = tracedx.diagnose(tracedx.load(SAMPLES / "attention-sdpa.json.gz")).evidence
+    line = next(e for e in ev if e.startswith("median step"))
+    assert line.endswith("(99%), idle 0%")
+
+
+def test_overhead_verdict_names_its_bottleneck_idle_time():
+    """convnet_dataloader-main: host work, the GPU idle in the DataLoader's __next__ 215.717 ms
+    of a 223.781 ms step (96%), a line the text verdict shows (the idle-by-cause line is only
+    below it)."""
+    from tests.conftest import SAMPLES
+    from tracedx.report import render
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "convnet_dataloader-main.json.gz"))
+    want = "host work: GPU idle in dataloader 215.717 ms per step (medians; 96% of the step)"
+    assert d.bottleneck == "host work" and want in d.evidence
+    verdict = render(d, "text").split("WHERE THE TIME GOES")[0]
+    assert want in " ".join(verdict.split())
