@@ -347,3 +347,15 @@ def test_a_cost_per_host_event_beyond_the_usual_says_where_it_comes_from():
     plain = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-eager.json.gz"))  # 1.3 us
     [note] = [n for n in plain.notes if "of profiler cost per host event" in n]
     assert note.endswith("with 1.3 us of profiler cost per host event taken out")
+
+
+def test_a_compute_bound_op_over_its_roof_blames_the_peaks_not_the_cache():
+    """matmul-fp32 (an H200 trace) diagnosed with --device A100: aten::mm at 682.7 FLOP/B is
+    compute-bound and ran at 264% of the A100's fp32 peak; a cache cannot explain a compute
+    roof, so the note says the peaks used are below this GPU's, never 'data in the L2 cache'."""
+    from tests.conftest import SAMPLES
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "matmul-fp32.json.gz"), device="A100")
+    [note] = [n for n in d.notes if "faster than the roofline allows" in n]
+    assert "aten::mm at 264% of its bound, compute-bound at 683 FLOP/B" in note
+    assert "L2" not in note and "are below this GPU's: check --device" in note

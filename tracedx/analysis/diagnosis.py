@@ -770,12 +770,22 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
             "explains that much; its kernel durations or its FLOP and byte counts (input "
             "shapes) are corrupt, and its roofline numbers are not to be trusted"
         ]
+    peaks = spec.source if spec else "none"
+    if worst.get("regime") == "compute":
+        # its roof is the compute peak: no cache raises that
+        return [
+            f"{over.height} op group(s) ran faster than the roofline allows (the farthest: "
+            f"{worst['name']} at {worst['bound_fraction']:.0%} of its bound, compute-bound at "
+            f"{worst['intensity']:.0f} FLOP/B): its roof is the compute peak, which no cache "
+            f"raises, so the peaks used ({peaks}) are below this GPU's: check --device, or "
+            "measure them with `tracedx calibrate`"
+        ]
     return [
         f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
         f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
         "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
         "faster than device memory allows; when an op's data per call is well over the "
-        f"L2 size, the peaks used ({spec.source if spec else 'none'}) are below this "
+        f"L2 size, the peaks used ({peaks}) are below this "
         "GPU's: check --device, or measure them with `tracedx calibrate`"
     ]
 
