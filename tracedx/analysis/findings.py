@@ -471,7 +471,9 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
         f"{kernels_label(m.kernels)} per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
-        f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
+        f"host time in the ops that launch GPU work, which a replay skips: "
+        f"{_ms(max(m.host_us - m.host_no_gpu_us, 0.0))} per step; the GPU idles "
+        f"{_ms(launch_idle)} of the step on launches, Python between ops and queued kernels",
     ]
     if m.per_kernel_host_us:
         ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")
@@ -482,8 +484,8 @@ def cuda_graphs(m: StepModel) -> Finding | None:
             "remove them first (remove-host-sync) to capture the whole step",
         )
     deriv = (
-        f"removed launch gaps: host {_ms(m.host_us)} -> {_ms(h2)} "
-        f"(replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU time (busy + queued gaps) "
+        f"launching ops replayed: host {_ms(m.host_us)} -> {_ms(h2)} (the ops that launch "
+        f"nothing stay; replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU time (busy + queued gaps) "
         f"{_ms(m.gpu_us)} -> {_ms(g2)} (busy + {GRAPH_GPU_GAP_US_PER_KERNEL} us/kernel in-graph gaps); "
         "the step cannot get faster than its GPU busy time"
     )
