@@ -776,7 +776,7 @@ def larger_batch(
     new_step = new_per_batch * k
     ev = [
         f"GPU idle {idle_fraction:.0%} of the step; at {k:g}x the batch the GPU time grows "
-        f"{grow(k):.2f}x (step {_ms(m.predict())} -> ~{_ms(new_step)} for {k:g}x the samples)",
+        f"{grow(k):.2f}x and the step {new_step / m.predict():.2f}x for {k:g}x the samples",
     ]
     if memory is None:
         ev.append("memory headroom unknown: no [memory] events (tracedx capture --profile-memory)")
@@ -811,7 +811,7 @@ def larger_batch(
         m,
         "larger-batch",
         f"Increase the batch size ({k:g}x) to fill the idle GPU",
-        m.step_us - m.busy_us,
+        m.predict(),  # the whole step serves more samples: f = 100%, s the per-sample speedup
         new_per_batch,
         deriv,
         ev,
