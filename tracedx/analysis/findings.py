@@ -699,7 +699,9 @@ def torch_compile(
       diagnosis.compile_region_host) goes in the share of the kernels that fuse away (kernels
       removed / kernels). Not all of it: Inductor's Python wrapper launches the kernels that
       stay at about the cost the eager step paid for them, Python included (gpt2_decode,
-      unprofiled: 21.2 us per kernel eager, 20.6 us compiled).
+      unprofiled: 21.2 us per kernel eager, 20.6 us compiled). None in a step replayed from
+      CUDA graphs: a replay runs none of the model's Python per op (add_loop-cudagraph's 0.816
+      ms of Python between ops is the loop around one replay of 500 kernels).
     - Ops that launch nothing inside the model and the autograd engine's own time per backward
       node (``no_gpu_us``, with ``no_gpu_events`` recorded events): one compiled forward and one
       compiled backward replace them, so they go (their events' profiler cost at most their
@@ -710,7 +712,12 @@ def torch_compile(
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
     per_k = removed_host_us / kernels_removed
-    py_removed = python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels else 0.0
+    # a step replayed from CUDA graphs runs none of the model's code per op: its Python between
+    # ops is the loop around the replays, which fusing the graph's kernels does not remove
+    replayed = m.graph_replays >= 1
+    py_removed = (
+        python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels and not replayed else 0.0
+    )
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
     # each part goes with its recorded events (Python between ops has none)
