@@ -359,3 +359,14 @@ def test_a_compute_bound_op_over_its_roof_blames_the_peaks_not_the_cache():
     [note] = [n for n in d.notes if "faster than the roofline allows" in n]
     assert "aten::mm at 264% of its bound, compute-bound at 683 FLOP/B" in note
     assert "L2" not in note and "are below this GPU's: check --device" in note
+
+
+def test_torch_compile_of_a_replayed_graph_keeps_the_python_around_it():
+    """add_loop-cudagraph replays one graph of 500 add_ kernels per step: its 0.816 ms of Python
+    between ops is the loop around the replay, not the model's code per op, so fusing the
+    graph's kernels saves none of it (it claimed 0.815 ms, more than the 0.436 ms step)."""
+    from tests.conftest import SAMPLES
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz"))
+    f = next(f for f in d.findings if f.fix == "torch-compile")
+    assert "0.000 ms of the model's 0.816 ms of Python between ops" in f.derivation
