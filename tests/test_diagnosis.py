@@ -300,3 +300,73 @@ def test_markdown_top_ops_tell_same_named_ops_apart_by_their_inputs():
     inputs = [r.split(" | ")[1] for r in rows]
     assert len(rows) == 4 and len(set(inputs)) == 4
     assert "1024,1x1024,1024x1024" in inputs
+
+
+def test_busy_share_is_busy_over_step_and_a_gap_to_100_is_explained():
+    """add_loop-cudagraph: median step 0.824 ms, GPU busy 0.528 ms = 64% of it (it read 60%, one
+    minus the idle share), idle 40%: the graph's kernels run past their step's window, so the
+    two medians miss 100% by 4 points and the line says why; attention-sdpa's 99% + 0% do not."""
+    from tests.conftest import SAMPLES
+
+    ev = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz")).evidence
+    line = next(e for e in ev if e.startswith("median step"))
+    assert line.startswith("median step 0.824 ms: GPU busy 0.528 ms (64%), idle 40% (medians of")
+    ev = tracedx.diagnose(tracedx.load(SAMPLES / "attention-sdpa.json.gz")).evidence
+    line = next(e for e in ev if e.startswith("median step"))
+    assert line.endswith("(99%), idle 0%")
+
+
+def test_overhead_verdict_names_its_bottleneck_idle_time():
+    """convnet_dataloader-main: host work, the GPU idle in the DataLoader's __next__ 215.717 ms
+    of a 223.781 ms step (96%), a line the text verdict shows (the idle-by-cause line is only
+    below it)."""
+    from tests.conftest import SAMPLES
+    from tracedx.report import render
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "convnet_dataloader-main.json.gz"))
+    want = "host work: GPU idle in dataloader 215.717 ms per step (medians; 96% of the step)"
+    assert d.bottleneck == "host work" and want in d.evidence
+    verdict = render(d, "text").split("WHERE THE TIME GOES")[0]
+    assert want in " ".join(verdict.split())
+
+
+def test_a_cost_per_host_event_beyond_the_usual_says_where_it_comes_from():
+    """add_loop-cudagraph: 0.824 ms traced, 0.436 ms unprofiled, 2 host events per step: the
+    cost per event solved, (0.824 - 0.436) / 2 = 194 us, is far above the 15 us seen on
+    host-bound traces; the graph's 500 kernels are where it grows (about 0.4-0.7 us each)."""
+    from tests.conftest import SAMPLES
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz"))
+    assert d.model.tax_us == pytest.approx(194.1, abs=0.05)
+    [note] = [n for n in d.notes if "of profiler cost per host event" in n]
+    assert (
+        "(194 us per event is above the 15 us measured at most on host-bound traces; with CUDA "
+        in note
+    )
+    assert note.endswith("not with the 2 host events per step)")
+    plain = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-eager.json.gz"))  # 1.3 us
+    [note] = [n for n in plain.notes if "of profiler cost per host event" in n]
+    assert note.endswith("with 1.3 us of profiler cost per host event taken out")
+
+
+def test_a_compute_bound_op_over_its_roof_blames_the_peaks_not_the_cache():
+    """matmul-fp32 (an H200 trace) diagnosed with --device A100: aten::mm at 682.7 FLOP/B is
+    compute-bound and ran at 264% of the A100's fp32 peak; a cache cannot explain a compute
+    roof, so the note says the peaks used are below this GPU's, never 'data in the L2 cache'."""
+    from tests.conftest import SAMPLES
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "matmul-fp32.json.gz"), device="A100")
+    [note] = [n for n in d.notes if "faster than the roofline allows" in n]
+    assert "aten::mm at 264% of its bound, compute-bound at 683 FLOP/B" in note
+    assert "L2" not in note and "are below this GPU's: check --device" in note
+
+
+def test_torch_compile_of_a_replayed_graph_keeps_the_python_around_it():
+    """add_loop-cudagraph replays one graph of 500 add_ kernels per step: its 0.816 ms of Python
+    between ops is the loop around the replay, not the model's code per op, so fusing the
+    graph's kernels saves none of it (it claimed 0.815 ms, more than the 0.436 ms step)."""
+    from tests.conftest import SAMPLES
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz"))
+    f = next(f for f in d.findings if f.fix == "torch-compile")
+    assert "0.000 ms of the model's 0.816 ms of Python between ops" in f.derivation

@@ -471,7 +471,9 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
     ev = [
         f"{kernels_label(m.kernels)} per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
-        f"idle from launches, Python between ops and gaps between queued kernels: {_ms(launch_idle)} per step",
+        f"host time in the ops that launch GPU work, which a replay skips: "
+        f"{_ms(max(m.host_us - m.host_no_gpu_us, 0.0))} per step; the GPU idles "
+        f"{_ms(launch_idle)} of the step on launches, Python between ops and queued kernels",
     ]
     if m.per_kernel_host_us:
         ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")
@@ -482,8 +484,8 @@ def cuda_graphs(m: StepModel) -> Finding | None:
             "remove them first (remove-host-sync) to capture the whole step",
         )
     deriv = (
-        f"removed launch gaps: host {_ms(m.host_us)} -> {_ms(h2)} "
-        f"(replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU time (busy + queued gaps) "
+        f"launching ops replayed: host {_ms(m.host_us)} -> {_ms(h2)} (the ops that launch "
+        f"nothing stay; replay costs ~{GRAPH_HOST_US_PER_KERNEL} us/kernel), GPU time (busy + queued gaps) "
         f"{_ms(m.gpu_us)} -> {_ms(g2)} (busy + {GRAPH_GPU_GAP_US_PER_KERNEL} us/kernel in-graph gaps); "
         "the step cannot get faster than its GPU busy time"
     )
@@ -703,7 +705,9 @@ def torch_compile(
       diagnosis.compile_region_host) goes in the share of the kernels that fuse away (kernels
       removed / kernels). Not all of it: Inductor's Python wrapper launches the kernels that
       stay at about the cost the eager step paid for them, Python included (gpt2_decode,
-      unprofiled: 21.2 us per kernel eager, 20.6 us compiled).
+      unprofiled: 21.2 us per kernel eager, 20.6 us compiled). None in a step replayed from
+      CUDA graphs: a replay runs none of the model's Python per op (add_loop-cudagraph's 0.816
+      ms of Python between ops is the loop around one replay of 500 kernels).
     - Ops that launch nothing inside the model and the autograd engine's own time per backward
       node (``no_gpu_us``, with ``no_gpu_events`` recorded events): one compiled forward and one
       compiled backward replace them, so they go (their events' profiler cost at most their
@@ -714,7 +718,12 @@ def torch_compile(
     if removed_host_us is None:
         removed_host_us = kernels_removed * (m.per_kernel_host_us or 0.0)
     per_k = removed_host_us / kernels_removed
-    py_removed = python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels else 0.0
+    # a step replayed from CUDA graphs runs none of the model's code per op: its Python between
+    # ops is the loop around the replays, which fusing the graph's kernels does not remove
+    replayed = m.graph_replays >= 1
+    py_removed = (
+        python_us * min(kernels_removed / m.kernels, 1.0) if m.kernels and not replayed else 0.0
+    )
     # kernels on several streams overlap: the saving cannot exceed what the busy union allows
     chain_saved_us = min(chain_saved_us, 0.9 * m.busy_us)
     # each part goes with its recorded events (Python between ops has none)
@@ -780,7 +789,7 @@ def larger_batch(
     new_step = new_per_batch * k
     ev = [
         f"GPU idle {idle_fraction:.0%} of the step; at {k:g}x the batch the GPU time grows "
-        f"{grow(k):.2f}x (step {_ms(m.predict())} -> ~{_ms(new_step)} for {k:g}x the samples)",
+        f"{grow(k):.2f}x and the step {new_step / m.predict():.2f}x for {k:g}x the samples",
     ]
     if memory is None:
         ev.append("memory headroom unknown: no [memory] events (tracedx capture --profile-memory)")
@@ -815,7 +824,7 @@ def larger_batch(
         m,
         "larger-batch",
         f"Increase the batch size ({k:g}x) to fill the idle GPU",
-        m.step_us - m.busy_us,
+        m.predict(),  # the whole step serves more samples: f = 100%, s the per-sample speedup
         new_per_batch,
         deriv,
         ev,
