@@ -292,6 +292,20 @@ def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
     assert f"WARNING: {td.unrelated}" in " ".join(td.to_text().split())
 
 
+def test_a_batch_change_of_2d_tensors_stays_related(tmp_path):
+    """elementwise-eager with every (8192, 8192) input made (4096, 8192): no full shape in
+    common, the trailing (8192,) and the same ops: one program at half the batch."""
+    import gzip
+
+    from tracedx.analysis.diff import _unrelated_note
+
+    text = gzip.decompress((SAMPLES / "elementwise-eager.json.gz").read_bytes()).decode()
+    half = tmp_path / "half.json"
+    half.write_text(text.replace("[8192, 8192]", "[4096, 8192]"))
+    a = tracedx.diagnose(tracedx.load(SAMPLES / "elementwise-eager.json.gz"))
+    assert _unrelated_note(a, tracedx.diagnose(tracedx.load(half))) is None
+
+
 # --- the example notebook, run in a real kernel ----------------------------------------------
 
 

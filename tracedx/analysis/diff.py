@@ -1052,18 +1052,27 @@ different programs. Every before/after pair in sample_traces/ shares 75-100%; un
 pairs of them share 0-29%."""
 
 
+SAME_OPS_SHARE = 0.5
+"""Trailing shapes relate two traces only when this share of their top-level op names is
+common (the smaller set's): matmul-fp32 ({aten::matmul}) and decode-eager (14 names, no
+matmul) share none; a batch change keeps them all."""
+
+
 def _shape_set(d: Diagnosis, trailing: bool) -> set[tuple]:
     """The distinct input shapes of the trace's ops; ``trailing``: without their first
-    dimension, kept only when two dimensions or more remain (a lone hidden size such as
-    ``(4096,)`` is common to unrelated programs: matmul-fp32's one ``(4096, 4096)`` and
-    decode-eager's ``(1, 4096)`` share it)."""
+    dimension (what a batch change leaves alone)."""
     out: set[tuple] = set()
     for row in d.trace.ops["input_shapes"].drop_nulls().to_list():
         for sh in row or []:
             key = tuple(sh[1:]) if trailing and sh else tuple(sh or ())
-            if len(key) >= (2 if trailing else 1):
+            if key:
                 out.add(key)
     return out
+
+
+def _top_op_names(d: Diagnosis) -> set[str]:
+    ops = d.trace.ops
+    return set(ops.filter(ops["depth"] == 0)["name"].unique().to_list()) if ops.height else set()
 
 
 def _share(a: set, b: set) -> float:
@@ -1078,7 +1087,12 @@ def _unrelated_note(before: Diagnosis, after: Diagnosis) -> str | None:
     sa, sb = _shape_set(before, False), _shape_set(after, False)
     if sa and sb:
         ta, tb = _shape_set(before, True), _shape_set(after, True)
-        share = max(_share(sa, sb), _share(ta, tb) if ta and tb else 0.0)
+        # trailing shapes relate a batch change, but a lone hidden size such as (4096,) is
+        # common to unrelated programs (matmul-fp32's (4096, 4096) and decode-eager's (1, 4096)):
+        # they count only between traces whose top-level ops are mostly the same
+        na, nb = _top_op_names(before), _top_op_names(after)
+        same_ops = bool(na and nb) and _share(na, nb) >= SAME_OPS_SHARE
+        share = max(_share(sa, sb), _share(ta, tb) if ta and tb and same_ops else 0.0)
         what = f"tensor shapes ({len(sa)} and {len(sb)} distinct)"
     else:
         ka = {normalize_kernel_name(n) for n in before.trace.kernels["name"].unique().to_list()}
