@@ -317,14 +317,20 @@ def test_busy_share_is_busy_over_step_and_a_gap_to_100_is_explained():
 
 
 def test_overhead_verdict_names_its_bottleneck_idle_time():
-    """convnet_dataloader-main: host work, the GPU idle in the DataLoader's __next__ 215.717 ms
-    of a 223.781 ms step (96%), a line the text verdict shows (the idle-by-cause line is only
-    below it)."""
+    """convnet_dataloader-main: host work, weighed by the GPU idle in the DataLoader's __next__
+    (215.717 ms of a 223.781 ms step) and the DataLoader's host time, against the other
+    candidates' weights; a line the text verdict shows (the idle-by-cause line is only below
+    it)."""
     from tests.conftest import SAMPLES
     from tracedx.report import render
 
     d = tracedx.diagnose(tracedx.load(SAMPLES / "convnet_dataloader-main.json.gz"))
-    want = "host work: GPU idle in dataloader 215.717 ms per step (medians; 96% of the step)"
+    want = (
+        "host work weighs most: GPU idle in dataloader 215.717 ms + the DataLoader's host time "
+        "217.432 ms = 433.149 ms per step (medians; a weight: the GPU idle and the host time "
+        "overlap), against host synchronization 0.740 ms, host-device transfer 2.245 ms, kernel "
+        "launch 3.420 ms"
+    )
     assert d.bottleneck == "host work" and want in d.evidence
     verdict = render(d, "text").split("WHERE THE TIME GOES")[0]
     assert want in " ".join(verdict.split())

@@ -42,3 +42,19 @@ def test_what_cannot_be_told_is_none(tmp_path):
     assert head_metadata(tmp_path / "bad.json.gz") is None
     assert head_metadata(tmp_path / "missing.json") is None
     assert head_metadata(tmp_path) is None  # a directory
+
+
+def test_a_fifo_is_not_opened(tmp_path):
+    import os
+
+    fifo = tmp_path / "rank0.json"
+    os.mkfifo(fifo)
+    assert head_metadata(fifo) is None  # opening it would block until a writer came
+
+
+def test_a_crafted_process_group_list_is_no_group():
+    """pg_config of 5 (not a list) in a head: no group, not a TypeError out of the refusal."""
+    from tracedx.job.discover import check_heads
+
+    metas = [(f"a/rank{r}.json", {"rank": r, "world_size": 1, "pg_config": 5}) for r in (0, 1)]
+    check_heads(metas, [p for p, _ in metas] * 2)  # nothing surely a rank: nothing refused

@@ -148,10 +148,7 @@ def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path, monkeypatch)
     the two whole rank sets: refused before any rank is summarised."""
     import shutil
 
-    from click.testing import CliRunner
-
     import tracedx.job.executor
-    from tracedx.cli import main
 
     s = ROOT / "sample_traces"
     for job in ("ddp_mlp-gloo-balanced", "ddp_mlp-gloo-host-straggler"):
@@ -162,13 +159,7 @@ def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path, monkeypatch)
         raise AssertionError("a rank was summarised")
 
     monkeypatch.setattr(tracedx.job.executor, "map_ranks", no_map)
-    r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
-    assert r.exit_code == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [
-        f"tracedx: error: {tmp_path}/ holds 2 whole rank sets, separate jobs or profiling "
-        "windows (ddp_mlp-gloo-balanced/, ddp_mlp-gloo-host-straggler/) and 1 other file; "
-        "diagnose one of these folders, or one trace"
-    ]
+    _assert_two_jobs_refused(tmp_path, "1 other file")
 
 
 def test_two_jobs_whose_heads_say_nothing_are_refused_after_reading(tmp_path):
@@ -178,10 +169,6 @@ def test_two_jobs_whose_heads_say_nothing_are_refused_after_reading(tmp_path):
     import gzip
     import json
     import shutil
-
-    from click.testing import CliRunner
-
-    from tracedx.cli import main
 
     s = ROOT / "sample_traces"
     for job in ("ddp_mlp-gloo-balanced", "ddp_mlp-gloo-host-straggler"):
@@ -193,10 +180,19 @@ def test_two_jobs_whose_heads_say_nothing_are_refused_after_reading(tmp_path):
                 json.dumps({**doc, "distributedInfo": dist})
             )
     shutil.copy(s / "matmul-bf16.json.gz", tmp_path)
-    r = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--workers", "1", "--quiet"])
+    _assert_two_jobs_refused(tmp_path, "1 single-GPU trace")
+
+
+def _assert_two_jobs_refused(folder, others: str) -> None:
+    """``tracedx diagnose folder`` (the two gloo jobs and matmul-bf16) exits 2 with one line."""
+    from click.testing import CliRunner
+
+    from tracedx.cli import main
+
+    r = CliRunner().invoke(main, ["diagnose", str(folder), "--workers", "1", "--quiet"])
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        f"tracedx: error: {tmp_path}/ holds 2 whole rank sets, separate jobs or profiling "
-        "windows (ddp_mlp-gloo-balanced/, ddp_mlp-gloo-host-straggler/) and 1 single-GPU trace; "
+        f"tracedx: error: {folder}/ holds 2 whole rank sets, separate jobs or profiling "
+        f"windows (ddp_mlp-gloo-balanced/, ddp_mlp-gloo-host-straggler/) and {others}; "
         "diagnose one of these folders, or one trace"
     ]

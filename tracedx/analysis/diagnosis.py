@@ -1152,8 +1152,8 @@ def _repair_evidence(trace: Trace) -> list[str]:
 
 
 BUSY_IDLE_SLACK = 0.04
-"""Busy and idle shares of the median step that miss 100% by this much or more get a word on why
-(on the sample traces: elementwise-compile 63% + 44%, add_loop-cudagraph 64% + 40%,
+"""Busy and idle shares of the median step that, as printed, miss 100% by this much or more get a
+word on why (on the sample traces: elementwise-compile 63% + 44%, add_loop-cudagraph 64% + 40%,
 gpt2_train-eager 68% + 28%; the others within 2 points)."""
 
 
@@ -1163,7 +1163,8 @@ def _busy_idle_line(step_us: float, busy_us: float, idle: float) -> str:
     step's kernels that run on past its window are its busy time and cover the next window's
     idle, so where their shares miss 100% the line says so."""
     line = f"median step {_ms(step_us)}: GPU busy {_ms(busy_us)} ({busy_us / step_us:.0%}), idle {idle:.0%}"
-    if abs(busy_us / step_us + idle - 1) >= BUSY_IDLE_SLACK:
+    # the shares as printed (whole percents): what the reader adds up
+    if abs(round(100 * busy_us / step_us) + round(100 * idle) - 100) >= 100 * BUSY_IDLE_SLACK:
         line += (
             " (medians of two measures: busy is the GPU work each step launched, which can run "
             "past its window; idle is the window's time that no GPU work covers)"
@@ -1173,17 +1174,10 @@ def _busy_idle_line(step_us: float, busy_us: float, idle: float) -> str:
 
 def _overhead_verdict(w: pl.DataFrame, model: fx.StepModel, host_op, ev: list[str]):
     """The verdict of a step whose GPU idles half of it or more: overhead-bound, the bottleneck
-    the idle cause with the most time (host sync, transfer, launch or host work)."""
-    c = {
-        k: model.idle_us.get(k, 0.0)
-        for k in ("host sync", "kernel launch", "python", "kernel wait", "dataloader", "host work")
-    }
-    cand = {
-        "host synchronization": c["host sync"] + model.sync_us,
-        "host-device transfer": model.pageable_block_us,
-        "kernel launch": c["kernel launch"] + c["python"] + c["kernel wait"],
-        "host work": c["dataloader"] + c["host work"] + model.dataloader_us,
-    }
+    the candidate (host synchronization, transfer, launch or host work) that weighs most
+    (:func:`_bottleneck_parts`)."""
+    parts = _bottleneck_parts(model)
+    cand = {b: sum(v for _, v in p) for b, p in parts.items()}
     bott = max(cand, key=cand.get)
     if cand[bott] <= 0:
         return (
@@ -1232,34 +1226,42 @@ def _overhead_verdict(w: pl.DataFrame, model: fx.StepModel, host_op, ev: list[st
             f"{model.per_kernel_host_us:.1f} us of host time in launching ops per kernel "
             f"against {model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
         )
-    ev.append(_bottleneck_idle_line(bott, model))
+    ev.append(_bottleneck_line(bott, parts))
     return "overhead-bound", bott, ev
 
 
-_BOTTLENECK_IDLE_CAUSES = {
-    "host synchronization": ("host sync",),
-    "kernel launch": ("kernel launch", "python", "kernel wait"),
-    "host work": ("dataloader", "host work"),
-    "host-device transfer": (),
-}
-"""The idle causes (:mod:`tracedx.analysis.timeline`) that make up each overhead bottleneck."""
+def _bottleneck_parts(model: fx.StepModel) -> dict[str, list[tuple[str, float]]]:
+    """What each overhead bottleneck is weighed by (us per step, medians): the GPU idle time of
+    its causes (:mod:`tracedx.analysis.timeline`) and the host time blocked or spent in it."""
+    idle = model.idle_us
+
+    def gap(c: str) -> tuple[str, float]:
+        return f"GPU idle in {c}", idle.get(c, 0.0)
+
+    return {
+        "host synchronization": [gap("host sync"), ("host blocked in syncs", model.sync_us)],
+        "host-device transfer": [("host blocked in pageable copies", model.pageable_block_us)],
+        "kernel launch": [gap("kernel launch"), gap("python"), gap("kernel wait")],
+        "host work": [
+            gap("dataloader"),
+            gap("host work"),
+            ("the DataLoader's host time", model.dataloader_us),
+        ],
+    }
 
 
-def _bottleneck_idle_line(bott: str, model: fx.StepModel) -> str:
-    """The evidence that names the overhead bottleneck: the GPU idle time of its causes per
-    step (medians) and their share of the step; for a transfer, the host time blocked in
-    pageable copies."""
-    parts = [(k, model.idle_us.get(k, 0.0)) for k in _BOTTLENECK_IDLE_CAUSES[bott]]
-    parts = [(k, v) for k, v in parts if v > 0]
-    if not parts:
-        v = model.pageable_block_us if bott == "host-device transfer" else model.sync_us
-        what = "pageable copies" if bott == "host-device transfer" else "sync calls"
-        return f"{bott}: the host is blocked in {what} {_ms(v)} per step ({v / model.step_us:.0%} of the step)"
-    total = sum(v for _, v in parts)
-    causes = ", ".join(f"{k} {_ms(v)}" for k, v in parts)
-    return (
-        f"{bott}: GPU idle in {causes} per step (medians; {total / model.step_us:.0%} of the step)"
-    )
+def _bottleneck_line(bott: str, parts: dict[str, list[tuple[str, float]]]) -> str:
+    """The evidence that names the overhead bottleneck: the figures it was weighed by, and the
+    other candidates' weights (the largest is the bottleneck, :func:`_overhead_verdict`)."""
+    mine = [(k, v) for k, v in parts[bott] if v > 0] or parts[bott][:1]
+    total = {b: sum(v for _, v in p) for b, p in parts.items()}
+    others = ", ".join(f"{b} {_ms(v)}" for b, v in total.items() if b != bott)
+    terms = " + ".join(f"{k} {_ms(v)}" for k, v in mine)
+    eq = f" = {_ms(total[bott])}" if len(mine) > 1 else ""
+    # host time and the GPU idle beside it overlap in time: their sum is a weight, not a time
+    mixed = len({k.startswith("GPU idle") for k, _ in mine}) > 1
+    how = "medians; a weight: the GPU idle and the host time overlap" if mixed else "medians"
+    return f"{bott} weighs most: {terms}{eq} per step ({how}), against {others}"
 
 
 def _gpu_bound_verdict(trace, w, kinds, memcpy, ops_tbl, primary, ev: list[str]):

@@ -469,11 +469,13 @@ def cuda_graphs(m: StepModel) -> Finding | None:
     kept_events = profiled_events(m, m.host_no_gpu_us, m.no_gpu_events)
     events += kept_events - m.no_gpu_events
     new = Change(host_us=h2 - m.host_us, gpu_us=g2 - m.gpu_us, host_events=events - m.host_events)
+    launching = min(m.per_kernel_host_us * m.kernels, max(m.host_us - m.host_no_gpu_us, 0.0))
+    between = max(m.host_us - m.host_no_gpu_us - launching, 0.0)
     ev = [
         f"{kernels_label(m.kernels)} per step, GPU busy {_ms(m.busy_us)} of a {_ms(m.step_us)} step",
-        f"host time in the ops that launch GPU work, which a replay skips: "
-        f"{_ms(max(m.host_us - m.host_no_gpu_us, 0.0))} per step; the GPU idles "
-        f"{_ms(launch_idle)} of the step on launches, Python between ops and queued kernels",
+        f"host time a replay skips: the launching ops' {_ms(launching)} and the rest outside "
+        f"the ops that launch nothing (Python between ops) {_ms(between)} per step; the GPU "
+        f"idles {_ms(launch_idle)} of the step on launches, Python between ops and queued kernels",
     ]
     if m.per_kernel_host_us:
         ev.append(f"host time per kernel launched: {m.per_kernel_host_us:.1f} us")

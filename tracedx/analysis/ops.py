@@ -120,7 +120,8 @@ def _sums_by(
     with another ``of``, or NaN, count nowhere). The ops are found by their rows
     (:func:`op_rows`), one table of positions per op row: no search among ``op_ids``."""
     position = np.full(len(o["op_id"]), -1, dtype=np.int64)
-    position[op_rows(o, op_ids)] = np.arange(len(op_ids))
+    found = op_rows(o, op_ids)
+    position[found[found >= 0]] = np.flatnonzero(found >= 0)  # an id not in the table: nowhere
     rows = op_rows(o, of)
     at = np.where(rows >= 0, position[rows], -1)
     hit = at >= 0

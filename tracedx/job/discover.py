@@ -477,7 +477,8 @@ def _is_single(meta: Mapping, collectives: int | None) -> bool:
     ws = _as_int(meta.get("world_size"))
     if ws is not None and ws > 1:
         return False
-    for pg in meta.get("pg_config") or ():
+    pgs = meta.get("pg_config")
+    for pg in pgs if isinstance(pgs, list) else ():  # a crafted non-list is no group
         size = _as_int(pg.get("pg_size")) if isinstance(pg, Mapping) else None
         if size is not None and size > 1:
             return False

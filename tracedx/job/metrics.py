@@ -317,7 +317,8 @@ def rank_step_metrics(summaries: list, members: pl.DataFrame) -> pl.DataFrame:
     collectives count once), ``last_arrivals``,
     ``collectives`` (fully matched), the ``idle_*`` columns of the summary, ``other_us`` (the
     rest of the step: step time - U - X - GPU idle, at least 0; on a CPU-only rank the host time
-    outside its ops and collectives, such as Python between them).
+    outside its ops and collectives, such as Python between them; on a GPU rank the copies and
+    memsets, which U leaves out).
     E and the exposed transfer are null (and unsplit = X) where the rank-step has communication
     but no fully matched collective (waiting cannot be split from one rank's trace).
     """

@@ -201,7 +201,7 @@ def render_text(jd) -> str:
     )
     out.append(
         f"  {'rank':>4} {'host':<{hw}} {'step ms':>9} {'compute':>8} {'exp.wait':>8} "
-        f"{'exp.xfer':>8}{' other' if other else ''} {'overlap':>7} {'last in':>7}  verdict"
+        f"{'exp.xfer':>8}{' ' + 'other'.rjust(6) if other else ''} {'overlap':>7} {'last in':>7}  verdict"
     )
     for r in shown:
         ov = "n/a" if r.get("overlap_ratio") is None else f"{r['overlap_ratio']:.0%}"
@@ -295,14 +295,15 @@ def render_markdown(jd) -> str:
     out += [f"- {e}" for e in d["evidence"]]
     out += [
         "",
-        "| rank | host | step ms | compute ms | exposed wait ms | exposed transfer ms | verdict |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| rank | host | step ms | compute ms | exposed wait ms | exposed transfer ms | other ms | verdict |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in d["ranks"]:
         out.append(
             f"| {r['rank']} | {r.get('host') or ''} | {_f(r.get('step_time_ms'), '.3f', '')} | "
             f"{_f(r.get('compute_ms'), '.3f', '')} | {_f(r.get('exposed_wait_ms'), '.3f', '')} | "
-            f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {_rank_verdict(r)} |"
+            f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {_f(r.get('other_ms'), '.3f', '')} | "
+            f"{_rank_verdict(r)} |"
         )
     out += ["", "## Fixes", ""]
     for f in d["findings"] or []:

@@ -107,7 +107,8 @@ _PARTS = (
 
 def ranks_figure(jd) -> go.Figure:
     """Per rank (medians over its steps, ms): compute, exposed transfer, exposed wait, GPU
-    idle and other (the rest of the step: host time outside the ops of a CPU rank), stacked, with the median step time as a marker. Compute on concurrent streams and
+    idle and other (the rest of the step: on a CPU rank its host time outside ops and collectives;
+    on a GPU rank copies, memsets and what the medians leave), stacked, with the median step time as a marker. Compute on concurrent streams and
     medians taken one by one need not add up to the step exactly."""
     title = "Each rank's step (medians, ms)"
     r = jd.ranks
@@ -316,8 +317,9 @@ def render_job_html(jd) -> str:
             "rank-steps",
             "Each rank's step",
             "Medians per rank: compute, exposed transfer (moving bytes with nothing to hide "
-            "it), exposed wait (hatched), GPU idle and other (the rest: host time outside ops "
-            "and collectives, such as Python between them); the black line is the step time.",
+            "it), exposed wait (hatched), GPU idle and other (the rest: on a CPU rank its host "
+            "time outside ops and collectives, such as Python between them; on a GPU rank "
+            "copies and memsets); the black line is the step time.",
             ranks_figure(jd),
         ),
         f"<section id='collectives-section'><h2>Collectives</h2>{_collectives(jd)}</section>",

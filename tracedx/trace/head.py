@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import stat
 import zlib
 
 import msgspec
@@ -34,6 +35,8 @@ def head_metadata(path: str | os.PathLike, limit: int = HEAD_BYTES) -> dict | No
     not a local readable file, not gzip or JSON text, or the head does not parse. Never
     raises: a None only means the caller learns nothing early."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device would block or never end
+            return None
         with open(path, "rb") as f:
             raw = f.read(2)
             f.seek(0)
