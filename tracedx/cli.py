@@ -99,9 +99,9 @@ def _note(message: str) -> None:
         _say(message)
 
 
-def _flush_notes(ctx: click.Context) -> None:
+def _flush_notes() -> None:
     note = _cache_note()
-    if not ctx.meta.get(_QUIET):  # --quiet
+    if not _quiet():
         for msg in [note] + _NOTES if note else _NOTES:
             _say(f"tracedx: {msg}")
     _NOTES.clear()
@@ -129,10 +129,10 @@ class _Group(click.Group):
         _CACHE_USED.clear()
         try:
             out = super().invoke(ctx)
-            _flush_notes(ctx)
+            _flush_notes()
             return out
         except click.exceptions.Exit:
-            _flush_notes(ctx)
+            _flush_notes()
             raise
         except TraceError as e:
             _say(f"tracedx: error: {e}", error=True)

@@ -557,7 +557,7 @@ def check_one_job(
     if singles:
         gpu = all(m.get("device_name") for _, m in singles)
         kind = "single-GPU" if gpu else "single-process"
-        others = f"{len(singles)} {kind} trace{'s' if len(singles) != 1 else ''}"
+        others = plural(len(singles), f"{kind} trace")
     raise TraceError(_refusal(jobs, others, [p for p, _ in entries]))
 
 
@@ -575,7 +575,7 @@ def check_heads(entries: Sequence[tuple[str, Mapping]], files: Sequence[str]) ->
     if len(jobs) < 2:
         return
     rest = len(files) - len(ranks)
-    others = f"{rest} other file{'s' if rest != 1 else ''}" if rest else ""
+    others = plural(rest, "other file") if rest else ""
     raise TraceError(_refusal(jobs, others, files))
 
 

@@ -20,12 +20,13 @@ import zlib
 
 import msgspec
 
+from tracedx.trace.source import _GZIP_MAGIC, _KEY
+
 __all__ = ["HEAD_BYTES", "head_metadata"]
 
 HEAD_BYTES = 64 * 1024
-"""Text read at most (after gunzip). A head with eight GPUs' ``deviceProperties`` and a few
-process groups fits in about 10 KiB."""
-_KEY = b'"traceEvents"'
+"""Text read at most (after gunzip). Of the 79 sample and public traces that have a head, the
+largest is 17 KiB (HolisticTraceAnalysis' ``cpu_only__rank-34``)."""
 
 
 def head_metadata(path: str | os.PathLike, limit: int = HEAD_BYTES) -> dict | None:
@@ -40,7 +41,7 @@ def head_metadata(path: str | os.PathLike, limit: int = HEAD_BYTES) -> dict | No
         with open(path, "rb") as f:
             raw = f.read(2)
             f.seek(0)
-            if raw == b"\x1f\x8b":
+            if raw == _GZIP_MAGIC:
                 with gzip.GzipFile(fileobj=f) as g:
                     text = g.read(limit)
             else:
