@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 import tracedx
+from tests.conftest import SAMPLES
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.analysis.intervals import gaps, gaps_in, ps_to_us, sum_us, sum_us_of, to_ps
 from tracedx.analysis.ops import (
@@ -141,3 +142,55 @@ def test_op_costs_of_distinct_rows_match_the_joined_ones():
         joined, distinct = add_op_costs(df), add_op_costs(df, distinct=True)
         assert joined.equals(distinct) and joined.schema == distinct.schema
     assert add_op_costs(ops, distinct=True)["flops"].to_list()[:2] == [2 * 64 * 32 * 16, 2 * 8**3]
+
+
+def _signatures_by_lists(t, steps) -> pl.DataFrame:
+    """op_signatures as grouped on the list columns themselves (the reference)."""
+    from tracedx.analysis.ops import launching_op_stats
+
+    sig = ["name", "input_shapes", "input_dtypes", "concrete_inputs"]
+    ids = launching_op_stats(t, steps)["op_id"].drop_nulls().implode()
+    return (
+        t.ops.filter(pl.col("op_id").is_in(ids))
+        .group_by(sig, maintain_order=True)
+        .agg(pl.col("op_id").sort())
+    )
+
+
+def test_op_signatures_group_one_value_spelled_two_ways(tmp_path):
+    """Two ops whose shapes are written differently (spaces) are one signature; other shapes
+    or another name are another, in the order of their first op."""
+    from tracedx.analysis.ops import op_signatures
+
+    b = TraceBuilder()
+    b.step(1, T0, 200)
+    for i, (name, dims) in enumerate(
+        (("aten::mm", [[2, 3], [3, 4]]), ("aten::mm", [[2, 3], [3, 5]]),
+         ("aten::mm", [[2, 3], [3, 4]]), ("aten::bmm", [[2, 3], [3, 4]]))
+    ):  # fmt: skip
+        e = b.op(name, T0 + 1 + 20 * i, 10, input_dims=dims, input_type=["float", "float"])
+        b.kernel(T0 + 10 + 20 * i, 5, b.launch(T0 + 2 + 20 * i, 1, ext=e), GEMM, ext=e)
+    text = b.dumps()
+    assert text.count('"Input Dims": [[2, 3], [3, 4]]') == 3
+    p = tmp_path / "t.json"
+    p.write_text(text.replace('"Input Dims": [[2, 3], [3, 4]]', '"Input Dims":[[2,3],[3,4]]', 1))
+    t = tracedx.load(p)
+    got = op_signatures(t, [1])
+    assert got.columns == ["name", "input_shapes", "input_dtypes", "concrete_inputs", "op_id"]
+    assert got.select("name", "input_shapes", pl.col("op_id").list.len()).rows() == [
+        ("aten::mm", [[2, 3], [3, 4]], 2),
+        ("aten::mm", [[2, 3], [3, 5]], 1),
+        ("aten::bmm", [[2, 3], [3, 4]], 1),
+    ]
+    assert got.equals(_signatures_by_lists(t, [1]))
+
+
+def test_op_signatures_on_the_code_equal_those_on_the_lists():
+    from tracedx.analysis.ops import op_signatures
+
+    for name in ("resnet_train-bf16-cl", "decode-eager", "gpt2_train-eager"):
+        t = tracedx.load(SAMPLES / f"{name}.json.gz")
+        steps = t.steps["step"].to_list()
+        got = op_signatures(t, steps)
+        assert got.height > 5
+        assert got.with_columns(pl.col("op_id").list.sort()).equals(_signatures_by_lists(t, steps))

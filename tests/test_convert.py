@@ -106,3 +106,46 @@ def test_op_shapes_and_types_read_by_polars_match_the_python_rules():
     assert ops["input_shapes"].to_list()[3:] == [[[0], [], [], [], []], None]
     assert ops["input_dtypes"].to_list()[3:] == [["", "3"], None]
     assert ops["concrete_inputs"].to_list()[3:] == [['say "caf\u00e9"'], ["False"]]
+
+
+def _raw_ops(*args_json: str) -> list[Event]:
+    """cpu ops whose args are the raw JSON texts given (their spelling kept, not re-encoded)."""
+    evs = ",".join(
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, '
+        f'"ts": {i + 1}, "dur": 1, "args": {a}}}'
+        for i, a in enumerate(args_json)
+    )
+    return msgspec.json.decode(f"[{evs}]", type=list[Event], strict=False)
+
+
+def _codes_match_lists(ops: pl.DataFrame) -> None:
+    """``shape_code`` is equal for two ops exactly when their three list columns are."""
+    lists = ["input_shapes", "input_dtypes", "concrete_inputs"]
+    n = ops.select(lists).n_unique()
+    assert ops["shape_code"].n_unique() == n == ops.select(*lists, "shape_code").n_unique()
+
+
+def test_the_shape_code_is_one_per_decoded_value_whatever_the_spelling():
+    """Raw spellings that read as the same lists (spaces, a TensorList read as ``[]``, a
+    number among the concrete inputs read as its text) share one code, in one chunk and across
+    chunks; other values (concrete inputs, none at all) get their own."""
+    same = (
+        '{"Input Dims": [[2, 3], []], "Input type": ["float", "Scalar"], "Concrete Inputs": ["", "1"]}',
+        '{"Input Dims":[[2,3],[]],"Input type":["float","Scalar"],"Concrete Inputs":["","1"]}',
+        '{"Input Dims": [[2, 3], [[4]]], "Input type": ["float", "Scalar"], "Concrete Inputs": ["", 1]}',
+    )  # fmt: skip
+    other = '{"Input Dims": [[2, 3], []], "Input type": ["float", "Scalar"], "Concrete Inputs": ["", "2"]}'  # fmt: skip
+    b = TableBuilder()
+    b.add(_raw_ops(same[0], "{}", other))
+    b.add(_raw_ops(same[1], same[2], "{}"))
+    ops = b.finish().ops
+    assert ops.schema["shape_code"] == pl.UInt32
+    assert ops["input_shapes"].to_list() == [[[2, 3], []], None, [[2, 3], []]] + [[[2, 3], []]] * 2 + [None]  # fmt: skip
+    code = ops["shape_code"].to_list()
+    assert code[0] == code[3] == code[4] and code[1] == code[5]
+    assert len({code[0], code[1], code[2]}) == 3
+    _codes_match_lists(ops)
+    # numbered by first appearance: the chunking does not change the codes
+    one = build_tables(_raw_ops(same[0], "{}", other, same[1], same[2], "{}")).ops
+    assert one["shape_code"].to_list() == code == [0, 1, 2, 0, 0, 1]
+    assert build_tables([]).ops.schema["shape_code"] == pl.UInt32

@@ -436,6 +436,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
         "input_shapes": pl.List(pl.List(pl.Int64)),
         "input_dtypes": pl.List(pl.Utf8),
         "concrete_inputs": pl.List(pl.Utf8),
+        "shape_code": pl.UInt32,  # (built in TableBuilder._op_shapes, not read)
     },
     "annotation": dict(_HOST_SCHEMA)
     | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64},
@@ -1054,7 +1055,9 @@ class TableBuilder:
             df = pl.DataFrame(schema=schema)
         else:
             interned = _INTERNED.get(kind, {})
-            if interned:
+            if kind == "cpu_op":
+                df = self._op_shapes(df)
+            elif interned:
                 # the values of each distinct key, gathered by code (in parallel: one with_columns)
                 code = pl.col(next(iter(interned)))
                 df = df.with_columns(
@@ -1068,6 +1071,27 @@ class TableBuilder:
                 "external_id", "duration_us", "name", nulls_last=True, maintain_order=True,
             )  # fmt: skip
         return df
+
+    def _op_shapes(self, df: pl.DataFrame) -> pl.DataFrame:
+        """The cpu ops ``df`` (the builder's codes in ``input_shapes``) with their three list
+        columns and ``shape_code``: a UInt32 equal for two ops exactly when their
+        ``input_shapes``, ``input_dtypes`` and ``concrete_inputs`` are (nulls equal), so that
+        analyses group on one integer instead of three nested columns. The builder's codes
+        are of raw JSON: two spellings of one value (``[1,2]``, ``[1, 2]``) are two codes, so
+        the distinct keys' values are grouped once here (polars' own equality, as a group_by
+        on the list columns) and each group numbered by its first key (first seen)."""
+        cols = _INTERNED["cpu_op"]
+        vals = pl.DataFrame([self._values("cpu_op", c, f).alias(c) for c, f in cols.items()])
+        keys = vals.with_row_index("key").group_by(list(cols), maintain_order=True).agg("key")
+        canon = np.empty(vals.height, dtype=np.uint32)
+        canon[keys["key"].explode().to_numpy()] = np.repeat(
+            np.arange(keys.height, dtype=np.uint32), keys["key"].list.len().to_numpy()
+        )
+        code = df["input_shapes"]
+        return df.with_columns(
+            *(pl.lit(vals[c]).gather(pl.col("input_shapes")).alias(c) for c in cols),
+            shape_code=pl.Series(canon[code.to_numpy()], dtype=pl.UInt32),
+        ).select(*self._columns["cpu_op"], "shape_code")
 
     def _values(self, kind: str, col: str, field: int) -> pl.Series:
         """Column ``col``'s value for each distinct key of ``kind``, in code order."""
