@@ -52,8 +52,9 @@ class Trace:
       (kernel/graph/memcpy/memset/sync/other), ``op_id``, ``step``.
     - ``ops``: cpu_op: ``op_id``, ``pid``, ``tid``, ``start_us``, ``end_us``, ``duration_us``,
       ``name``, ``external_id``, ``input_shapes`` (list of int lists), ``input_dtypes``,
-      ``concrete_inputs``, ``shape_code`` (UInt32, equal for two ops exactly when their three
-      list columns are: a key to group on), ``parent_id``, ``top_op_id``, ``depth``, ``step``.
+      ``concrete_inputs``, ``shape_code`` (UInt32, equal for two ops of the trace exactly when
+      their three list columns are: a key to group on; codes of two traces are unrelated),
+      ``parent_id``, ``top_op_id``, ``depth``, ``step``.
     - ``annotations``: user_annotation and gpu_user_annotation (``category``).
     - ``steps``: one row per ``ProfilerStep#N``: ``step``, ``start_us``, ``end_us``,
       ``duration_us`` (the host window). Without markers, one synthetic step 0 spanning the

@@ -436,7 +436,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
         "input_shapes": pl.List(pl.List(pl.Int64)),
         "input_dtypes": pl.List(pl.Utf8),
         "concrete_inputs": pl.List(pl.Utf8),
-        "shape_code": pl.UInt32,  # (built in TableBuilder._op_shapes, not read)
+        "shape_code": pl.UInt32,  # (not in the trace: numbered by TableBuilder._op_shapes)
     },
     "annotation": dict(_HOST_SCHEMA)
     | {"category": pl.Utf8, "device": pl.Int64, "stream": pl.Int64},
