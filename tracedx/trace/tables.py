@@ -1087,10 +1087,10 @@ class TableBuilder:
         canon[keys["key"].explode().to_numpy()] = np.repeat(
             np.arange(keys.height, dtype=np.uint32), keys["key"].list.len().to_numpy()
         )
-        code = df["input_shapes"]
+        code = df["input_shapes"].to_numpy()
         return df.with_columns(
             *(pl.lit(vals[c]).gather(pl.col("input_shapes")).alias(c) for c in cols),
-            shape_code=pl.Series(canon[code.to_numpy()], dtype=pl.UInt32),
+            shape_code=pl.Series(canon[code], dtype=pl.UInt32),
         ).select(*self._columns["cpu_op"], "shape_code")
 
     def _values(self, kind: str, col: str, field: int) -> pl.Series:
