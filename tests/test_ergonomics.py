@@ -172,9 +172,13 @@ def test_job_text_report_fits_100_columns_too():
     r = CliRunner().invoke(main, ["diagnose", str(d)])  # not a TTY: 100 columns
     assert r.exit_code == 0, r.stderr
     assert max(len(x) for x in r.stdout.splitlines()) <= 100
-    full = tracedx.diagnose(tracedx.load_job(str(d))).to_text()
+    jd = tracedx.diagnose(tracedx.load_job(str(d)))
+    from tracedx.report.job import _text
+
+    full = _text(jd)  # unwrapped
     assert max(len(x) for x in full.splitlines()) > 100  # so the wrapping is tested
     assert r.stdout.split() == full.split()  # every word kept, in order
+    assert jd.to_text() == r.stdout  # the library's text is what the command prints
 
 
 def _no_nonce(page: str) -> str:

@@ -12,8 +12,10 @@ analysis, which load on first use):
 - ``tracedx.measure``: timing helpers (warm-up, synchronisation, median of repeats).
 
 Results (``Diagnosis``, ``TraceDiff``, ``JobDiagnosis``) display as a verdict card in a notebook
-and have ``to_text()``, ``to_html()``, ``write_html(path)`` and ``to_dict()``; ``Diagnosis`` and
-``TraceDiff`` also ``to_markdown()`` and ``figures()``.
+and have ``to_text()``, ``to_markdown()``, ``to_html()``, ``write_html(path)``, ``to_dict()``,
+``to_json()`` and ``figures()`` (a dict of plotly figures; ``Diagnosis.figures(step=N)`` draws
+step N's timeline). ``tracedx.cache.load(path)`` is :func:`load` through the command line's
+cache: ``(trace, hit)``, the tables read back from an earlier load of the unchanged file.
 """
 
 __version__ = "0.1.0"

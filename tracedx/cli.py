@@ -539,9 +539,9 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
 
     jd = diagnose_job(load_job(files, progress=progress, **where, **_job_options(analysis)))
     if fmt == "text":
-        from tracedx.report.text import fit
+        from tracedx.report.job import render_text
 
-        click.echo(fit(jd.to_text(), _width()), nl=False)  # like one trace's report
+        click.echo(render_text(jd, _width()), nl=False)  # like one trace's report
     else:
         click.echo({"json": jd.to_json, "md": jd.to_markdown}[fmt](), nl=False)
     if html_path:

@@ -73,7 +73,7 @@ def _captured_without_gpu(trace: Trace) -> bool:
     return "gpu_name" in cap and cap["gpu_name"] is None
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class Diagnosis(Presentable):
     """The result of :func:`diagnose`. Tables are polars DataFrames; times are us unless named _ms.
 
@@ -126,6 +126,8 @@ class Diagnosis(Presentable):
         "text": "tracedx.report.text:render_text",
         "md": "tracedx.report.markdown:render_markdown",
         "html": "tracedx.report.html:render_html",
+        "json": "tracedx.report.json:render_json",
+        "figures": "tracedx.report.figures:all_figures",
     }
 
     @property
@@ -148,22 +150,49 @@ class Diagnosis(Presentable):
 
         return diagnosis_dict(self)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self, step: int | None = None) -> dict[str, Any]:
         """Plotly figures (roofline, timeline, breakdown, fixes) for notebooks; each also
-        displays as HTML where a viewer does not run plotly's own output (a static notebook)."""
-        from tracedx.report import figures
-        from tracedx.report.card import notebook_figure
+        displays as HTML where a viewer does not run plotly's own output (a static notebook).
+        ``step``: the analysed step the timeline draws (default: the one closest to the median
+        step time). Raises ValueError for a step that was not analysed, TypeError for one
+        that is not an int."""
+        from tracedx.results import _figures
 
-        return {k: notebook_figure(f) for k, f in figures.all_figures(self).items()}
+        return _figures(self._render("figures", step=step))
 
 
-def parse_steps(spec: str | None, available: list[int]) -> list[int]:
-    """``"N..M"`` (inclusive), ``"N"`` or ``"N.."`` -> the listed steps present in the trace.
+StepsSpec = str | int | range | list | tuple | set | frozenset | None
+"""What ``steps`` takes: ``"N..M"`` (inclusive; ``"N.."``, ``"..M"``, ``"N"``), a step number,
+a ``range`` or a collection of step numbers; None for every step."""
 
-    Raises TraceError on a malformed spec or when no step matches.
-    """
-    if spec is None:
-        return available
+
+def check_steps(spec: StepsSpec) -> str | tuple[int, ...] | None:
+    """``spec`` checked without a trace: a string's syntax, or the step numbers of an int, a
+    range or a collection (sorted, each once). Returns the string as given, or the numbers.
+
+    Raises TypeError for any other type (a float, a bool, a collection holding a non-integer)
+    and TraceError for a malformed or reversed string or an empty collection."""
+    if spec is None or isinstance(spec, str):
+        if spec is not None:
+            _steps_bounds(spec)
+        return spec
+    if isinstance(spec, bool) or not isinstance(spec, (int, range, list, tuple, set, frozenset)):
+        raise TypeError(
+            f"steps: expected 'N..M', a step number, a range or a list of step numbers, not "
+            f"{type(spec).__name__}"
+        )
+    vals = [spec] if isinstance(spec, int) else list(spec)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
+        bad = next(v for v in vals if isinstance(v, bool) or not isinstance(v, int))
+        raise TypeError(f"steps: step numbers are integers, not {type(bad).__name__} {bad!r}")
+    if not vals:
+        raise TraceError("steps: the collection of step numbers is empty")
+    return tuple(sorted(set(vals)))
+
+
+def _steps_bounds(spec: str) -> tuple[float, float]:
+    """``"N..M"`` -> (N, M) with open ends as infinities. Raises TraceError when malformed or
+    reversed."""
     m = re.fullmatch(r"\s*(\d+)?\s*(\.\.)?\s*(\d+)?\s*", spec)
     if not m or (m.group(1) is None and m.group(3) is None):
         raise TraceError(f"steps {spec!r}: expected N..M, N.. , ..M or N")
@@ -171,11 +200,30 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
     hi = int(m.group(3)) if m.group(3) else (math.inf if m.group(2) else lo)
     if hi < lo:
         raise TraceError(f"steps {spec}: the range is reversed (write {int(hi)}..{int(lo)})")
+    return lo, hi
+
+
+def parse_steps(spec: StepsSpec, available: list[int]) -> list[int]:
+    """``spec`` (see :data:`StepsSpec`) -> the listed steps present in the trace (``available``,
+    sorted). A string keeps the steps inside its range; numbers must all be in the trace.
+
+    Raises TypeError for a spec of another type (:func:`check_steps`), TraceError for a
+    malformed string, a string that matches no step, or a number the trace does not have.
+    """
+    spec = check_steps(spec)
+    if spec is None:
+        return available
+    has = f"the trace has steps {available[0]}..{available[-1]}" if available else "no steps"
+    if isinstance(spec, tuple):
+        missing = sorted(set(spec) - set(available))
+        if missing:
+            listed = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise TraceError(f"steps: no step {listed}; {has}")
+        return list(spec)
+    lo, hi = _steps_bounds(spec)
     chosen = [s for s in available if lo <= s <= hi]
     if not chosen:
-        raise TraceError(
-            f"steps {spec}: no such steps; the trace has steps {available[0]}..{available[-1]}"
-        )
+        raise TraceError(f"steps {spec}: no such steps; {has}")
     return chosen
 
 
@@ -527,7 +575,7 @@ def diagnose(
     peak_tflops: float | None = None,
     bandwidth_gbs: float | None = None,
     calibration: str | None = None,
-    steps: str | None = None,
+    steps: StepsSpec = None,
 ) -> Diagnosis:
     """Diagnose a loaded trace.
 
@@ -536,10 +584,13 @@ def diagnose(
         device: GPU name whose datasheet peaks to use instead of the trace's (``--device``).
         peak_tflops, bandwidth_gbs: explicit ceilings (TFLOP/s, GB/s) overriding everything.
         calibration: a ``tracedx calibrate`` JSON file (measured ceilings beat datasheets).
-        steps: ``"N..M"`` to analyse only those ProfilerStep numbers.
+        steps: the ProfilerStep numbers to analyse: ``"N..M"`` (inclusive; ``"N.."``,
+            ``"..M"``, ``"N"``), a step number, a ``range`` or a list of step numbers
+            (:data:`StepsSpec`); None for all.
 
     Returns:
-        Diagnosis. Raises TraceError (exit 2 in the CLI) for a bad ``steps`` spec or device.
+        Diagnosis. Raises TraceError (exit 2 in the CLI) for a bad ``steps`` spec or device,
+        TypeError for a ``steps`` of another type.
     """
     from tracedx.devices import resolve_device
 
@@ -644,7 +695,7 @@ def diagnose(
     )
 
 
-def _analysed_steps(trace: Trace, spec: str | None, notes: list[str]) -> list[int]:
+def _analysed_steps(trace: Trace, spec: StepsSpec, notes: list[str]) -> list[int]:
     """The step numbers to analyse: ``spec`` (:func:`parse_steps`), less a step the script
     ended inside when no range was asked for. Appends the notes on that choice to ``notes``.
 

@@ -21,6 +21,7 @@ Speedups are ratios BEFORE / AFTER (> 1 is faster).
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -549,7 +550,7 @@ REGRESSION_PCT = 5.0
 bound as a fix worth recommending (:data:`tracedx.analysis.findings.MIN_RECOMMENDED_SPEEDUP`)."""
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class TraceDiff(Presentable):
     """The result of :func:`diff`. DataFrames are per step (means over the analysed steps).
 
@@ -598,6 +599,8 @@ class TraceDiff(Presentable):
         "text": "tracedx.report.diff_report:render_text",
         "md": "tracedx.report.diff_report:render_markdown",
         "html": "tracedx.report.diff_html:render_diff_html",
+        "json": "tracedx.report.diff_report:render_json",
+        "figures": "tracedx.report.diff_html:diff_figures",
     }
 
     @property
@@ -1191,7 +1194,12 @@ def _as_diagnosis(x: Trace | Diagnosis, which: str, **kw) -> Diagnosis:
         return x
     if isinstance(x, Trace):
         return diagnose(x, **kw)
-    raise TraceError(f"{which}: expected a tracedx Trace or Diagnosis, got {type(x).__name__}")
+    if isinstance(x, (str, os.PathLike)):
+        raise TypeError(
+            f"{which}: diff takes loaded traces or diagnoses, not a path: "
+            f"tracedx.diff(tracedx.load({str(x)!r}), ...)"
+        )
+    raise TypeError(f"{which}: expected a tracedx Trace or Diagnosis, got {type(x).__name__}")
 
 
 def diff(
@@ -1210,7 +1218,8 @@ def diff(
             once, and ``TraceDiff.fix`` names them joined by `` + ``.
 
     Returns:
-        TraceDiff. Raises TraceError (exit 2 in the CLI) for an unknown fix id.
+        TraceDiff. Raises TraceError (exit 2 in the CLI) for an unknown fix id, TypeError for
+        a side that is not a Trace or Diagnosis (a path: load it first).
     """
     given = None if fix is None else [x.strip() for x in re.split(r"[,+]", fix) if x.strip()]
     for x in given or []:

@@ -245,7 +245,7 @@ def combined_speedup(m: StepModel, findings: list) -> float:
     return m.predict() / new if new > 0 else math.inf
 
 
-@dataclass
+@dataclass(repr=False)
 class Finding:
     """One fix with its Amdahl estimate. Times in ms per step; ``fraction`` f is of the step."""
 
@@ -267,6 +267,22 @@ class Finding:
     per sample times today's batch (ms per today's batch of samples, comparable with the step
     it is against), and the larger step itself takes ``batch_factor`` times that."""
 
+    @property
+    def estimated_ms_per_batch(self) -> float:
+        """ms per today's batch of samples after the fix: the step time for every fix but
+        larger-batch, whose larger step holds ``batch_factor`` times the samples."""
+        return self.estimated_step_ms
+
+    def __repr__(self) -> str:
+        # one short line: the derivation and evidence are long (print them on their own)
+        per = " per sample" if self.batch_factor else ""
+        rec = "" if self.recommended else ", not recommended"
+        return (
+            f"<Finding {self.fix}: {self.estimated_speedup:.2f}x{per} -> "
+            f"{self.estimated_ms_per_batch:.3f} ms per batch, f = {self.fraction:.0%}{rec}; "
+            ".derivation, .evidence>"
+        )
+
     def to_dict(self) -> dict:
         s = self.local_speedup
         return {
@@ -279,7 +295,7 @@ class Finding:
             "estimated_step_ms": round(self.estimated_step_ms, 6),
             # ms per today's batch of samples: the step time for every fix but larger-batch,
             # whose step holds batch_factor times the samples
-            "estimated_ms_per_batch": round(self.estimated_step_ms, 6),
+            "estimated_ms_per_batch": round(self.estimated_ms_per_batch, 6),
             "batch_factor": self.batch_factor,
             "derivation": self.derivation,
             "evidence": self.evidence,

@@ -54,7 +54,7 @@ LB_DIFFUSE = 0.9
 IDLE_BOUND = 0.5
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class Job:
     """A job: its ranks' summaries (sorted by rank) and the notes of discovery and loading.
 
@@ -83,7 +83,7 @@ class Job:
         )
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class JobDiagnosis(Presentable):
     """What binds a job and what each fix is worth.
 
@@ -132,6 +132,8 @@ class JobDiagnosis(Presentable):
         "text": "tracedx.report.job:render_text",
         "md": "tracedx.report.job:render_markdown",
         "html": "tracedx.report.job_html:render_job_html",
+        "json": "tracedx.report.job:render_json",
+        "figures": "tracedx.report.job_html:job_figures",
     }
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,11 +141,6 @@ class JobDiagnosis(Presentable):
         from tracedx.report.job import job_dict
 
         return job_dict(self)
-
-    def to_json(self) -> str:
-        from tracedx.report.job import render_json
-
-        return render_json(self)
 
     def to_html(self) -> str:
         """The job's HTML report (per-rank table, rank-by-step wait heatmap): one document."""

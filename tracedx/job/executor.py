@@ -187,13 +187,23 @@ def plan_workers(
 # --------------------------------------------------------------------------------------------
 
 
-def summary_name(path: str, size: int, mtime: float) -> str:
+def summary_name(path: str, size: int, mtime: float, options: dict | None = None) -> str:
     """The summaries-directory entry of a trace: its file name and a hash of its path, size,
-    mtime and the tracedx version, so a changed file or a new tracedx never reuses a stale
-    summary (``rank-3.json.gz.1f0c...e2.summary``)."""
+    mtime, the tracedx version and the options it is summarised with (``steps``, device
+    peaks, a calibration file by path, size and mtime, ``repair``), so a changed file, a new
+    tracedx or other options never reuse a stale summary (``rank-3.json.gz.1f0c...e2.summary``)."""
     from tracedx import __version__
 
-    key = f"{path}\0{size}\0{mtime!r}\0{__version__}".encode()
+    opts = dict(options or {})
+    cal = opts.get("calibration")
+    if cal is not None:
+        try:
+            st = os.stat(cal)
+            opts["calibration"] = (os.fspath(cal), st.st_size, st.st_mtime_ns)
+        except OSError:  # the task reports it
+            opts["calibration"] = os.fspath(cal)
+    listed = repr(sorted((k, v) for k, v in opts.items() if v is not None))
+    key = f"{path}\0{size}\0{mtime!r}\0{__version__}\0{listed}".encode()
     base = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").rsplit("/", 1)[-1])[:80]
     return f"{base}.{hashlib.sha256(key).hexdigest()[:16]}{SUMMARY_SUFFIX}"
 
@@ -360,7 +370,7 @@ def map_ranks(
                 size, mtime = file_identity(path)
             except OSError:
                 size, mtime = -1, 0.0  # the task reports the missing file as a note
-            name = summary_name(path, size, mtime)
+            name = summary_name(path, size, mtime, options)
             stored = read_stored(os.path.join(store, name), path) if size >= 0 else None
             if stored is not None:
                 results[i] = RankResult(path, summary=stored, reused=True)

@@ -60,10 +60,14 @@ def load_job(
     :func:`~tracedx.job.discover.resolve_ranks`.
 
     Raises :class:`~tracedx.errors.TraceError` when the inputs name no trace (see
-    ``expand_inputs``) or when no file can be read (with one file, its own error).
+    ``expand_inputs``), when no file can be read (with one file, its own error) or for a
+    malformed ``steps`` string; TypeError at once for an unknown option or a ``steps`` of the
+    wrong type (:func:`~tracedx.job.summary.check_options`).
     """
     from tracedx.job.diagnosis import Job
+    from tracedx.job.summary import check_options
 
+    options = check_options(options, "load_job")  # before any file is read or task sent
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     files = expand_inputs(items)
     _check_heads(files)

@@ -649,6 +649,23 @@ _LOAD_OPTIONS = ("repair",)
 _DIAGNOSE_OPTIONS = ("device", "peak_tflops", "bandwidth_gbs", "calibration", "steps")
 
 
+def check_options(options: dict, where: str = "summarize_path") -> dict:
+    """``options`` of :func:`summarize_path` checked before any file is read: the same dict,
+    ``steps`` in :func:`~tracedx.analysis.diagnosis.check_steps`' form.
+
+    Raises TypeError for an unknown option or a ``steps`` of the wrong type, TraceError for a
+    malformed ``steps`` string."""
+    unknown = sorted(set(options) - set(_LOAD_OPTIONS) - set(_DIAGNOSE_OPTIONS))
+    if unknown:
+        known = ", ".join((*_LOAD_OPTIONS, *_DIAGNOSE_OPTIONS))
+        raise TypeError(f"{where}: unknown option(s) {', '.join(unknown)} (known: {known})")
+    if options.get("steps") is not None:
+        from tracedx.analysis.diagnosis import check_steps
+
+        options = {**options, "steps": check_steps(options["steps"])}
+    return options
+
+
 def summarize_path(path: str | os.PathLike, **options) -> RankSummary:
     """Load, diagnose and summarise one trace file: the per-rank map, a pure function of the file.
 
@@ -662,16 +679,14 @@ def summarize_path(path: str | os.PathLike, **options) -> RankSummary:
         RankSummary; ``meta['path']`` is ``path`` as given.
 
     Raises:
-        TypeError: an unknown option. tracedx.errors.TraceFormatError / TraceError: the file
+        TypeError: an unknown option (:func:`check_options`). tracedx.errors.TraceFormatError / TraceError: the file
         cannot be read or holds nothing to analyse (one line naming the file).
     """
     from tracedx.analysis.diagnosis import diagnose
     from tracedx.errors import TraceFormatError
     from tracedx.trace import load
 
-    unknown = sorted(set(options) - set(_LOAD_OPTIONS) - set(_DIAGNOSE_OPTIONS))
-    if unknown:
-        raise TypeError(f"summarize_path: unknown option(s) {', '.join(unknown)}")
+    options = check_options(options)
     lopts = {k: v for k, v in options.items() if k in _LOAD_OPTIONS}
     dopts = {k: v for k, v in options.items() if k in _DIAGNOSE_OPTIONS}
     name = os.fspath(path)

@@ -79,10 +79,19 @@ def diagnosis_repr(diag) -> str:
         f"<Diagnosis of {_name(d['trace']['path'])}: {dev}, {_steps_label(st)}>",
         f"  {_verdict(d)}",
         f"  step {_ms(st['step_time_ms'])} (median per step); " + _busy_idle(st, _idle_cause(d)),
-        f"  top fixes: {fixes or 'none worth 5% or more'}",
+        f"  top fixes{_against(d)}: {fixes or 'none worth 5% or more'}",
         "  (.to_text() for the full report, .figures() for plots)",
     ]
     return _fit("\n".join(lines))
+
+
+def _against(d: dict) -> str:
+    """`` (against the unprofiled 9.896 ms step)`` when the estimates are not against the
+    traced median step the line before shows; else nothing."""
+    ref = d["estimates_against"] or {}
+    if ref.get("kind") != "unprofiled" or ref.get("step_ms") is None:
+        return ""
+    return f" (against the unprofiled {_ms(ref['step_ms'])} step)"
 
 
 REPR_WIDTH = 100
@@ -231,7 +240,7 @@ def diff_repr(td) -> str:
     rows = "; ".join(f"{k} {_t(v)}" for k, v in _diff_rows(d))
     return _fit(
         f"<TraceDiff {_name(d['before']['path'])} -> {_name(d['after']['path'])}>\n"
-        f"  {_diff_verdict(d)}\n  {rows}\n  (.to_text() for the full report)"
+        f"  {_diff_verdict(d)}\n  {rows}\n  (.to_text() for the full report, .figures() for plots)"
     )
 
 
@@ -290,7 +299,7 @@ def job_repr(jd) -> str:
     return _fit(
         f"<JobDiagnosis: {_job_head(d)}>\n  {_t(_job_verdict(d))}\n  {rows}\n"
         f"  top fixes: {fixes or 'none worth 5% or more'}\n"
-        "  (.to_text() for the full report, .write_html(path) for the job page)"
+        "  (.to_text() for the full report, .figures() for plots, .write_html(path) for the job page)"
     )
 
 
@@ -317,7 +326,18 @@ class _NotebookFigure:
         bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs) or {}
         if "text/html" not in bundle:
             bundle["text/html"] = self.to_html(include_plotlyjs="cdn", full_html=False)
+        bundle.setdefault("text/plain", repr(self))  # what a terminal (IPython) shows
         return bundle
+
+    def __repr__(self) -> str:
+        # plotly's repr is the figure's whole JSON: hundreds of lines in a terminal
+        title = self.layout.title.text if self.layout.title else None
+        what = f" {_t(title)!r}" if title else ""
+        n = len(self.data)
+        return (
+            f"<plotly Figure{what}: {n} trace{'s' * (n != 1)}; .show(), "
+            ".write_html(path), .to_dict()>"
+        )
 
     def _ipython_display_(self):
         # plotly's own display sends only the renderer's MIME types; send the bundle above
@@ -327,6 +347,13 @@ class _NotebookFigure:
         if not (pio.renderers.render_on_display and pio.renderers.default):
             return super()._ipython_display_()
         display(self._repr_mimebundle_(), raw=True)
+
+
+class Figures(dict):
+    """A result's figures by name (a dict), with a short repr: one line per figure."""
+
+    def __repr__(self) -> str:
+        return "{" + ",\n ".join(f"{k!r}: {v!r}" for k, v in self.items()) + "}"
 
 
 def notebook_figure(fig):

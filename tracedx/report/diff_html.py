@@ -42,6 +42,12 @@ CSS = """
 SIDES = ("before", "after")
 
 
+def diff_figures(td) -> dict[str, go.Figure]:
+    """``{"estimate", "sides"}`` -> Figure, in report order (:func:`estimate_figure`,
+    :func:`sides_figure`)."""
+    return {"estimate": estimate_figure(td), "sides": sides_figure(td)}
+
+
 def estimate_figure(td) -> go.Figure:
     """Step times (ms, median) of BEFORE, BEFORE's Amdahl estimate after the fix, and AFTER,
     one bar per clock: traced, and unprofiled where both traces carry it. The estimate is drawn

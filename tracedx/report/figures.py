@@ -523,16 +523,24 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
     launch calls and blocking syncs; per GPU stream its kernels (coloured by kind), copies and
     memsets; and the GPU's idle gaps, coloured by cause and the largest shaded across all rows.
 
-    ``step`` defaults to the step whose step time is closest to the median."""
+    ``step`` defaults to the step whose step time is closest to the median. Raises ValueError
+    for a step that was not analysed (the message lists those that were), TypeError for a
+    ``step`` that is not an int."""
     tr = diag.trace
     if step is None:
         step = representative_step(diag)
-    if step is None:
-        return _empty("Step timeline", "no step to draw")
+        if step is None:
+            return _empty("Step timeline", "no step to draw")
+    elif isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step: a step number (int), not {type(step).__name__} {step!r}")
     title = f"Step timeline: step {step}" + (" (whole trace)" if tr.steps_synthetic else "")
     w = _primary_windows(diag).filter(pl.col("step") == step)
     if w.height == 0:
-        return _empty(title, f"step {step} was not analysed")
+        done = diag.steps
+        raise ValueError(
+            f"step {step} was not analysed: the diagnosis has "
+            + (f"steps {done[0]}..{done[-1]}" if done else "no steps")
+        )
     win = w.row(0, named=True)
     starts = [v for v in (win["cpu_start_us"], win["gpu_start_us"]) if v is not None]
     ends = [v for v in (win["cpu_end_us"], win["gpu_end_us"]) if v is not None]
@@ -856,11 +864,12 @@ def fixes_figure(diag) -> go.Figure:
     return _layout(fig, title, max(260, 120 + 56 * len(found)))
 
 
-def all_figures(diag) -> dict[str, go.Figure]:
-    """``{"roofline", "timeline", "breakdown", "fixes"}`` -> Figure, in report order."""
+def all_figures(diag, step: int | None = None) -> dict[str, go.Figure]:
+    """``{"roofline", "timeline", "breakdown", "fixes"}`` -> Figure, in report order; the
+    timeline of ``step`` (:func:`timeline_figure`)."""
     return {
         "roofline": roofline_figure(diag),
-        "timeline": timeline_figure(diag),
+        "timeline": timeline_figure(diag, step),
         "breakdown": breakdown_figure(diag),
         "fixes": fixes_figure(diag),
     }

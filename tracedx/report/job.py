@@ -168,9 +168,16 @@ def _rank_verdict(r: dict) -> str:
     return bott or "n/a"
 
 
-def render_text(jd) -> str:
+def render_text(jd, width: int | None = None) -> str:
     """The terminal report: verdict, evidence, ranks (median per step), collectives per process
-    group, fixes."""
+    group, fixes; wrapped to ``width`` columns (default :data:`tracedx.console.WIDTH`, as one
+    trace's report: :func:`tracedx.console.fit`)."""
+    from tracedx.console import WIDTH, fit
+
+    return fit(_text(jd), width or WIDTH)
+
+
+def _text(jd) -> str:
     d = job_dict(jd)
     st = d["steps"]
     out: list[str] = []

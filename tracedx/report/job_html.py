@@ -45,6 +45,12 @@ def _pct(v) -> str:
     return "n/a" if v is None else f"{v:.0%}"
 
 
+def job_figures(jd) -> dict[str, go.Figure]:
+    """``{"wait_heatmap", "ranks"}`` -> Figure, in report order (:func:`wait_heatmap`,
+    :func:`ranks_figure`)."""
+    return {"wait_heatmap": wait_heatmap(jd), "ranks": ranks_figure(jd)}
+
+
 def wait_heatmap(jd) -> go.Figure:
     """Ranks (y) by steps (x): each rank's exposed wait in each step (ms; ``exposed_wait_us``
     of :func:`tracedx.job.metrics.rank_step_metrics`), on a light-to-dark scale; the hover adds
