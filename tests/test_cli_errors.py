@@ -34,6 +34,8 @@ def cases() -> list[tuple[str, Path, list[str]]]:
         ("truncated", BAD / "truncated.json", ["truncated", "90 bytes"]),
         ("cut-gzip", BAD / "cut.json.gz", ["truncated gzip", "`--repair` loads"]),
         ("no-traceEvents", BAD / "no_trace_events.json", ["traceEvents"]),
+        # a JSON array of other objects (a results list) is not the legacy array format
+        ("array-not-events", BAD / "not_events.json", ["not a chrome trace", "2 objects", "`ph`"]),
         (
             "non-utf8",
             BAD / "non_utf8.json",

@@ -351,6 +351,13 @@ def decode(p: Path, data: bytes) -> TraceFile:
 
 def _as_tracefile(p: Path, doc: TraceFile | list) -> TraceFile:
     if isinstance(doc, list):  # legacy autograd-profiler array format
+        if doc and not any(e.ph is not None or e.ts is not None for e in doc):
+            # every trace event has a phase and a time (Trace Event Format, "ph" and "ts");
+            # an array of other objects (a results list, a config) is not a trace
+            raise TraceFormatError(
+                f"{p}: JSON is not a chrome trace: an array of {len(doc):,} objects, none with "
+                "a trace event's `ph` or `ts` field"
+            )
         return TraceFile(traceEvents=doc, schemaVersion="legacy-array")
     if doc.traceEvents is None:
         raise TraceFormatError(f"{p}: JSON is not a chrome trace: it has no `traceEvents` array")
