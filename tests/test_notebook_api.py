@@ -136,3 +136,17 @@ def test_load_with_cache_reads_back_the_tables(tmp_path, monkeypatch):
     second, hit = cached_load(p)
     assert hit and second.kernels.equals(first.kernels) and second.ops.equals(first.ops)
     assert tracedx.load(p, cache=True).launches.equals(first.launches)
+
+
+def test_a_python_script_is_refused_by_load_and_the_command_alike():
+    from click.testing import CliRunner
+
+    from tests.conftest import ROOT
+    from tracedx.cli import main
+    from tracedx.errors import TraceFormatError
+
+    script = ROOT / "capture" / "add_loop.py"
+    with pytest.raises(TraceFormatError, match="is a Python script, not a trace: `tracedx capture"):
+        tracedx.load(script)
+    r = CliRunner().invoke(main, ["diagnose", str(script)])
+    assert r.exit_code == 2 and "is a Python script, not a trace" in r.stderr

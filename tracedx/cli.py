@@ -210,11 +210,6 @@ def _one_trace(path: str, expects: str, instead: str) -> None:
 def _load(path, repair, no_cache, status=None):
     """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
     go to stderr."""
-    if str(path).endswith(".py") and os.path.isfile(path):
-        raise TraceError(
-            f"{path} is a Python script, not a trace: `tracedx capture {path}` runs it under "
-            "torch.profiler and writes its trace"
-        )
     progress = status.reading(path) if status else None
     if no_cache:
         from tracedx.trace import load

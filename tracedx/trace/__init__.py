@@ -373,6 +373,11 @@ def load(path: str | Path, *, repair: bool = False, progress=None, cache: bool =
         raise TraceFormatError(
             f"{p}: is a directory, not a trace file (a job's traces: tracedx.load_job)"
         )
+    if p.suffix == ".py" and p.is_file():
+        raise TraceFormatError(
+            f"{p} is a Python script, not a trace: `tracedx capture {p}` runs it under "
+            "torch.profiler and writes its trace (in Python: `with tracedx.profile(): ...`)"
+        )
     if cache:
         import warnings
 
