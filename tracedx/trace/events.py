@@ -263,7 +263,14 @@ class CommMEvent(_CommFields, tag_field="ph", tag="M"):
     ph: ClassVar[str] = "M"
 
 
-CommFastEvent = Union[(CommXEvent, CommMEvent, *_SKIPPED)]  # noqa: UP007 (a tuple of types)
+class CommIEvent(_CommFields, tag_field="ph", tag="i"):
+    # (without it, a chunk with collectives and an instant event failed the fast reader, and
+    # the whole trace was read by the reference reader: HTA's nccl_parser_config test trace)
+    args: CommAnyArgs | None = None
+    ph: ClassVar[str] = "i"
+
+
+CommFastEvent = Union[(CommXEvent, CommMEvent, CommIEvent, *_SKIPPED)]  # noqa: UP007 (a tuple of types)
 CommTraceDocument = CommTraceFile | list[CommEvent]
 
 
