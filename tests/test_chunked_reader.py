@@ -62,6 +62,25 @@ def test_many_chunks_equal_the_reference(small_chunks, tmp_path, gzipped):
     _same(ref, fast)
 
 
+def test_a_plain_file_under_two_chunks_is_decoded_whole(tmp_path, monkeypatch):
+    """Between one and two chunks, a plain file is decoded in one piece (read at once), gzip
+    is still cut into chunks; both give the reference tables."""
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    size = plain.stat().st_size
+    monkeypatch.setattr(source, "CHUNK_BYTES", size * 2 // 3)
+    monkeypatch.setattr(source, "_READ_BYTES", 64 << 10)
+    ref = _reference(plain)
+    fast, chunks = _fast(plain)
+    assert chunks == 1
+    _same(ref, fast)
+    fast_gz, chunks_gz = _fast(SAMPLE)
+    assert chunks_gz == 2
+    _same(ref, fast_gz)
+    monkeypatch.setattr(source, "CHUNK_BYTES", size // 2)  # exactly two chunks: cut
+    assert _fast(plain)[1] == 2
+
+
 @pytest.fixture
 def forced_worker(small_chunks, monkeypatch):
     """The worker starts whatever the size and load, and is ready before the read begins (the

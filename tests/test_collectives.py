@@ -245,3 +245,36 @@ def test_kernel_args_without_device_and_stream(tmp_path):
             del ev["args"]["device"], ev["args"]["stream"]
     r = _one(b, tmp_path).collectives.row(0, named=True)
     assert (r["device"], r["stream"], r["meta_source"], r["seq"]) == (0, 20, "kernel", 9)
+
+
+def test_collectives_and_memory_events_stay_on_the_fast_reader(tmp_path, monkeypatch):
+    """A chunk with collective metadata and [memory] instant events is read by the fast reader
+    (it had no instant event type with collective args, so the whole trace went to the
+    reference reader), with the same tables."""
+    from tracedx.trace import source
+    from tracedx.trace.tables import TableBuilder
+
+    b = TraceBuilder()
+    b.step(1, T0, 500)
+    b.collective(T0 + 10, 5, T0 + 20, 10, seq=9)
+    mem = {"Total Reserved": 4096, "Total Allocated": 512, "Bytes": 512, "Device Id": 0}
+    b.events.append(
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": T0 + 12,
+         "args": {**mem, "Device Type": 1}}
+    )  # fmt: skip
+    p = b.write(tmp_path / "t.json")
+    fast = tracedx.load(p)
+
+    def refuse(*a, **k):
+        raise source._NotFast("the reference reader, for comparison")
+
+    monkeypatch.setattr(source, "_read_fast", refuse)
+    ref = tracedx.load(p)
+    monkeypatch.undo()
+    assert source.has_comms(p.read_bytes())
+    source._read_fast(p, TableBuilder())  # no _NotFast: no fall-back
+    assert fast.memory.height == ref.memory.height == 1
+    assert fast.memory["reserved_bytes"].to_list() == [4096]
+    assert fast.comm_args.height == ref.comm_args.height > 0
+    for t in ("kernels", "ops", "memory", "comm_args", "launches"):
+        assert getattr(fast, t).equals(getattr(ref, t), null_equal=True), t

