@@ -42,6 +42,17 @@ def ps_to_us(ps: np.ndarray) -> np.ndarray:
     return np.asarray(ps).astype(np.float64) / PS_PER_US
 
 
+def grouped_ps_to_us(ps: np.ndarray, groups: int | None = None) -> np.ndarray:
+    """Sums of int64 picoseconds as the Float64 microseconds a polars
+    ``group_by(...).agg(sum_us(...))`` of ``groups`` groups (default: one per sum) gives: of
+    one group the quotient (:func:`ps_to_us`), of several the product by the reciprocal of
+    10^6 (polars 2.1 divides a column of more than one row by a scalar so; checked on 2 to
+    1000 groups of random sums)."""
+    us = np.asarray(ps).astype(np.float64)
+    one = (len(us) if groups is None else groups) == 1
+    return us / PS_PER_US if one else us * (1.0 / PS_PER_US)
+
+
 def sum_us_of(us) -> float:
     """:func:`sum_us` of a whole column, in numpy: the same float (a single sum is divided)."""
     return float(to_ps(us).sum()) / PS_PER_US
