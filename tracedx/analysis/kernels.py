@@ -6,6 +6,7 @@ communication, other. Rules are ordered (first match wins) and match lower-cased
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracedx.analysis.intervals import sum_us, sum_us_of
@@ -22,6 +23,8 @@ KINDS = (
     "communication",
     "other",
 )
+KIND_CODES = tuple(sorted(KINDS))
+"""The kinds sorted by name: a kind's code is its index here (:func:`kind_codes`)."""
 
 # (kind, regex on the lower-cased kernel name). Order matters.
 _RULES: list[tuple[str, str]] = [
@@ -71,6 +74,26 @@ def kernel_name_kinds(trace) -> pl.DataFrame:
         )
 
     return trace.memo("kernel_name_kinds", (trace.kernels,), build)
+
+
+def kernel_name_codes(trace) -> np.ndarray:
+    """Per row of ``trace.kernels``, the row of its name in :func:`kernel_name_kinds` (uint32,
+    shape (kernels,)): the names' kinds and flags become array look-ups (``kind[codes]``), each
+    kernel's name hashed once per kernels table rather than once per analysis that reads it."""
+
+    def build() -> np.ndarray:
+        names = kernel_name_kinds(trace)
+        codes = pl.Series(np.arange(names.height, dtype=np.uint32))
+        got = trace.kernels["name"].replace_strict(names["name"], codes, return_dtype=pl.UInt32)
+        return got.to_numpy().astype(np.uint32, copy=False)  # (no names: an empty object array)
+
+    return trace.memo("kernel_name_codes", (trace.kernels,), build)
+
+
+def kind_codes(name_kinds: pl.DataFrame) -> np.ndarray:
+    """The ``kind`` of each row of :func:`kernel_name_kinds` as its index in :data:`KIND_CODES`
+    (the kinds sorted by name), int64."""
+    return name_kinds["kind"].cast(pl.Enum(KIND_CODES)).to_physical().to_numpy().astype(np.int64)
 
 
 def gpu_breakdown(
