@@ -567,15 +567,7 @@ def diagnose(
     summary: dict[str, Any] = {"steps": n, "devices": _device_summaries(w)}
     primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
     # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
-    in_chosen = pl.col("step").is_in(chosen)
-    gpu = (
-        trace.gpu_activity()
-        .lazy()
-        .filter(in_chosen if primary is None else in_chosen & (pl.col("device") == primary))
-        .select("kind", "name", "duration_us")  # what gpu_breakdown reads
-        .collect()
-    )
-    kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
+    kinds = gpu_breakdown(trace, chosen, primary, n)
     peer_note = _peer_wait_note(trace, kinds, n)
     if peer_note:
         notes.append(peer_note)
