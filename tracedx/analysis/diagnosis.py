@@ -18,7 +18,7 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, overlap, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.intervals import inside, mask_of, overlap, ps_to_us, sum_us, to_ps, union
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
 from tracedx.analysis.ops import (
     is_in,
@@ -916,7 +916,7 @@ def _step_model(
     mine = is_in(sc_step, np.asarray(steps))
     sc_step, sc_us = sc_step[mine], sc["duration_us"].to_numpy()[mine]
     sc_op = sc["op_id"].cast(pl.Float64).to_numpy()[mine]  # NaN: no op
-    pageable = (sc["blocking_reason"] == "pageable memcpy").fill_null(False).to_numpy()[mine]
+    pageable = mask_of(sc["blocking_reason"] == "pageable memcpy")[mine]
     sync_us = per_step_median(sc_step[~pageable], sc_us[~pageable])
     sync_count = int((~pageable).sum()) / n
     # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
@@ -958,7 +958,7 @@ def _step_model(
     host_events = (len(op_us) + la_n) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n
     no_gpu_events = int((no_gpu_side | ops_dl).sum()) / n + float(la_dl.sum()) / n
-    graphs = int((la["api_kind"] == "graph").fill_null(False).to_numpy()[la_mine].sum()) / n
+    graphs = int(mask_of(la["api_kind"] == "graph")[la_mine].sum()) / n
     kernels = float(w["kernels"].mean() or 0.0)
     cpu = float(w["cpu_time_us"].median() or 0.0)
     gpu_top_host = _float_sum(op_us[is_top & gpu_side & ~ops_dl]) / n

@@ -58,6 +58,18 @@ def sum_us_of(us) -> float:
     return float(to_ps(us).sum()) / PS_PER_US
 
 
+def mask_of(s: pl.Series) -> np.ndarray:
+    """A Boolean Series as a numpy bool array, null as False. (``fill_null`` on a Series is a
+    polars query, 0.15 ms whatever its length: only a Series with nulls pays it.)"""
+    return (s.fill_null(False) if s.null_count() else s).to_numpy()
+
+
+def ints_of(s: pl.Series, null: int) -> np.ndarray:
+    """An integer Series as an int64 numpy array, nulls as ``null`` (as ``fill_null`` gives,
+    without its polars query when there are none)."""
+    return (s.fill_null(null) if s.null_count() else s).to_numpy().astype(np.int64, copy=False)
+
+
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals [start, end) into disjoint sorted intervals.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import grouped_ps_to_us, sum_us_of, to_ps
+from tracedx.analysis.intervals import grouped_ps_to_us, mask_of, sum_us_of, to_ps
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -111,7 +111,7 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
     for t, kernels in ((trace.kernels, True), (trace.memcpys, False), (trace.memsets, False)):
         on = np.isin(t["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))  # (NaN: none)
         if device is not None:
-            on &= (t["device"] == device).fill_null(False).to_numpy()
+            on &= mask_of(t["device"] == device)
         if kernels:
             codes.append(kind_codes(kernel_name_kinds(trace))[kernel_name_codes(trace)[on]])
         else:

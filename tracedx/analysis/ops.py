@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_us, to_ps
+from tracedx.analysis.intervals import PS_PER_US, ints_of, mask_of, ps_to_us, sum_us, to_ps
 from tracedx.analysis.kernels import KIND_CODES, kernel_name_codes, kernel_name_kinds, kind_codes
 from tracedx.trace import Trace
 from tracedx.trace.link import find_rows
@@ -52,21 +52,21 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     gpu = trace.gpu_activity()
     on = launched(gpu)
     gpu_op = gpu["op_id"].to_numpy()[on].astype(np.int64)
-    gpu_is_kernel = (gpu["kind"] == "kernel").fill_null(False).to_numpy()[on]
+    gpu_is_kernel = mask_of(gpu["kind"] == "kernel")[on]
     gpu_us = gpu["duration_us"].to_numpy()[on]
     names = kernel_name_kinds(trace)
     kt = trace.kernels
     on = launched(kt)
     k_op = kt["op_id"].to_numpy()[on].astype(np.int64)
     k_blocks = (
-        kt["grid_x"].fill_null(1) * kt["grid_y"].fill_null(1) * kt["grid_z"].fill_null(1)
-    ).to_numpy()[on]
+        ints_of(kt["grid_x"], 1)[on] * ints_of(kt["grid_y"], 1)[on] * ints_of(kt["grid_z"], 1)[on]
+    )
     codes = kernel_name_codes(trace)[on]
     # the kind as its position in KINDS_SORTED (counted in numpy)
     k_kind = kind_codes(names)[codes]
     k_tf32 = names["tf32"].to_numpy()[codes]
     m = trace.memcpys
-    on = launched(m) & m["direction"].is_in(["HtoD", "DtoH"]).fill_null(False).to_numpy()
+    on = launched(m) & mask_of(m["direction"].is_in(["HtoD", "DtoH"]))
     hd_op = m["op_id"].to_numpy()[on].astype(np.int64)
     hd_us = m["duration_us"].to_numpy()[on]
     op_ids, of_gpu = _groups(gpu_op)

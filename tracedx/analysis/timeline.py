@@ -48,6 +48,8 @@ from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and
 from tracedx.analysis.intervals import (
     gaps_in,
     grouped_ps_to_us,
+    ints_of,
+    mask_of,
     overlap,
     owned_union,
     sum_us,
@@ -183,9 +185,9 @@ def step_windows(trace: Trace) -> pl.DataFrame:
         "start": _arr(gpu, "start_us"),
         "end": _arr(gpu, "end_us"),
         "duration": _arr(gpu, "duration_us"),
-        "kernel": (gpu["kind"] == "kernel").fill_null(False).to_numpy(),
-        "memcpy": (gpu["kind"] == "memcpy").fill_null(False).to_numpy(),
-        "memset": (gpu["kind"] == "memset").fill_null(False).to_numpy(),
+        "kernel": mask_of(gpu["kind"] == "kernel"),
+        "memcpy": mask_of(gpu["kind"] == "memcpy"),
+        "memset": mask_of(gpu["kind"] == "memset"),
     }
     devices = trace.devices
     parts = []
@@ -195,7 +197,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
         elif len(devices) == 1 and gpu["device"].null_count() == 0:
             mine = np.ones(gpu.height, dtype=bool)  # (no filter: the trace's one device)
         else:
-            mine = (gpu["device"] == dev).fill_null(False).to_numpy()
+            mine = mask_of(gpu["device"] == dev)
         parts.append(
             _device_windows(step_no, cpu_start, cpu_end, {k: v[mine] for k, v in ev.items()}, dev)
         )
@@ -386,7 +388,7 @@ def _copy_bytes_and_syncs(
     m = trace.memcpys
     m_step = m["step"].cast(pl.Float64).to_numpy()
     m_dev = m["device"].cast(pl.Float64).to_numpy()
-    m_bytes = m["bytes"].fill_null(0).to_numpy().astype(np.int64)
+    m_bytes = ints_of(m["bytes"], 0)
     copy_bytes = np.zeros(len(step), dtype=np.int64)
     for dev in np.unique(device[~np.isnan(device)]) if m.height else []:
         rows = device == dev
