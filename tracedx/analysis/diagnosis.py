@@ -465,9 +465,9 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     step traced on gpt2_decode-compile, as much as the view ops it replaced; 0.05 ms on
     gpt2_train-compile).
     """
-    st = trace.steps.filter(pl.col("step").is_in(steps))
-    n = max(st.height, 1)
-    if st.height == 0:
+    st_on = is_in(trace.steps["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+    n = max(int(st_on.sum()), 1)
+    if not st_on.any():
         return 0.0, 0.0, 0.0
     ann = optimizer_windows(trace)
     dl = dataloader_windows(trace)
@@ -514,7 +514,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
         np.concatenate([top["start_us"].to_numpy(), out_s]),
         np.concatenate([top["end_us"].to_numpy(), out_e]),
     )
-    a, b = st["start_us"].to_numpy(), st["end_us"].to_numpy()
+    a, b = trace.steps["start_us"].to_numpy()[st_on], trace.steps["end_us"].to_numpy()[st_on]
     python = float(((b - a) - overlap(cs, ce, a, b)).sum())
     return python / n, float(no_gpu_us), float(events)
 
@@ -586,7 +586,10 @@ def diagnose(
         wp = w.filter(w["device"] == primary)
         largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
         largest = largest.head(5)
-        model = _step_model(trace, chosen, wp, causes.filter(causes["device"] == primary), n)
+        on = causes["device"] == primary
+        # (no filter when every row is the primary's: the step model reads arrays only)
+        mine = causes if on.all() and not on.null_count() else causes.filter(on)
+        model = _step_model(trace, chosen, wp, mine, n)
     regime, bottleneck, evidence = _verdict(
         trace, wp, kinds, memcpy, ops_tbl, model, primary, host_op=host_op
     )
@@ -1517,13 +1520,19 @@ def _findings(
     out.append(fx.dataloader_workers(m))
     # pinned memory
     # pageable copies that bandwidth-limit the step (small DtoH copies are syncs, not this)
-    page = trace.memcpys.filter(
-        pl.col("step").is_in(steps)
-        & (pl.col("device") == primary)
-        & ((pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable"))
-        & ((pl.col("direction") == "HtoD") | (pl.col("bytes").fill_null(0) >= 2**20))
-    ).rename({"duration_us": "device_time_us"})
-    if page.height:
+    mc = trace.memcpys
+    # (no pageable copy in the trace, the usual case: no polars filter)
+    page = (
+        mc.filter(
+            pl.col("step").is_in(steps)
+            & (pl.col("device") == primary)
+            & ((pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable"))
+            & ((pl.col("direction") == "HtoD") | (pl.col("bytes").fill_null(0) >= 2**20))
+        ).rename({"duration_us": "device_time_us"})
+        if ((mc["src_memory"] == "Pageable") | (mc["dst_memory"] == "Pageable")).any()
+        else None
+    )
+    if page is not None and page.height:
         pinned = memcpy.filter(pl.col("host_memory") == "Pinned")
         # (copies of no measured duration give no bandwidth)
         if pinned.height and pinned["bytes"].sum() > 2**20 and pinned["device_time_us"].sum() > 0:
