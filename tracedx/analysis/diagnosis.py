@@ -18,8 +18,8 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, overlap, ps_to_us, sum_us, to_ps, union
-from tracedx.analysis.kernels import gpu_breakdown, kernel_name_kinds
+from tracedx.analysis.intervals import inside, mask_of, overlap, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.kernels import gpu_breakdown, kernel_name_codes, kernel_name_kinds
 from tracedx.analysis.ops import (
     is_in,
     op_arrays,
@@ -352,9 +352,19 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
     }  # fmt: skip
     names = kernel_name_kinds(trace)
     in_steps = pl.col("step").is_in(steps) & (pl.col("device") == device)
+    # whether each kernel is fusable, by its name (looked up through kernel_name_codes: a
+    # replace_strict of every kernel's name cost 0.5 ms more at 10 MB)
+    fusable = np.array(
+        [
+            kind in FUSABLE_KINDS and not name.startswith("triton_")
+            for name, kind in zip(names["name"], names["kind"], strict=True)
+        ],
+        dtype=bool,
+    )
     # (lazy: the filter reads only the columns selected)
     k = (
         trace.kernels.lazy()
+        .with_columns(fus=pl.lit(pl.Series(fusable[kernel_name_codes(trace)])))
         .filter(in_steps)
         .select(
             "step",
@@ -365,13 +375,7 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
             "name",
             "top_op_id",
             "launch_start_us",
-            fus=pl.col("name").replace_strict(
-                names["name"],
-                [
-                    kind in FUSABLE_KINDS and not name.startswith("triton_")
-                    for name, kind in zip(names["name"], names["kind"], strict=True)
-                ],
-            ),
+            "fus",
         )
         .collect()
     )
@@ -509,9 +513,9 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     step traced on gpt2_decode-compile, as much as the view ops it replaced; 0.05 ms on
     gpt2_train-compile).
     """
-    st = trace.steps.filter(pl.col("step").is_in(steps))
-    n = max(st.height, 1)
-    if st.height == 0:
+    st_on = is_in(trace.steps["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+    n = max(int(st_on.sum()), 1)
+    if not st_on.any():
         return 0.0, 0.0, 0.0
     ann = optimizer_windows(trace)
     dl = dataloader_windows(trace)
@@ -558,7 +562,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
         np.concatenate([top["start_us"].to_numpy(), out_s]),
         np.concatenate([top["end_us"].to_numpy(), out_e]),
     )
-    a, b = st["start_us"].to_numpy(), st["end_us"].to_numpy()
+    a, b = trace.steps["start_us"].to_numpy()[st_on], trace.steps["end_us"].to_numpy()[st_on]
     python = float(((b - a) - overlap(cs, ce, a, b)).sum())
     return python / n, float(no_gpu_us), float(events)
 
@@ -618,15 +622,7 @@ def diagnose(
     summary: dict[str, Any] = {"steps": n, "devices": _device_summaries(w)}
     primary, dev_notes = _primary_device(trace, w, dev_notes, notes)
     # what the primary device's time is spent on: kernel kinds, copies, ops on the roofline
-    in_chosen = pl.col("step").is_in(chosen)
-    gpu = (
-        trace.gpu_activity()
-        .lazy()
-        .filter(in_chosen if primary is None else in_chosen & (pl.col("device") == primary))
-        .select("kind", "name", "duration_us")  # what gpu_breakdown reads
-        .collect()
-    )
-    kinds = gpu_breakdown(gpu, n, kernel_name_kinds(trace))
+    kinds = gpu_breakdown(trace, chosen, primary, n)
     peer_note = _peer_wait_note(trace, kinds, n)
     if peer_note:
         notes.append(peer_note)
@@ -641,7 +637,10 @@ def diagnose(
         wp = w.filter(w["device"] == primary)
         largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
         largest = largest.head(5)
-        model = _step_model(trace, chosen, wp, causes.filter(causes["device"] == primary), n)
+        on = causes["device"] == primary
+        # (no filter when every row is the primary's: the step model reads arrays only)
+        mine = causes if on.all() and not on.null_count() else causes.filter(on)
+        model = _step_model(trace, chosen, wp, mine, n)
     regime, bottleneck, evidence = _verdict(
         trace, wp, kinds, memcpy, ops_tbl, model, primary, host_op=host_op
     )
@@ -968,10 +967,14 @@ def _step_model(
         c: per_step_median(c_step[cause == c], c_idle[cause == c])
         for c in np.unique(cause).tolist()
     }
-    sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
-    sc_step, sc_us = sc["step"].to_numpy(), sc["duration_us"].to_numpy()
-    sc_op = sc["op_id"].to_numpy().astype(float)  # NaN: no op
-    pageable = (sc["blocking_reason"] == "pageable memcpy").to_numpy()
+    # the analysed steps' syncs and launch calls as numpy arrays (masks, not polars filters:
+    # each of those costs a fixed 0.1-0.3 ms)
+    sc = sync_calls(trace)
+    sc_step = sc["step"].cast(pl.Float64).to_numpy()
+    mine = is_in(sc_step, np.asarray(steps))
+    sc_step, sc_us = sc_step[mine], sc["duration_us"].to_numpy()[mine]
+    sc_op = sc["op_id"].cast(pl.Float64).to_numpy()[mine]  # NaN: no op
+    pageable = mask_of(sc["blocking_reason"] == "pageable memcpy")[mine]
     sync_us = per_step_median(sc_step[~pageable], sc_us[~pageable])
     sync_count = int((~pageable).sum()) / n
     # a sync issued by an op that also made a pageable copy (x.to(device) from pageable memory
@@ -1006,22 +1009,20 @@ def _step_model(
     op_us = o["duration_us"][in_steps]
     ops_dl = inside(dl_s, dl_e, o["start_us"][in_steps])
     host_no_gpu = _float_sum(op_us[is_top & no_gpu_side & ~ops_dl]) / n + dl_us
-    la = (
-        trace.launches.lazy()
-        .filter(pl.col("step").is_in(steps))
-        .select("start_us", "api_kind", "op_id")
-        .collect()
-    )
-    la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy())
-    host_events = (len(op_us) + la.height) / n
+    la = trace.launches
+    la_mine = is_in(la["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+    la_n = int(la_mine.sum())
+    la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy()[la_mine])
+    host_events = (len(op_us) + la_n) / n
     dl_events = (int(ops_dl.sum()) + int(la_dl.sum())) / n
     no_gpu_events = int((no_gpu_side | ops_dl).sum()) / n + float(la_dl.sum()) / n
-    graphs = int((la["api_kind"] == "graph").sum()) / n
+    graphs = int(mask_of(la["api_kind"] == "graph")[la_mine].sum()) / n
     kernels = float(w["kernels"].mean() or 0.0)
     cpu = float(w["cpu_time_us"].median() or 0.0)
     gpu_top_host = _float_sum(op_us[is_top & gpu_side & ~ops_dl]) / n
     gpu_tree_events = (
-        int((gpu_side & ~ops_dl).sum()) / n + (la.height - la["op_id"].null_count()) / n
+        int((gpu_side & ~ops_dl).sum()) / n
+        + int(la["op_id"].is_not_null().to_numpy()[la_mine].sum()) / n
     )
     # host time per kernel: launching threads can overlap (autograd), so never more than H / K
     h_total = max(cpu - sync_us - page_us, 0.0)
@@ -1570,13 +1571,19 @@ def _findings(
     out.append(fx.dataloader_workers(m))
     # pinned memory
     # pageable copies that bandwidth-limit the step (small DtoH copies are syncs, not this)
-    page = trace.memcpys.filter(
-        pl.col("step").is_in(steps)
-        & (pl.col("device") == primary)
-        & ((pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable"))
-        & ((pl.col("direction") == "HtoD") | (pl.col("bytes").fill_null(0) >= 2**20))
-    ).rename({"duration_us": "device_time_us"})
-    if page.height:
+    mc = trace.memcpys
+    # (no pageable copy in the trace, the usual case: no polars filter)
+    page = (
+        mc.filter(
+            pl.col("step").is_in(steps)
+            & (pl.col("device") == primary)
+            & ((pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable"))
+            & ((pl.col("direction") == "HtoD") | (pl.col("bytes").fill_null(0) >= 2**20))
+        ).rename({"duration_us": "device_time_us"})
+        if ((mc["src_memory"] == "Pageable") | (mc["dst_memory"] == "Pageable")).any()
+        else None
+    )
+    if page is not None and page.height:
         pinned = memcpy.filter(pl.col("host_memory") == "Pinned")
         # (copies of no measured duration give no bandwidth)
         if pinned.height and pinned["bytes"].sum() > 2**20 and pinned["device_time_us"].sum() > 0:

@@ -42,9 +42,32 @@ def ps_to_us(ps: np.ndarray) -> np.ndarray:
     return np.asarray(ps).astype(np.float64) / PS_PER_US
 
 
+def grouped_ps_to_us(ps: np.ndarray, groups: int | None = None) -> np.ndarray:
+    """Sums of int64 picoseconds as the Float64 microseconds a polars
+    ``group_by(...).agg(sum_us(...))`` of ``groups`` groups (default: one per sum) gives: of
+    one group the quotient (:func:`ps_to_us`), of several the product by the reciprocal of
+    10^6 (polars 2.1 divides a column of more than one row by a scalar so; checked on 2 to
+    1000 groups of random sums)."""
+    us = np.asarray(ps).astype(np.float64)
+    one = (len(us) if groups is None else groups) == 1
+    return us / PS_PER_US if one else us * (1.0 / PS_PER_US)
+
+
 def sum_us_of(us) -> float:
     """:func:`sum_us` of a whole column, in numpy: the same float (a single sum is divided)."""
     return float(to_ps(us).sum()) / PS_PER_US
+
+
+def mask_of(s: pl.Series) -> np.ndarray:
+    """A Boolean Series as a numpy bool array, null as False. (``fill_null`` on a Series is a
+    polars query, 0.15 ms whatever its length: only a Series with nulls pays it.)"""
+    return (s.fill_null(False) if s.null_count() else s).to_numpy()
+
+
+def ints_of(s: pl.Series, null: int) -> np.ndarray:
+    """An integer Series as an int64 numpy array, nulls as ``null`` (as ``fill_null`` gives,
+    without its polars query when there are none)."""
+    return (s.fill_null(null) if s.null_count() else s).to_numpy().astype(np.int64, copy=False)
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,12 +16,12 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, ps_to_us, sum_us, to_ps
-from tracedx.analysis.kernels import KINDS, kernel_name_kinds
+from tracedx.analysis.intervals import PS_PER_US, ints_of, mask_of, ps_to_us, sum_us, to_ps
+from tracedx.analysis.kernels import KIND_CODES, kernel_name_codes, kernel_name_kinds, kind_codes
 from tracedx.trace import Trace
 from tracedx.trace.link import find_rows
 
-KINDS_SORTED = sorted(KINDS)
+KINDS_SORTED = list(KIND_CODES)
 
 
 def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
@@ -41,58 +41,51 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
 
 
 def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
-    launched = pl.col("op_id").is_not_null()
-    if steps is not None:
-        launched = launched & pl.col("step").is_in(steps)
-    # (lazy: the filters read only the columns selected, not every column of 1.5 million GPU
-    # events at 1 GB)
-    gpu = (
-        trace.gpu_activity()
-        .lazy()
-        .filter(launched)
-        .select("op_id", "duration_us", is_kernel=pl.col("kind") == "kernel")
-        .collect()
-    )
+    # the rows in numpy masks over the tables' arrays (a lazy filter per table cost 1-2 ms of
+    # fixed overhead at 10 MB; at 1 GB the copies are the same)
+    def launched(t: pl.DataFrame) -> np.ndarray:
+        keep = t["op_id"].is_not_null().to_numpy()
+        if steps is not None:
+            keep &= is_in(t["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+        return keep
+
+    gpu = trace.gpu_activity()
+    on = launched(gpu)
+    gpu_op = gpu["op_id"].to_numpy()[on].astype(np.int64)
+    gpu_is_kernel = mask_of(gpu["kind"] == "kernel")[on]
+    gpu_us = gpu["duration_us"].to_numpy()[on]
     names = kernel_name_kinds(trace)
-    k = (
-        trace.kernels.lazy()
-        .filter(launched)
-        .select(
-            "op_id",
-            blocks=pl.col("grid_x").fill_null(1)
-            * pl.col("grid_y").fill_null(1)
-            * pl.col("grid_z").fill_null(1),
-            # the kind as its position in KINDS_SORTED (counted in numpy)
-            kind=pl.col("name")
-            .replace_strict(names["name"], names["kind"])
-            .cast(pl.Enum(KINDS_SORTED))
-            .to_physical(),
-            tf32=pl.col("name").replace_strict(names["name"], names["tf32"]),
-        )
-        .collect()
+    kt = trace.kernels
+    on = launched(kt)
+    k_op = kt["op_id"].to_numpy()[on].astype(np.int64)
+    k_blocks = (
+        ints_of(kt["grid_x"], 1)[on] * ints_of(kt["grid_y"], 1)[on] * ints_of(kt["grid_z"], 1)[on]
     )
-    hd = trace.memcpys.filter(launched & pl.col("direction").is_in(["HtoD", "DtoH"]))
-    op_ids, of_gpu = _groups(gpu["op_id"].to_numpy())
-    kernels = _group_sums(of_gpu, len(op_ids), gpu["is_kernel"].to_numpy().astype(np.int64))
+    codes = kernel_name_codes(trace)[on]
+    # the kind as its position in KINDS_SORTED (counted in numpy)
+    k_kind = kind_codes(names)[codes]
+    k_tf32 = names["tf32"].to_numpy()[codes]
+    m = trace.memcpys
+    on = launched(m) & mask_of(m["direction"].is_in(["HtoD", "DtoH"]))
+    hd_op = m["op_id"].to_numpy()[on].astype(np.int64)
+    hd_us = m["duration_us"].to_numpy()[on]
+    op_ids, of_gpu = _groups(gpu_op)
+    kernels = _group_sums(of_gpu, len(op_ids), gpu_is_kernel.astype(np.int64))
     # the kernel columns of each op (ops that launched only copies or memsets have none)
-    k_ops, of_k = _groups(k["op_id"].to_numpy())
+    k_ops, of_k = _groups(k_op)
     at = np.searchsorted(op_ids, k_ops)
     has_k = np.zeros(len(op_ids), dtype=bool)
     has_k[at] = True
     blocks = np.zeros(len(op_ids), dtype=np.int64)
-    np.maximum.at(blocks, at[of_k], k["blocks"].to_numpy())
+    np.maximum.at(blocks, at[of_k], k_blocks)
     tf32 = np.zeros(len(op_ids), dtype=bool)
-    np.logical_or.at(tf32, at[of_k], k["tf32"].to_numpy())
+    np.logical_or.at(tf32, at[of_k], k_tf32)
     kind = np.full(len(op_ids), None, dtype=object)
-    kind[at] = np.array(KINDS_SORTED, dtype=object)[
-        _most_common(of_k, len(k_ops), k["kind"].to_numpy().astype(np.int64))
-    ]
-    hd_ops, of_hd = _groups(hd["op_id"].to_numpy())
+    kind[at] = np.array(KINDS_SORTED, dtype=object)[_most_common(of_k, len(k_ops), k_kind)]
+    hd_ops, of_hd = _groups(hd_op)
     copy_ps = np.zeros(len(op_ids), dtype=np.int64)
-    copy_ps[np.searchsorted(op_ids, hd_ops)] = _group_sums(
-        of_hd, len(hd_ops), to_ps(hd["duration_us"].to_numpy())
-    )
-    device_ps = _group_sums(of_gpu, len(op_ids), to_ps(gpu["duration_us"].to_numpy()))
+    copy_ps[np.searchsorted(op_ids, hd_ops)] = _group_sums(of_hd, len(hd_ops), to_ps(hd_us))
+    device_ps = _group_sums(of_gpu, len(op_ids), to_ps(gpu_us))
     return pl.DataFrame(
         {
             "op_id": pl.Series(op_ids, dtype=pl.Int64),

@@ -45,7 +45,17 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import CAUSES  # noqa: F401  (re-exported: the reports and the job read it here)
-from tracedx.analysis.intervals import gaps_in, overlap, owned_union, sum_us, union
+from tracedx.analysis.intervals import (
+    gaps_in,
+    grouped_ps_to_us,
+    ints_of,
+    mask_of,
+    overlap,
+    owned_union,
+    sum_us,
+    to_ps,
+    union,
+)
 from tracedx.analysis.ops import is_in, op_arrays, op_column_of
 from tracedx.trace import Trace
 
@@ -158,152 +168,251 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     events cover the rest: what the idle causes split), idle_fraction, kernels, memcpys, memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
     pageable memcpys included: :func:`sync_calls`). A trace without GPU activity gets device null
     and null GPU columns (never "100 % idle").
+
+    The few rows (steps x devices) are worked out in numpy over the GPU events' arrays: each
+    polars call costs a fixed 0.1-0.3 ms whatever its rows, and the 30 of them this took were
+    a quarter of a 10 MB trace's diagnosis. The floats are the ones polars gave: sums of times
+    as exact picoseconds (:func:`~tracedx.analysis.intervals.sum_us`), converted as a
+    ``group_by`` converts them (:func:`~tracedx.analysis.intervals.grouped_ps_to_us`).
     """
     steps = trace.steps.sort("start_us")
-    # the columns read below: each filter then copies these, not every column
-    gpu = trace.gpu_activity().select("device", "step", "kind", "start_us", "end_us", "duration_us")
-    rows = [
-        _device_windows(
-            steps, _on_device(gpu, dev, len(trace.devices)) if dev is not None else gpu.clear(), dev
+    step_no = steps["step"].to_numpy()
+    cpu_start = _arr(steps, "start_us")
+    cpu_end = _arr(steps, "end_us")
+    gpu = trace.gpu_activity()
+    ev = {
+        "step": gpu["step"].cast(pl.Float64).to_numpy(),  # NaN: no step
+        "start": _arr(gpu, "start_us"),
+        "end": _arr(gpu, "end_us"),
+        "duration": _arr(gpu, "duration_us"),
+        "kernel": mask_of(gpu["kind"] == "kernel"),
+        "memcpy": mask_of(gpu["kind"] == "memcpy"),
+        "memset": mask_of(gpu["kind"] == "memset"),
+    }
+    devices = trace.devices
+    parts = []
+    for dev in devices or [None]:
+        if dev is None:
+            mine = np.zeros(gpu.height, dtype=bool)
+        elif len(devices) == 1 and gpu["device"].null_count() == 0:
+            mine = np.ones(gpu.height, dtype=bool)  # (no filter: the trace's one device)
+        else:
+            mine = mask_of(gpu["device"] == dev)
+        parts.append(
+            _device_windows(step_no, cpu_start, cpu_end, {k: v[mine] for k, v in ev.items()}, dev)
         )
-        for dev in trace.devices or [None]
-    ]
-    out = _step_metrics(pl.concat(rows, how="vertical_relaxed"), trace.has_gpu_activity)
-    return (
-        _with_copy_bytes_and_syncs(out, trace)
-        .select(list(_WINDOW_COLUMNS))
-        .sort("device", "step", nulls_last=True)
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    has_gpu = trace.has_gpu_activity
+    step_time = cols["window_end_us"] - cols["window_start_us"]
+    idle = np.where(cols["_idle_us"] < 0.0, 0.0, cols["_idle_us"]) if has_gpu else None
+    cols["step_time_us"] = step_time
+    if not has_gpu:
+        cols["gpu_busy_us"] = np.full(len(step_time), np.nan)
+        cols["idle_us"] = np.full(len(step_time), np.nan)
+        cols["idle_fraction"] = np.full(len(step_time), np.nan)
+    else:
+        cols["idle_us"] = idle
+        pos = step_time > 0
+        frac = np.full(len(step_time), np.nan)
+        frac[pos] = idle[pos] / step_time[pos]
+        cols["idle_fraction"] = frac
+    cols["memcpy_bytes"], cols["sync_us"] = _copy_bytes_and_syncs(
+        trace, cols["step"], cols["device"]
+    )
+    # by device, then step (a null device last)
+    dev_key = np.where(np.isnan(cols["device"]), np.inf, cols["device"])
+    order = np.lexsort((cols["step"], dev_key))
+    return pl.DataFrame(
+        [
+            pl.Series(c, cols[c][order], dtype=dtype, nan_to_null=dtype == pl.Float64)
+            if dtype != pl.Int64 or c != "device"
+            else pl.Series(c, cols[c][order], nan_to_null=True).cast(pl.Int64)
+            for c, dtype in _WINDOW_COLUMNS.items()
+        ]
     )
 
 
-_WINDOW_COLUMNS = (
-    "step",
-    "device",
-    "cpu_start_us",
-    "cpu_end_us",
-    "cpu_time_us",
-    "gpu_start_us",
-    "gpu_end_us",
-    "gpu_window_us",
-    "window_start_us",
-    "window_end_us",
-    "overlap_prev_us",
-    "step_time_us",
-    "gpu_busy_us",
-    "idle_us",
-    "idle_fraction",
-    "kernels",
-    "memcpys",
-    "memsets",
-    "memcpy_us",
-    "memcpy_bytes",
-    "sync_us",
-)
+_WINDOW_COLUMNS = {
+    "step": pl.Int64,
+    "device": pl.Int64,
+    "cpu_start_us": pl.Float64,
+    "cpu_end_us": pl.Float64,
+    "cpu_time_us": pl.Float64,
+    "gpu_start_us": pl.Float64,
+    "gpu_end_us": pl.Float64,
+    "gpu_window_us": pl.Float64,
+    "window_start_us": pl.Float64,
+    "window_end_us": pl.Float64,
+    "overlap_prev_us": pl.Float64,
+    "step_time_us": pl.Float64,
+    "gpu_busy_us": pl.Float64,
+    "idle_us": pl.Float64,
+    "idle_fraction": pl.Float64,
+    "kernels": pl.UInt32,
+    "memcpys": pl.UInt32,
+    "memsets": pl.UInt32,
+    "memcpy_us": pl.Float64,
+    "memcpy_bytes": pl.Int64,
+    "sync_us": pl.Float64,
+}
 
 
-def _device_windows(steps: pl.DataFrame, g: pl.DataFrame, dev: int | None) -> pl.DataFrame:
-    """One device's steps (``g``: its GPU events): the CPU and GPU windows, the tiled windows
-    (``window_start_us``, ``window_end_us``), busy and idle time (``_idle_us``, unclipped)."""
-    s = _chosen_windows(_gpu_windows(steps, g, dev))
-    starts, ends = _tile(s)
-    s = s.with_columns(
-        window_start_us=pl.Series(starts, dtype=pl.Float64),
-        window_end_us=pl.Series(ends, dtype=pl.Float64),
-    )
-    busy = _busy_per_step(g, s["step"].to_list(), starts, ends)
+def _device_windows(
+    step_no: np.ndarray,
+    cpu_start: np.ndarray,
+    cpu_end: np.ndarray,
+    g: dict[str, np.ndarray],
+    dev: int | None,
+) -> dict[str, np.ndarray]:
+    """One device's steps (``step_no``, CPU windows ``cpu_start`` to ``cpu_end``, in CPU start
+    order; ``g``: its GPU events' arrays, a NaN step for none): per step, the CPU and GPU
+    windows, the tiled windows (``window_start_us``, ``window_end_us``), the counts, busy and
+    idle time (``_idle_us``, unclipped); NaN where the column is null."""
+    n = len(step_no)
+    # the GPU events by launching step: first start, last end, counts, memcpy time
+    has_step = ~np.isnan(g["step"])
+    keys, of = np.unique(g["step"][has_step], return_inverse=True)
+    first = np.full(len(keys), np.inf)
+    np.minimum.at(first, of, g["start"][has_step])
+    last_end = np.full(len(keys), -np.inf)
+    np.maximum.at(last_end, of, g["end"][has_step])
+    counts = {
+        kind: np.bincount(of[g[kind][has_step]], minlength=len(keys))
+        for kind in ("kernel", "memcpy", "memset")
+    }
+    memcpy_ps = np.zeros(len(keys), dtype=np.int64)
+    is_copy = g["memcpy"][has_step]
+    np.add.at(memcpy_ps, of[is_copy], to_ps(g["duration"][has_step][is_copy]))
+    memcpy_us = grouped_ps_to_us(memcpy_ps)
+    # each step's group (-1: no GPU event launched in it)
+    at = np.searchsorted(keys, step_no) if len(keys) else np.zeros(n, dtype=np.int64)
+    at = np.minimum(at, max(len(keys) - 1, 0))
+    found = (keys[at] == step_no) if len(keys) else np.zeros(n, dtype=bool)
+
+    def per_step(v: np.ndarray, missing: float) -> np.ndarray:
+        out = np.full(n, missing)
+        out[found] = v[at[found]]
+        return out
+
+    gpu_start = per_step(first, np.nan)
+    # the GPU window ends where the next step with GPU work starts its first event (its own
+    # last end for the last such step, or where that next start is not later)
+    with_gpu = np.flatnonzero(found)
+    nxt = np.searchsorted(with_gpu, np.arange(n), side="right")
+    later = np.full(n, np.nan)
+    has_later = nxt < len(with_gpu)
+    later[has_later] = gpu_start[with_gpu[nxt[has_later]]]
+    use_later = has_later & (later > gpu_start)
+    gpu_end = np.where(found, np.where(use_later, later, per_step(last_end, np.nan)), np.nan)
+    cpu_time = cpu_end - cpu_start
+    gpu_window = gpu_end - gpu_start
+    # The steps' intervals: GPU windows when, over the steps, the GPU windows are the longer
+    # (the GPU binds and lags the CPU), else CPU windows. One choice for all steps, so the
+    # intervals tile the timeline; choosing per step mixes windows that are offset in time.
+    # (The sums are polars', in its order of additions.)
+    gpu_sum = pl.Series(gpu_window, dtype=pl.Float64, nan_to_null=True).sum() or 0.0
+    cpu_sum = pl.Series(cpu_time, dtype=pl.Float64).sum() or 0.0
+    gpu_longer = ~np.isnan(gpu_window) & (gpu_sum > cpu_sum)
+    chosen_start = np.where(gpu_longer, gpu_start, cpu_start)
+    chosen_end = np.where(gpu_longer, gpu_end, cpu_end)
+    # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
+    # the previous step's GPU window): a step starts no earlier than the previous ended.
+    ended = np.concatenate([[-np.inf], np.maximum.accumulate(chosen_end)[:-1]])[:n]
+    starts = np.maximum.accumulate(np.maximum(chosen_start, ended)) if n else np.empty(0)
+    # each window ends where the next begins (a gap between two ProfilerStep ranges, the step
+    # marker's own host time, is the earlier step's); the last at its own end
+    ends = starts.copy()
+    if n:
+        ends[:-1] = starts[1:]
+        ends[-1] = max(float(chosen_end[-1]), starts[-1])
+    busy = _busy_per_step(g, step_no, starts, ends)
     # The device's idle time inside each window (what the idle causes split): the window
     # less the part any GPU event covers, whichever step launched it.
-    ms, me = union(_arr(g, "start_us"), _arr(g, "end_us"))
-    idle = (ends - starts) - overlap(ms, me, starts, ends) if s.height else np.empty(0)
-    return s.with_columns(
-        gpu_busy_us=pl.Series(busy).cast(pl.Float64),
-        _idle_us=pl.Series(idle, dtype=pl.Float64),
-        # how much of the step's own (CPU or GPU) window the previous step already counted
-        overlap_prev_us=(pl.col("window_start_us") - pl.col("chosen_start_us")).clip(
-            lower_bound=0.0
-        ),
-    ).drop("gpu_longer", "chosen_start_us", "chosen_end_us")
+    ms, me = union(g["start"], g["end"])
+    idle = (ends - starts) - overlap(ms, me, starts, ends) if n else np.empty(0)
+    # how much of the step's own (CPU or GPU) window the previous step already counted
+    prev = starts - chosen_start
+    return {
+        "step": step_no,
+        "device": np.full(n, np.nan if dev is None else float(dev)),
+        "cpu_start_us": cpu_start,
+        "cpu_end_us": cpu_end,
+        "cpu_time_us": cpu_time,
+        "gpu_start_us": gpu_start,
+        "gpu_end_us": gpu_end,
+        "gpu_window_us": gpu_window,
+        "window_start_us": starts,
+        "window_end_us": ends,
+        "overlap_prev_us": np.where(prev < 0.0, 0.0, prev),
+        "gpu_busy_us": busy.astype(np.float64),
+        "_idle_us": idle,
+        "kernels": per_step(counts["kernel"], 0).astype(np.int64),
+        "memcpys": per_step(counts["memcpy"], 0).astype(np.int64),
+        "memsets": per_step(counts["memset"], 0).astype(np.int64),
+        "memcpy_us": per_step(memcpy_us, 0.0),
+    }
 
 
-def _gpu_windows(steps: pl.DataFrame, g: pl.DataFrame, dev: int | None) -> pl.DataFrame:
-    """Per step, in CPU start order: its CPU window, its GPU events' counts, and its GPU
-    window, from its first GPU event to the next step's first (its own last end for the last)."""
-    first = (
-        g.filter(pl.col("step").is_not_null())
-        .group_by("step")
-        .agg(
-            gpu_start_us=pl.col("start_us").min(),
-            last_end_us=pl.col("end_us").max(),
-            kernels=(pl.col("kind") == "kernel").sum(),
-            memcpys=(pl.col("kind") == "memcpy").sum(),
-            memsets=(pl.col("kind") == "memset").sum(),
-            memcpy_us=sum_us(pl.when(pl.col("kind") == "memcpy").then(pl.col("duration_us"))),
-        )
-    )
-    s = (
-        steps.select(
-            "step",
-            pl.col("start_us").alias("cpu_start_us"),
-            pl.col("end_us").alias("cpu_end_us"),
-        )
-        .join(first, on="step", how="left")
-        .sort("cpu_start_us")
-    )
-    # the GPU window ends where the next step with GPU work starts its first event
-    later = pl.col("gpu_start_us").shift(-1).fill_null(strategy="backward")
-    return s.with_columns(
-        gpu_end_us=pl.when(pl.col("gpu_start_us").is_null())
-        .then(None)
-        .when(later.is_not_null() & (later > pl.col("gpu_start_us")))
-        .then(later)
-        .otherwise(pl.col("last_end_us")),
-        device=pl.lit(dev, pl.Int64),
-    )
+def _busy_per_step(
+    g: dict[str, np.ndarray], steps: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """GPU busy of each of ``steps`` (windows ``starts`` to ``ends``): the union of the GPU
+    events it launched (kernels, memcpys, memsets; ``g``'s arrays), an instant shared with an
+    earlier step's events counted there only. An event with no launch record (launched before
+    the trace, correlation lost) is the step whose interval holds its start."""
+    # each event's step as its index in ``steps`` (a sorted look-up: a dict per event took
+    # 16 ms at 1 GB)
+    keys = np.asarray(steps, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    ev_step = g["step"]
+    own = is_in(ev_step, keys)  # (a NaN step is in none)
+    owner = order[np.searchsorted(keys[order], ev_step[own].astype(np.int64))]
+    st_, en_ = g["start"][own], g["end"][own]
+    orphan = np.isnan(ev_step)
+    if orphan.any() and len(steps):
+        o_start = g["start"][orphan]
+        k = np.searchsorted(starts, o_start, side="right") - 1
+        keep = (k >= 0) & (o_start < ends[-1])
+        st_ = np.concatenate([st_, o_start[keep]])
+        en_ = np.concatenate([en_, g["end"][orphan][keep]])
+        owner = np.concatenate([owner, k[keep]])
+    return owned_union(st_, en_, owner, len(steps))
 
 
-def _chosen_windows(s: pl.DataFrame) -> pl.DataFrame:
-    """The steps' intervals: all GPU windows or all CPU windows (``chosen_start_us``,
-    ``chosen_end_us``), and where each starts once no step overlaps the one before
-    (``window_start_us``)."""
-    return (
-        s.with_columns(
-            cpu_time_us=pl.col("cpu_end_us") - pl.col("cpu_start_us"),
-            gpu_window_us=pl.col("gpu_end_us") - pl.col("gpu_start_us"),
-        )
-        .with_columns(
-            # The steps' intervals: GPU windows when, over the analysed steps, the GPU
-            # windows are the longer (the GPU binds and lags the CPU), else CPU windows
-            # One choice for all steps, so the intervals tile the timeline;
-            # choosing per step mixes windows that are offset in time.
-            gpu_longer=pl.col("gpu_window_us").is_not_null()
-            & (pl.col("gpu_window_us").sum() > pl.col("cpu_time_us").sum()),
-        )
-        .with_columns(
-            chosen_start_us=pl.when("gpu_longer").then("gpu_start_us").otherwise("cpu_start_us"),
-            chosen_end_us=pl.when("gpu_longer").then("gpu_end_us").otherwise("cpu_end_us"),
-        )
-        # Steps never overlap (a CPU window kept for a step with no GPU work could lie inside
-        # the previous step's GPU window): a step starts no earlier than the previous ended.
-        .with_columns(
-            window_start_us=pl.max_horizontal(
-                "chosen_start_us",
-                pl.col("chosen_end_us").cum_max().shift(1).fill_null(float("-inf")),
-            ).cum_max(),
-        )
-    )
+def _copy_bytes_and_syncs(
+    trace: Trace, step: np.ndarray, device: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (``step``, ``device``: NaN for none) the bytes of its memcpys and the host time
+    blocked in sync calls of its step (any device): ``memcpy_bytes`` (int64) and ``sync_us``,
+    0 where none. Times as exact picoseconds, converted as a ``group_by("step")`` does."""
+    m = trace.memcpys
+    m_step = m["step"].cast(pl.Float64).to_numpy()
+    m_dev = m["device"].cast(pl.Float64).to_numpy()
+    m_bytes = ints_of(m["bytes"], 0)
+    copy_bytes = np.zeros(len(step), dtype=np.int64)
+    for dev in np.unique(device[~np.isnan(device)]) if m.height else []:
+        rows = device == dev
+        copy_bytes[rows] = _sums_at(m_step[m_dev == dev], m_bytes[m_dev == dev], step[rows])
+    sc = sync_calls(trace)
+    s_step = sc["step"].cast(pl.Float64).to_numpy()
+    n_groups = len(np.unique(s_step[~np.isnan(s_step)]))
+    sync_ps = _sums_at(s_step, to_ps(_arr(sc, "duration_us")), step)
+    return copy_bytes, grouped_ps_to_us(sync_ps, n_groups)
 
 
-def _tile(s: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the windows that tile the device timeline: each step ends where the
-    next begins (a gap between two ProfilerStep ranges, the step marker's own host time, is the
-    earlier step's); the last ends at its own end."""
-    starts = s["window_start_us"].to_numpy().astype(float)
-    if s.height:
-        ends = np.append(starts[1:], float(s["chosen_end_us"][-1]))
-        ends[-1] = max(ends[-1], starts[-1])
-    else:
-        ends = starts
-    return starts, ends
+def _sums_at(keys: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The int64 sums of ``values`` per key of ``keys`` (floats, NaN: no key, counted
+    nowhere), at each key of ``at`` (0 for a key with no rows)."""
+    known = ~np.isnan(keys)
+    uniq, of = np.unique(keys[known], return_inverse=True)
+    sums = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(sums, of, values[known])
+    out = np.zeros(len(at), dtype=np.int64)
+    if len(uniq):
+        pos = np.minimum(np.searchsorted(uniq, at), len(uniq) - 1)
+        hit = uniq[pos] == at
+        out[hit] = sums[pos[hit]]
+    return out
 
 
 def _on_device(gpu: pl.DataFrame, dev: int, devices: int) -> pl.DataFrame:
@@ -313,82 +422,6 @@ def _on_device(gpu: pl.DataFrame, dev: int, devices: int) -> pl.DataFrame:
     if devices == 1 and gpu["device"].null_count() == 0:
         return gpu
     return gpu.filter(pl.col("device") == dev)
-
-
-def _busy_per_step(
-    g: pl.DataFrame, steps: list[int], starts: np.ndarray, ends: np.ndarray
-) -> np.ndarray:
-    """GPU busy of each of ``steps`` (windows ``starts`` to ``ends``): the union of the GPU
-    events it launched (kernels, memcpys, memsets), an instant shared with an earlier step's
-    events counted there only. An event with no launch record (launched before the trace,
-    correlation lost) is the step whose interval holds its start."""
-    # each event's step as its index in ``steps`` (a sorted look-up: a dict per event took
-    # 16 ms at 1 GB)
-    keys = np.asarray(steps, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    own = g.filter(pl.col("step").is_in(steps))  # (a null step is in none)
-    owner = order[np.searchsorted(keys[order], own["step"].to_numpy())]
-    st_, en_ = _arr(own, "start_us"), _arr(own, "end_us")
-    orphans = g.filter(pl.col("step").is_null())
-    if orphans.height and len(steps):
-        o_start = _arr(orphans, "start_us")
-        k = np.searchsorted(starts, o_start, side="right") - 1
-        keep = (k >= 0) & (o_start < ends[-1])
-        st_ = np.concatenate([st_, o_start[keep]])
-        en_ = np.concatenate([en_, _arr(orphans, "end_us")[keep]])
-        owner = np.concatenate([owner, k[keep]])
-    return owned_union(st_, en_, owner, len(steps))
-
-
-def _step_metrics(out: pl.DataFrame, has_gpu: bool) -> pl.DataFrame:
-    """Step time, idle time and fraction from the windows; counts of a step without GPU events
-    0; the GPU columns null for a trace without GPU activity."""
-    return (
-        out.with_columns(
-            step_time_us=pl.col("window_end_us") - pl.col("window_start_us"),
-        )
-        .with_columns(
-            gpu_busy_us=pl.col("gpu_busy_us") if has_gpu else pl.lit(None, pl.Float64),
-            kernels=pl.col("kernels").fill_null(0),
-            memcpys=pl.col("memcpys").fill_null(0),
-            memsets=pl.col("memsets").fill_null(0),
-            memcpy_us=pl.col("memcpy_us").fill_null(0.0),
-        )
-        .with_columns(
-            idle_us=pl.col("_idle_us").clip(lower_bound=0.0)
-            if has_gpu
-            else pl.lit(None, pl.Float64),
-        )
-        .drop("_idle_us")
-        .with_columns(
-            idle_fraction=pl.when(pl.col("step_time_us") > 0).then(
-                pl.col("idle_us") / pl.col("step_time_us")
-            ),
-        )
-    )
-
-
-def _with_copy_bytes_and_syncs(out: pl.DataFrame, trace: Trace) -> pl.DataFrame:
-    """``memcpy_bytes`` per (step, device) and ``sync_us`` per step (0 where none)."""
-    mem_bytes = (
-        trace.memcpys.filter(pl.col("step").is_not_null())
-        .group_by("step", "device")
-        .agg(memcpy_bytes=pl.col("bytes").sum())
-    )
-    syncs = (
-        sync_calls(trace)
-        .filter(pl.col("step").is_not_null())
-        .group_by("step")
-        .agg(sync_us=sum_us("duration_us"))
-    )
-    return (
-        out.join(mem_bytes, on=["step", "device"], how="left")
-        .join(syncs, on="step", how="left")
-        .with_columns(
-            memcpy_bytes=pl.col("memcpy_bytes").fill_null(0),
-            sync_us=pl.col("sync_us").fill_null(0.0),
-        )
-    )
 
 
 def idle_gaps(
