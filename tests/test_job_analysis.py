@@ -690,7 +690,7 @@ def test_collective_groups_show_per_collective_bytes_and_totals_in_all():
     the wait total (rank 0: 25 x 400 us = 10 ms) as wait_total_ms; the HTML labels the group
     with its ranks."""
     jd = diagnose_job(Job(two_rank()))
-    t = jd.to_text()
+    t = " ".join(jd.to_text().split())  # the line as one, across its wrap at 100 columns
     assert (
         "default_pg [0, 1] all_reduce x25, n=2: 100,000,000 bytes each (median; "
         "2,500,000,000 in all), transfer 5.000 ms in all" in t
