@@ -988,8 +988,11 @@ def _read_small(p: Path, progress=None) -> bytes | None:
     with open(p, "rb") as f:
         if os.fstat(f.fileno()).st_size >= limit:
             return None
+        if f.read(2) == _GZIP_MAGIC:  # (before reading the rest: gzip is read in chunks)
+            return None
+        f.seek(0)
         data = f.read(limit)
-    if len(data) >= limit or data[:2] == _GZIP_MAGIC:
+    if len(data) >= limit:
         return None
     check_zeros(p, data, 0)
     if progress:
