@@ -194,3 +194,16 @@ def test_op_signatures_on_the_code_equal_those_on_the_lists():
         got = op_signatures(t, steps)
         assert got.height > 5
         assert got.with_columns(pl.col("op_id").list.sort()).equals(_signatures_by_lists(t, steps))
+
+
+def test_top_level_ops_of_equal_times_are_ordered_by_name(tmp_path):
+    """Ties (equal host and device time) come by name: the order of a group_by varied from run
+    to run, and with it the diagnose JSON of the odd-case traces with host-only ops."""
+    b = TraceBuilder()
+    b.step(1, T0, 200)
+    names = [f"aten::op{c}" for c in "fbdaec"]
+    for i, name in enumerate(names):
+        b.op(name, T0 + 1 + 20 * i, 10)
+    t = tracedx.load(b.write(tmp_path / "t.json"))
+    for _ in range(5):
+        assert top_level_ops(t, [1])["name"].to_list() == sorted(names)

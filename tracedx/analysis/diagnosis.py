@@ -273,7 +273,14 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
                 pl.col("bytes") / pl.col("device_time_us") / 1e3
             )
         )
-        .sort("device_time_us", descending=True)
+        .sort(  # the keys after the time break ties (the group_by's order varies)
+            "device_time_us",
+            "device",
+            "direction",
+            "host_memory",
+            descending=[True, False, False, False],
+            nulls_last=True,
+        )
     )
 
 

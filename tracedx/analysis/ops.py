@@ -453,5 +453,6 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
                 pl.col("host_time_us") / pl.col("kernels")
             )
         )
-        .sort(pl.max_horizontal("host_time_us", "device_time_us"), descending=True)
+        # (name breaks ties: the group_by's order varies from run to run)
+        .sort(pl.max_horizontal("host_time_us", "device_time_us"), "name", descending=[True, False])
     )
