@@ -355,8 +355,8 @@ def _as_tracefile(p: Path, doc: TraceFile | list) -> TraceFile:
             # every trace event has a phase and a time (Trace Event Format, "ph" and "ts");
             # an array of other objects (a results list, a config) is not a trace
             raise TraceFormatError(
-                f"{p}: JSON is not a chrome trace: an array of {len(doc):,} objects, none with "
-                "a trace event's `ph` or `ts` field"
+                f"{p}: JSON is not a chrome trace: an array of {len(doc):,} "
+                f"object{'s' * (len(doc) != 1)}, none with a trace event's `ph` or `ts` field"
             )
         return TraceFile(traceEvents=doc, schemaVersion="legacy-array")
     if doc.traceEvents is None:
