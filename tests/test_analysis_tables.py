@@ -194,3 +194,34 @@ def test_op_signatures_on_the_code_equal_those_on_the_lists():
         got = op_signatures(t, steps)
         assert got.height > 5
         assert got.with_columns(pl.col("op_id").list.sort()).equals(_signatures_by_lists(t, steps))
+
+
+def test_top_level_ops_of_equal_times_are_ordered_by_name(tmp_path):
+    """Ties (equal host and device time) come by name: the order of a group_by varied from run
+    to run, and with it the diagnose JSON of the odd-case traces with host-only ops."""
+    b = TraceBuilder()
+    b.step(1, T0, 200)
+    names = [f"aten::op{c}" for c in "fbdaec"]
+    for i, name in enumerate(names):
+        b.op(name, T0 + 1 + 20 * i, 10)
+    t = tracedx.load(b.write(tmp_path / "t.json"))
+    for _ in range(5):
+        assert top_level_ops(t, [1])["name"].to_list() == sorted(names)
+
+
+def test_a_grid_of_int64_max_blocks_is_kept_exactly(tmp_path):
+    """A grid of 2**63 - 1 blocks (a hostile trace): the op stats and the op groups keep it;
+    through float64 it rounded to 2**63, out of Int64 (an internal error)."""
+    from tracedx.analysis.ops import op_groups
+
+    b = TraceBuilder()
+    b.step(1, T0, 200)
+    e = b.op("aten::mm", T0 + 1, 10, input_dims=[[2, 3], [3, 4]], input_type=["float", "float"])
+    b.kernel(T0 + 10, 5, b.launch(T0 + 2, 1, ext=e), GEMM, ext=e, grid=[2**63 - 1, 1, 1])
+    e = b.op("aten::mm", T0 + 21, 10, input_dims=[[2, 3], [3, 4]], input_type=["float", "float"])
+    b.kernel(T0 + 30, 5, b.launch(T0 + 22, 1, ext=e), GEMM, ext=e, grid=[7, 1, 1])
+    b.op("aten::empty", T0 + 41, 10)  # no kernel: a null grid
+    t = tracedx.load(b.write(tmp_path / "t.json"))
+    assert launching_op_stats(t, [1])["max_grid_blocks"].to_list() == [2**63 - 1, 7]
+    g = op_groups(t, [1])
+    assert g.filter(pl.col("name") == "aten::mm")["max_grid_blocks"].to_list() == [2**63 - 1]

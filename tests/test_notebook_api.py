@@ -27,6 +27,24 @@ def test_steps_take_a_number_a_range_or_a_list(resnet, spec, want):
     assert tracedx.diagnose(resnet.trace, steps=spec).steps == want
 
 
+def test_steps_take_numpy_integers_and_arrays(resnet):
+    """What a notebook computes steps with: numpy scalars and arrays, a polars column."""
+    import numpy as np
+
+    t = resnet.trace
+    assert tracedx.diagnose(t, steps=np.int64(5)).steps == [5]
+    assert tracedx.diagnose(t, steps=np.arange(4, 6)).steps == [4, 5]
+    assert tracedx.diagnose(t, steps=t.steps["step"].head(2)).steps == [4, 5]
+    from tracedx.analysis.diagnosis import check_steps
+
+    got = check_steps([np.int32(6), 4])
+    assert got == (4, 6) and all(type(v) is int for v in got)  # pickled to workers as ints
+    with pytest.raises(TypeError, match="not float64"):
+        check_steps(np.float64(4))
+    with pytest.raises(TypeError, match="not dict"):
+        check_steps({4: 1})
+
+
 @pytest.mark.parametrize(
     "spec, error, fragment",
     [
@@ -88,6 +106,13 @@ def test_timeline_of_a_step_not_analysed_is_an_error(resnet):
         resnet.figures(step=99)
     with pytest.raises(TypeError, match="not str '5'"):
         resnet.figures(step="5")
+    import numpy as np
+
+    title = resnet.figures(step=np.int64(6))["timeline"].layout.title.text
+    assert title.startswith("Step timeline: step 6")
+    gappy = tracedx.diagnose(resnet.trace, steps=[4, 6])
+    with pytest.raises(ValueError, match="step 5 was not analysed: the diagnosis has steps 4, 6$"):
+        gappy.figures(step=5)
 
 
 def test_figures_print_one_line_each(resnet):

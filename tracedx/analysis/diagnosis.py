@@ -8,8 +8,9 @@ a step model and the regime -> findings (:mod:`.findings`). Reports only render 
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,39 +156,48 @@ class Diagnosis(Presentable):
         displays as HTML where a viewer does not run plotly's own output (a static notebook).
         ``step``: the analysed step the timeline draws (default: the one closest to the median
         step time). Raises ValueError for a step that was not analysed, TypeError for one
-        that is not an int."""
+        that is not an integer."""
         from tracedx.results import _figures
 
         return _figures(self._render("figures", step=step))
 
 
-StepsSpec = str | int | range | list | tuple | set | frozenset | None
-"""What ``steps`` takes: ``"N..M"`` (inclusive; ``"N.."``, ``"..M"``, ``"N"``), a step number,
-a ``range`` or a collection of step numbers; None for every step."""
+StepsSpec = str | int | range | Collection[int] | None
+"""What ``steps`` takes: ``"N..M"`` (inclusive; ``"N.."``, ``"..M"``, ``"N"``), a step number
+(an ``int`` or a numpy integer), a ``range`` or a collection of step numbers (a list, tuple,
+set, numpy array or polars Series); None for every step."""
+
+
+def _is_step_number(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def check_steps(spec: StepsSpec) -> str | tuple[int, ...] | None:
-    """``spec`` checked without a trace: a string's syntax, or the step numbers of an int, a
-    range or a collection (sorted, each once). Returns the string as given, or the numbers.
+    """``spec`` checked without a trace: a string's syntax, or the step numbers of an integer,
+    a range or a collection (Python ints, sorted, each once). Returns the string as given, or
+    the numbers.
 
-    Raises TypeError for any other type (a float, a bool, a collection holding a non-integer)
-    and TraceError for a malformed or reversed string or an empty collection."""
+    Raises TypeError for any other type (a float, a bool, a dict, a collection holding a
+    non-integer) and TraceError for a malformed or reversed string or an empty collection."""
     if spec is None or isinstance(spec, str):
         if spec is not None:
             _steps_bounds(spec)
         return spec
-    if isinstance(spec, bool) or not isinstance(spec, (int, range, list, tuple, set, frozenset)):
+    if _is_step_number(spec):
+        vals = [spec]
+    elif isinstance(spec, Collection) and not isinstance(spec, (bytes, bytearray, Mapping)):
+        vals = list(spec)
+    else:
         raise TypeError(
             f"steps: expected 'N..M', a step number, a range or a list of step numbers, not "
             f"{type(spec).__name__}"
         )
-    vals = [spec] if isinstance(spec, int) else list(spec)
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
-        bad = next(v for v in vals if isinstance(v, bool) or not isinstance(v, int))
-        raise TypeError(f"steps: step numbers are integers, not {type(bad).__name__} {bad!r}")
+    for v in vals:
+        if not _is_step_number(v):
+            raise TypeError(f"steps: step numbers are integers, not {type(v).__name__} {v!r}")
     if not vals:
         raise TraceError("steps: the collection of step numbers is empty")
-    return tuple(sorted(set(vals)))
+    return tuple(sorted({int(v) for v in vals}))
 
 
 def _steps_bounds(spec: str) -> tuple[float, float]:
@@ -263,7 +273,14 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
                 pl.col("bytes") / pl.col("device_time_us") / 1e3
             )
         )
-        .sort("device_time_us", descending=True)
+        .sort(  # the keys after the time break ties (the group_by's order varies)
+            "device_time_us",
+            "device",
+            "direction",
+            "host_memory",
+            descending=[True, False, False, False],
+            nulls_last=True,
+        )
     )
 
 

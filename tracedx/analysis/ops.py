@@ -91,7 +91,8 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             "op_id": pl.Series(op_ids, dtype=pl.Int64),
             "device_time_us": pl.Series(ps_to_us(device_ps)),
             "kernels": pl.Series(kernels, dtype=pl.UInt32),
-            "max_grid_blocks": _null_where_not(has_k, blocks).cast(pl.Int64),
+            # (not through float64: a grid of 2**63 - 1 blocks rounds up out of Int64)
+            "max_grid_blocks": pl.Series(blocks, dtype=pl.Int64).set(pl.Series(~has_k), None),
             "tf32": _null_where_not(has_k, tf32).cast(pl.Boolean),
             "kernel_kind": pl.Series(kind.tolist(), dtype=pl.Utf8),
             "host_device_copy_us": pl.Series(ps_to_us(copy_ps)),
@@ -365,8 +366,10 @@ def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFram
     def total(col: np.ndarray) -> np.ndarray:
         return _group_sums(g, n, col[rows])
 
-    blocks = np.full(n, np.nan)
-    np.fmax.at(blocks, g, stats["max_grid_blocks"].cast(pl.Float64).to_numpy()[rows])
+    # (in int64, null as its least value: 2**63 - 1 blocks would round out of it as float64)
+    low = np.iinfo(np.int64).min
+    blocks = np.full(n, low, dtype=np.int64)
+    np.maximum.at(blocks, g, stats["max_grid_blocks"].fill_null(low).to_numpy()[rows])
     tf32 = np.zeros(n, dtype=bool)
     # (a null tf32, an op without kernels, counts as False, as polars' any() skips it)
     np.logical_or.at(tf32, g, np.asarray(stats["tf32"].to_numpy(), dtype=bool)[rows])
@@ -376,7 +379,7 @@ def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFram
             pl.Series("count", np.bincount(g, minlength=n), dtype=pl.UInt32),
             pl.Series("device_ps", total(to_ps(stats["device_time_us"].to_numpy()))),
             pl.Series("kernels", total(stats["kernels"].to_numpy().astype(np.int64)), pl.UInt32),
-            pl.Series("max_grid_blocks", blocks, nan_to_null=True).cast(pl.Int64),
+            pl.Series("max_grid_blocks", blocks).set(pl.Series(blocks == low), None),
             pl.Series("tf32", tf32, dtype=pl.Boolean),
             stats["kernel_kind"][first[sigs]],
             pl.Series("copy_ps", total(to_ps(stats["host_device_copy_us"].to_numpy()))),
@@ -446,5 +449,6 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
                 pl.col("host_time_us") / pl.col("kernels")
             )
         )
-        .sort(pl.max_horizontal("host_time_us", "device_time_us"), descending=True)
+        # (name breaks ties: the group_by's order varies from run to run)
+        .sort(pl.max_horizontal("host_time_us", "device_time_us"), "name", descending=[True, False])
     )

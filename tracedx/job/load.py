@@ -50,7 +50,8 @@ def load_job(
     and the CPUs; in this process when one worker is planned). Workers open the files
     themselves; only summaries come back. ``summaries_dir``: each rank's summary is also
     written there and reused by a later run while the trace is unchanged (path, size, mtime,
-    tracedx version).
+    tracedx version) and the options are the same
+    (:func:`~tracedx.job.executor.summary_name`).
 
     Each summary's ``meta["rank"]`` is the rank the checks decided (the trace's own, else its
     file name's, else assumed; ``meta["rank_source"]`` says which). When ranks cover different

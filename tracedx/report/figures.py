@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import textwrap
 from typing import Any
 
@@ -525,22 +526,27 @@ def timeline_figure(diag, step: int | None = None) -> go.Figure:
 
     ``step`` defaults to the step whose step time is closest to the median. Raises ValueError
     for a step that was not analysed (the message lists those that were), TypeError for a
-    ``step`` that is not an int."""
+    ``step`` that is not an integer (an int or a numpy integer)."""
     tr = diag.trace
     if step is None:
         step = representative_step(diag)
         if step is None:
             return _empty("Step timeline", "no step to draw")
-    elif isinstance(step, bool) or not isinstance(step, int):
+    elif isinstance(step, bool) or not isinstance(step, numbers.Integral):
         raise TypeError(f"step: a step number (int), not {type(step).__name__} {step!r}")
+    else:
+        step = int(step)  # a numpy integer: the title and the filter as for an int
     title = f"Step timeline: step {step}" + (" (whole trace)" if tr.steps_synthetic else "")
     w = _primary_windows(diag).filter(pl.col("step") == step)
     if w.height == 0:
-        done = diag.steps
-        raise ValueError(
-            f"step {step} was not analysed: the diagnosis has "
-            + (f"steps {done[0]}..{done[-1]}" if done else "no steps")
-        )
+        done = sorted(diag.steps)
+        if not done:
+            has = "no steps"
+        elif done == list(range(done[0], done[-1] + 1)):
+            has = f"steps {done[0]}..{done[-1]}"
+        else:  # steps=[4, 6]: 4..6 would name step 5 too
+            has = "steps " + ", ".join(map(str, done[:8])) + (", ..." if len(done) > 8 else "")
+        raise ValueError(f"step {step} was not analysed: the diagnosis has {has}")
     win = w.row(0, named=True)
     starts = [v for v in (win["cpu_start_us"], win["gpu_start_us"]) if v is not None]
     ends = [v for v in (win["cpu_end_us"], win["gpu_end_us"]) if v is not None]

@@ -354,8 +354,9 @@ def load(path: str | Path, *, repair: bool = False, progress=None, cache: bool =
             plain or gzipped; gzip is detected by its magic bytes).
         repair: salvage a broken file (truncated JSON, NaN/inf literals, invalid UTF-8, raw
             control characters, unescaped Windows paths); every repair becomes a warning.
-        progress: optional ``f(bytes_read)``, called from the reading thread with the bytes of
-            the file read so far (for a progress bar; the file's size is the total).
+        progress: optional ``f(bytes_read)``, called with the bytes of the file read so far
+            (for a progress bar; the file's size is the total): from the reading thread, or
+            once from this one for a plain file read at once (under 16 MB).
         cache: read and fill the command line's cache of tables (:func:`tracedx.cache.load`,
             which also says whether it hit): an unchanged file loaded before comes back from
             its Arrow IPC files instead of its JSON (about a tenth of the time at 100 MB and
@@ -366,7 +367,8 @@ def load(path: str | Path, *, repair: bool = False, progress=None, cache: bool =
 
     Raises:
         tracedx.errors.TraceFormatError: the file is missing, empty, not JSON, truncated, or
-            not a chrome trace; the message is one line that says what and where.
+            not a chrome trace (a directory, a ``.py`` script: the message says what to call
+            instead); the message is one line that says what and where.
     """
     p = Path(path)
     if p.is_dir():

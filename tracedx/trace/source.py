@@ -355,8 +355,8 @@ def _as_tracefile(p: Path, doc: TraceFile | list) -> TraceFile:
             # every trace event has a phase and a time (Trace Event Format, "ph" and "ts");
             # an array of other objects (a results list, a config) is not a trace
             raise TraceFormatError(
-                f"{p}: JSON is not a chrome trace: an array of {len(doc):,} objects, none with "
-                "a trace event's `ph` or `ts` field"
+                f"{p}: JSON is not a chrome trace: an array of {len(doc):,} "
+                f"object{'s' * (len(doc) != 1)}, none with a trace event's `ph` or `ts` field"
             )
         return TraceFile(traceEvents=doc, schemaVersion="legacy-array")
     if doc.traceEvents is None:
@@ -988,8 +988,11 @@ def _read_small(p: Path, progress=None) -> bytes | None:
     with open(p, "rb") as f:
         if os.fstat(f.fileno()).st_size >= limit:
             return None
+        if f.read(2) == _GZIP_MAGIC:  # (before reading the rest: gzip is read in chunks)
+            return None
+        f.seek(0)
         data = f.read(limit)
-    if len(data) >= limit or data[:2] == _GZIP_MAGIC:
+    if len(data) >= limit:
         return None
     check_zeros(p, data, 0)
     if progress:
