@@ -75,12 +75,29 @@ def test_load_job_refuses_bad_options_before_reading(kw, error, fragment, monkey
 def test_stored_summaries_are_keyed_by_the_options(tmp_path):
     store = tmp_path / "sums"
     few = tracedx.load_job(JOB, summaries_dir=store, steps="5..6", progress=False)
+    stored = {e.name: e.stat().st_mtime_ns for e in store.iterdir()}
     again = tracedx.load_job(JOB, summaries_dir=store, steps="5..6", progress=False)
-    every = tracedx.load_job(JOB, summaries_dir=store, progress=False)
+    assert {
+        e.name: e.stat().st_mtime_ns for e in store.iterdir()
+    } == stored  # reused, not rewritten
+    every = tracedx.load_job(JOB, summaries_dir=store, progress=False, repair=False)
+    assert len(list(store.iterdir())) == 2 * len(stored)  # entries of their own
     steps = [s.meta["steps"] for s in few.summaries]
     assert all(list(x) == [5, 6] for x in steps)
     assert [s.meta["steps"] for s in again.summaries] == steps
     assert all(len(s.meta["steps"]) > 2 for s in every.summaries)  # not the stored 5..6
+
+
+def test_summary_keys_read_defaults_and_numpy_numbers_as_plain_options():
+    import numpy as np
+
+    from tracedx.job.executor import summary_name
+
+    assert summary_name("t", 1, 0.0, {"repair": False}) == summary_name("t", 1, 0.0, {})
+    assert summary_name("t", 1, 0.0, {"peak_tflops": np.float64(1.5)}) == summary_name(
+        "t", 1, 0.0, {"peak_tflops": 1.5}
+    )
+    assert summary_name("t", 1, 0.0, {"repair": True}) != summary_name("t", 1, 0.0, {})
 
 
 def test_repr_names_the_step_the_estimates_are_against(resnet):
@@ -160,6 +177,8 @@ def test_load_with_cache_reads_back_the_tables(tmp_path, monkeypatch):
 
     second, hit = cached_load(p)
     assert hit and second.kernels.equals(first.kernels) and second.ops.equals(first.ops)
+    # a hit reads no JSON: the reader is never called
+    monkeypatch.setattr("tracedx.trace._load", lambda *a: pytest.fail("the JSON was read"))
     assert tracedx.load(p, cache=True).launches.equals(first.launches)
 
 

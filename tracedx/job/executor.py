@@ -202,7 +202,14 @@ def summary_name(path: str, size: int, mtime: float, options: dict | None = None
             opts["calibration"] = (os.fspath(cal), st.st_size, st.st_mtime_ns)
         except OSError:  # the task reports it
             opts["calibration"] = os.fspath(cal)
-    listed = repr(sorted((k, v) for k, v in opts.items() if v is not None))
+    # an option at its default keys as if omitted, and a numpy number as the Python one
+    listed = repr(
+        sorted(
+            (k, v.item() if hasattr(v, "item") else v)
+            for k, v in opts.items()
+            if v is not None and not (k == "repair" and v is False)
+        )
+    )
     key = f"{path}\0{size}\0{mtime!r}\0{__version__}\0{listed}".encode()
     base = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").rsplit("/", 1)[-1])[:80]
     return f"{base}.{hashlib.sha256(key).hexdigest()[:16]}{SUMMARY_SUFFIX}"
