@@ -10,9 +10,8 @@ import polars as pl
 import tracedx
 from tests.conftest import SAMPLES
 from tests.tracebuilder import T0, TraceBuilder
-from tracedx.analysis.intervals import gaps, gaps_in, ps_to_us, sum_us, sum_us_of, to_ps
+from tracedx.analysis.intervals import gaps, gaps_in, is_in, ps_to_us, sum_us, sum_us_of, to_ps
 from tracedx.analysis.ops import (
-    is_in,
     launching_op_stats,
     op_arrays,
     op_column_of,

@@ -19,10 +19,19 @@ import polars as pl
 
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
-from tracedx.analysis.intervals import inside, mask_of, overlap, ps_to_us, sum_us, to_ps, union
+from tracedx.analysis.intervals import (
+    inside,
+    is_in,
+    mask_of,
+    overlap,
+    ps_to_us,
+    rows_in_steps,
+    sum_us,
+    to_ps,
+    union,
+)
 from tracedx.analysis.kernels import gpu_breakdown, kernel_name_codes, kernel_name_kinds
 from tracedx.analysis.ops import (
-    is_in,
     op_arrays,
     op_column_of,
     op_groups,
@@ -530,7 +539,7 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
     step traced on gpt2_decode-compile, as much as the view ops it replaced; 0.05 ms on
     gpt2_train-compile).
     """
-    st_on = is_in(trace.steps["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+    st_on = rows_in_steps(trace.steps, steps)
     n = max(int(st_on.sum()), 1)
     if not st_on.any():
         return 0.0, 0.0, 0.0
@@ -1027,7 +1036,7 @@ def _step_model(
     ops_dl = inside(dl_s, dl_e, o["start_us"][in_steps])
     host_no_gpu = _float_sum(op_us[is_top & no_gpu_side & ~ops_dl]) / n + dl_us
     la = trace.launches
-    la_mine = is_in(la["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+    la_mine = rows_in_steps(la, steps)
     la_n = int(la_mine.sum())
     la_dl = inside(dl_s, dl_e, la["start_us"].to_numpy()[la_mine])
     host_events = (len(op_us) + la_n) / n

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import grouped_ps_to_us, mask_of, sum_us_of, to_ps
+from tracedx.analysis.intervals import grouped_ps_to_us, mask_of, rows_in_steps, sum_us_of, to_ps
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -133,7 +133,7 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
     copy = KIND_CODES.index("copy")
     codes, ps = [], []
     for t, kernels in ((trace.kernels, True), (trace.memcpys, False), (trace.memsets, False)):
-        on = np.isin(t["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))  # (NaN: none)
+        on = rows_in_steps(t, steps)
         if device is not None:
             on &= mask_of(t["device"] == device)
         if kernels:

@@ -16,7 +16,15 @@ import numpy as np
 import polars as pl
 
 from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.intervals import PS_PER_US, ints_of, mask_of, ps_to_us, sum_us, to_ps
+from tracedx.analysis.intervals import (
+    PS_PER_US,
+    ints_of,
+    mask_of,
+    ps_to_us,
+    rows_in_steps,
+    sum_us,
+    to_ps,
+)
 from tracedx.analysis.kernels import KIND_CODES, kernel_name_codes, kernel_name_kinds, kind_codes
 from tracedx.trace import Trace
 from tracedx.trace.link import find_rows
@@ -46,7 +54,7 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     def launched(t: pl.DataFrame) -> np.ndarray:
         keep = t["op_id"].is_not_null().to_numpy()
         if steps is not None:
-            keep &= is_in(t["step"].cast(pl.Float64).to_numpy(), np.asarray(steps))
+            keep &= rows_in_steps(t, steps)
         return keep
 
     gpu = trace.gpu_activity()
@@ -163,22 +171,6 @@ def ops_in_steps(trace: Trace, steps: list[int] | None) -> np.ndarray:
         return trace.ops.select(in_steps).to_series().to_numpy()
 
     return trace.memo(f"ops_in_steps {steps}", (trace.ops,), build)
-
-
-def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Whether each of ``values`` is one of ``ids`` (integer ids; either may be floats with
-    NaN for null, which is in nothing): ``np.isin`` on integers, which looks ids up in a
-    table (linear time) rather than sorting."""
-    ids = np.asarray(ids)
-    if ids.dtype.kind == "f":
-        ids = ids[~np.isnan(ids)]
-    values = np.asarray(values)
-    if values.dtype.kind != "f":
-        return np.isin(values, ids.astype(np.int64))
-    out = np.zeros(len(values), dtype=bool)
-    known = ~np.isnan(values)
-    out[known] = np.isin(values[known].astype(np.int64), ids.astype(np.int64))
-    return out
 
 
 def op_column_of(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:

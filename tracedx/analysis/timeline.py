@@ -49,6 +49,7 @@ from tracedx.analysis.intervals import (
     gaps_in,
     grouped_ps_to_us,
     ints_of,
+    is_in,
     mask_of,
     overlap,
     owned_union,
@@ -56,7 +57,7 @@ from tracedx.analysis.intervals import (
     to_ps,
     union,
 )
-from tracedx.analysis.ops import is_in, op_arrays, op_column_of
+from tracedx.analysis.ops import op_arrays, op_column_of
 from tracedx.trace import Trace
 
 DATALOADER_RE = r"enumerate\(DataLoader\)|DataLoader"
@@ -194,8 +195,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     for dev in devices or [None]:
         if dev is None:
             mine = np.zeros(gpu.height, dtype=bool)
-        elif len(devices) == 1 and gpu["device"].null_count() == 0:
-            mine = np.ones(gpu.height, dtype=bool)  # (no filter: the trace's one device)
+        elif _all_on_one_device(gpu, len(devices)):
+            mine = np.ones(gpu.height, dtype=bool)
         else:
             mine = mask_of(gpu["device"] == dev)
         parts.append(
@@ -415,11 +416,17 @@ def _sums_at(keys: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray
     return out
 
 
-def _on_device(gpu: pl.DataFrame, dev: int, devices: int) -> pl.DataFrame:
-    """The rows of ``gpu`` (GPU activity) on device ``dev``: all of them when ``dev`` is the
-    trace's one device and no row lacks one (no filter: a copy of every column of every GPU
+def _all_on_one_device(gpu: pl.DataFrame, devices: int) -> bool:
+    """Whether every row of ``gpu`` (GPU activity) is on the trace's one device (of
+    ``devices``): then its rows need no filter by device (a copy of every column of every GPU
     event, 10 ms at 1 GB)."""
-    if devices == 1 and gpu["device"].null_count() == 0:
+    return devices == 1 and gpu["device"].null_count() == 0
+
+
+def _on_device(gpu: pl.DataFrame, dev: int, devices: int) -> pl.DataFrame:
+    """The rows of ``gpu`` (GPU activity) on device ``dev`` (all of them, unfiltered, when
+    :func:`_all_on_one_device`)."""
+    if _all_on_one_device(gpu, devices):
         return gpu
     return gpu.filter(pl.col("device") == dev)
 

@@ -67,17 +67,24 @@ _OTHER_FIELDS = [
     ("name", Any, None),
     ("labels", Any, None),
 ]
-AnyArgs = msgspec.defstruct(
+
+
+def _with_other_fields(name: str, base: type, doc: str) -> type:
+    """``base`` (a Struct of args) plus :data:`_OTHER_FIELDS`, as the Struct ``name``."""
+    cls = msgspec.defstruct(
+        name, _OTHER_FIELDS, bases=(base,), module=__name__, omit_defaults=True, gc=False
+    )
+    cls.__doc__ = doc
+    return cls
+
+
+AnyArgs = _with_other_fields(
     "AnyArgs",
-    _OTHER_FIELDS,
-    bases=(Args,),
-    module=__name__,
-    omit_defaults=True,
-    gc=False,
+    Args,
+    """:class:`Args` plus the keys of [memory] instant events and of metadata events: the args
+of an event of any phase (the reference reader's :class:`Event`, the fast reader's M and i
+events).""",
 )
-AnyArgs.__doc__ = """:class:`Args` plus the keys of [memory] instant events and of metadata events:
-the args of an event of any phase (the reference reader's :class:`Event`, the fast reader's
-M and i events)."""
 
 
 class CommArgs(Args):
@@ -112,15 +119,9 @@ class CommArgs(Args):
     dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
 
 
-CommAnyArgs = msgspec.defstruct(
-    "CommAnyArgs",
-    _OTHER_FIELDS,
-    bases=(CommArgs,),
-    module=__name__,
-    omit_defaults=True,
-    gc=False,
+CommAnyArgs = _with_other_fields(
+    "CommAnyArgs", CommArgs, """:class:`CommArgs` plus the keys of :class:`AnyArgs`."""
 )
-CommAnyArgs.__doc__ = """:class:`CommArgs` plus the keys of :class:`AnyArgs`."""
 
 COMM_MARKER = b"Collective name"
 
