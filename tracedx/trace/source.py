@@ -986,12 +986,17 @@ def _read_small(p: Path, progress=None) -> bytes | None:
     twice a chunk's. Raises ZeroFilled as :func:`_blocks` does."""
     limit = 2 * CHUNK_BYTES
     with open(p, "rb") as f:
-        if os.fstat(f.fileno()).st_size >= limit:
+        size = os.fstat(f.fileno()).st_size
+        if size >= limit:
             return None
         if f.read(2) == _GZIP_MAGIC:  # (before reading the rest: gzip is read in chunks)
             return None
         f.seek(0)
-        data = f.read(limit)
+        # the file's size and one byte more, not ``limit``: a buffer of ``limit`` bytes shrunk
+        # to the data took 2.5 ms for the 10 MB benchmark trace, against 0.75 (best of 30)
+        data = f.read(size + 1)
+        if len(data) > size:  # it grew since: the rest, up to the limit
+            data += f.read(limit - len(data))
     if len(data) >= limit:
         return None
     check_zeros(p, data, 0)
