@@ -651,7 +651,7 @@ _META_FIELDS = tuple(f for f in FastPart.__struct_fields__ if f != "traceEvents"
 class EventSink(Protocol):
     """Where the reader puts decoded events (``tables.TableBuilder``)."""
 
-    def add(self, events: list) -> None: ...
+    def add(self, events: list, whole: bool = False) -> None: ...
 
     def reserve(self) -> int: ...
 
@@ -1015,7 +1015,7 @@ def _decode_whole(data: bytes, sink: EventSink) -> TraceFile:
     if doc.traceEvents is None:
         raise _NotFast("no traceEvents")
     events, doc.traceEvents = doc.traceEvents, None
-    sink.add(events)
+    sink.add(events, whole=True)
     return _tracefile(doc, None)
 
 

@@ -638,13 +638,13 @@ def _ext_col(args: list) -> pl.Series:
     return _id_col(ext)
 
 
-def _host_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
+def _host_cols(evs: list[Event], args: list, dedup: bool = True) -> dict[str, pl.Series]:
     return {
         "pid": _id_col(_get(evs, "pid")),
         "tid": _id_col(_get(evs, "tid")),
         "start_us": _float_col(_get(evs, "ts")),
         "duration_us": _float_col(_get(evs, "dur")),
-        "name": _str_col(_get(evs, "name")),
+        "name": _str_col(_get(evs, "name"), dedup),
         "external_id": _ext_col(args),
     }
 
@@ -664,7 +664,7 @@ def _lane_col(vals: list, evs: list[Event], fallback: str) -> pl.Series:
     return col.fill_null(_id_col(_get(evs, fallback))).fill_null(0)
 
 
-def _gpu_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
+def _gpu_cols(evs: list[Event], args: list, dedup: bool = True) -> dict[str, pl.Series]:
     # device/stream from args, else from pid/tid; legacy lanes ("CUDA functions") and other
     # unnumbered devices: 0.
     return {
@@ -672,7 +672,7 @@ def _gpu_cols(evs: list[Event], args: list) -> dict[str, pl.Series]:
         "stream": _lane_col(_get(args, "stream"), evs, "tid"),
         "start_us": _float_col(_get(evs, "ts")),
         "duration_us": _float_col(_get(evs, "dur")),
-        "name": _str_col(_get(evs, "name")),
+        "name": _str_col(_get(evs, "name"), dedup),
         "correlation": _id_col(_get(args, "correlation")),
         "external_id": _ext_col(args),
     }
@@ -701,8 +701,14 @@ class Converter:
         self._type_codes = _Codes(lambda t, _: _type_code(t))
         self._cat_codes = _Codes(lambda cat, _: _cat_code(cat))
         self._memcpy_cache: dict = {}
+        self.dedup = True  # names stored once per distinct name (see convert)
 
-    def convert(self, evs: list[Event]) -> ChunkColumns:
+    def convert(self, evs: list[Event], whole: bool = False) -> ChunkColumns:
+        """The columns of ``evs``; ``whole``: they are all the events of a small document
+        (read in one piece), whose names are stored as they are (see :func:`_str_col`: the
+        saving is memory at scale, and hashing them took 0.6 ms of the 10 MB benchmark
+        trace's read)."""
+        self.dedup = not whole
         out = ChunkColumns({}, {}, {}, {}, {}, {})
         interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         n = len(evs)
@@ -753,9 +759,9 @@ class Converter:
             empty = _EMPTY_COMM_ARGS if isinstance(first, CommArgs) else _EMPTY_ARGS
             args = [empty if a is None else a for a in args]
         if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
-            cols = _gpu_cols(evs, args)
+            cols = _gpu_cols(evs, args, self.dedup)
         else:
-            cols = _host_cols(evs, args)
+            cols = _host_cols(evs, args, self.dedup)
         if kind == "kernel":
             launch = it["kernel"].encode(args, ("grid", "block"))
             for axis in "xyz":
@@ -888,9 +894,10 @@ class TableBuilder:
         """Forget everything added (the reader starts over)."""
         self._chunks = []
 
-    def add(self, evs: list[Event]) -> None:
-        """Add a chunk of decoded events (they are not kept)."""
-        self._chunks.append(self.converter.convert(evs))
+    def add(self, evs: list[Event], whole: bool = False) -> None:
+        """Add a chunk of decoded events (they are not kept); ``whole``: the events of a
+        whole small document (:meth:`Converter.convert`)."""
+        self._chunks.append(self.converter.convert(evs, whole))
 
     def reserve(self) -> int:
         """A place for the next chunk, filled later by :meth:`fill`."""
@@ -915,6 +922,7 @@ class TableBuilder:
         # the codes of all chunks become this builder's in one lookup after the concatenation
         remaps: dict[str, list[np.ndarray]] = {k: [] for k in _INTERNED}
         self._columns: dict[str, list[str]] = {}
+        several = len(self._chunks) > 1
         for c in self._chunks:
             if c is None:
                 raise RuntimeError("a reserved chunk was never filled")
@@ -922,7 +930,8 @@ class TableBuilder:
                 if kind in _INTERNED:
                     self._columns.setdefault(kind, df.columns)
                     remaps[kind].append(self._interners[kind].remap(c.keys[kind]).to_numpy())
-                    df = df.drop(list(_INTERNED[kind])[1:])
+                    if several:  # (else not concatenated: _final replaces them in place)
+                        df = df.drop(list(_INTERNED[kind])[1:])
                 parts[kind].append(df)
             for k, v in c.invalid.items():
                 self.invalid[k] = self.invalid.get(k, 0) + v
@@ -1082,8 +1091,10 @@ class TableBuilder:
     def _final(self, kind: str, df: pl.DataFrame | None) -> pl.DataFrame:
         """The table ``kind`` from its rows ``df`` (``end_us`` included: the converter adds it)."""
         if df is None:
-            schema = COMM_SCHEMA if kind == "comm" else _SCHEMAS[kind]
-            df = pl.DataFrame(schema={**schema, "end_us": pl.Float64})
+            if kind not in _EMPTY:
+                schema = COMM_SCHEMA if kind == "comm" else _SCHEMAS[kind]
+                _EMPTY[kind] = pl.DataFrame(schema={**schema, "end_us": pl.Float64})
+            df = _EMPTY[kind].clone()  # (a constructor from the schema: 70 us a table)
         else:
             interned = _INTERNED.get(kind, {})
             if kind == "cpu_op":
@@ -1140,12 +1151,17 @@ class TableBuilder:
         return _nested([parse(v) for v in _decode_each(raws)], _SCHEMAS[kind][col])
 
 
+_EMPTY: dict[str, pl.DataFrame] = {}  # each kind's table without rows, made once
+
+
 def _global_codes(
     df: pl.DataFrame, parts: list[pl.DataFrame], remaps: list[np.ndarray], kind: str
 ) -> pl.DataFrame:
     """``df`` (the concatenated ``parts``) with its code column in the builder's codes:
     ``remaps[i]`` maps part i's codes to them."""
     col = next(iter(_INTERNED[kind]))
+    if len(remaps) == 1 and np.array_equal(remaps[0], np.arange(len(remaps[0]))):
+        return df  # one chunk, whose codes are the builder's (its keys in the same order)
     offset = np.cumsum([0] + [len(m) for m in remaps[:-1]], dtype=np.int64)
     rows = np.repeat(offset, [p.height for p in parts])
     lookup = np.concatenate(remaps) if remaps else np.empty(0, np.uint32)
