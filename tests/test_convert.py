@@ -149,3 +149,22 @@ def test_the_shape_code_is_one_per_decoded_value_whatever_the_spelling():
     one = build_tables(_raw_ops(same[0], "{}", other, same[1], same[2], "{}")).ops
     assert one["shape_code"].to_list() == code == [0, 1, 2, 0, 0, 1]
     assert build_tables([]).ops.schema["shape_code"] == pl.UInt32
+
+
+def test_plain_values_are_grouped_as_the_polars_group_by_groups_them(monkeypatch):
+    """When every value reads plain (lists of ints and of strings, no escape), the shape code
+    is numbered in Python from the decoded values (``TableBuilder._op_shapes``): spellings of
+    one value share a code, numbered by first appearance, as the group_by path numbers them."""
+    a = '{"Input Dims": [[2, 3], []], "Input type": ["float", ""], "Concrete Inputs": ["", "1"]}'
+    a2 = '{"Input Dims":[[2,3],[]],"Input type":["float",""],"Concrete Inputs":["","1"]}'
+    b = '{"Input Dims": [[2, 3], []], "Input type": ["float", ""], "Concrete Inputs": ["", "2"]}'
+    c = '{"Input Dims": [[2, 3], []], "Input type": ["float", ""]}'
+    evs = [b, a, "{}", a2, c, a, "{}"]
+    ops = build_tables(_raw_ops(*evs)).ops
+    assert ops["shape_code"].to_list() == [0, 1, 2, 1, 3, 1, 2]
+    _codes_match_lists(ops)
+    # the same numbers by the general path (no value read plain)
+    from tracedx.trace import tables
+
+    monkeypatch.setattr(tables, "_plain_column", lambda raws, col: None)
+    assert build_tables(_raw_ops(*evs)).ops.equals(ops)
