@@ -168,3 +168,23 @@ def test_plain_values_are_grouped_as_the_polars_group_by_groups_them(monkeypatch
 
     monkeypatch.setattr(tables, "_plain_column", lambda raws, col: None)
     assert build_tables(_raw_ops(*evs)).ops.equals(ops)
+
+
+def test_a_whole_document_and_chunks_give_the_same_tables():
+    """A whole small document's columns (names as they are, ``end_us`` from the converter) and
+    chunks' (names stored once, ``end_us`` at the end) make equal tables, even mixed."""
+    a = '{"Input Dims": [[2, 3]], "Input type": ["float"], "Concrete Inputs": [""]}'
+    evs = _raw_ops(a, "{}", a)
+    whole = TableBuilder()
+    whole.add(evs, whole=True)
+    chunked = TableBuilder()
+    chunked.add(evs)
+    mixed = TableBuilder()
+    mixed.add(evs, whole=True)
+    mixed.add(evs)
+    t1, t2, t3 = whole.finish(), chunked.finish(), mixed.finish()
+    for name in ("ops", "kernels", "launches", "annotations", "memory", "comm_args"):
+        x, y = getattr(t1, name), getattr(t2, name)
+        assert x.equals(y) and x.columns == y.columns, name
+        assert getattr(t3, name).columns == x.columns, name
+    assert t3.ops.equals(pl.concat([t1.ops, t1.ops]))

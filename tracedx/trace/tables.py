@@ -609,7 +609,6 @@ def _comm_rows(source: str, evs: list, args: list, idx: list[int]) -> pl.DataFra
             cols[c] = list(map(_to_int, _get(a, c)))
         cols["comms_id"] = list(map(_comms_id, _get(a, "comms_id")))
     df = pl.DataFrame({c: cols[c] for c in COMM_SCHEMA}, schema=COMM_SCHEMA)
-    df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
     return df.filter(
         pl.col("start_us").is_not_null()
         & pl.col("duration_us").is_not_null()
@@ -829,8 +828,12 @@ class Converter:
             cols["python_parent_id"] = _any_int_col(_get(args, "python_parent_id"))
         ts = cols["start_us"].to_numpy()
         dur = cols["duration_us"].to_numpy()
-        # (here, in numpy, for the one constructor below: a with_columns per table cost more)
-        cols["end_us"] = ts + dur
+        if not self.dedup:
+            # a whole small document: here, in numpy, for the one constructor below (for each
+            # table a with_columns cost more); chunks get it at the end (_final), so that the
+            # columns kept while a big trace is read are no larger (the 1 GB read peaked 12
+            # MB higher with it)
+            cols["end_us"] = ts + dur
         df = pl.DataFrame(cols)
         ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
         n_bad = len(ok) - int(ok.sum())
@@ -858,7 +861,6 @@ def _memory_frame(evs: list[Event]) -> pl.DataFrame:
             "bytes": _any_int_col(col("alloc_bytes")),
             "allocated_bytes": _any_int_col(col("total_allocated")),
             "reserved_bytes": _any_int_col(col("total_reserved")),
-            "end_us": ts.to_numpy() + 0.0,
         }
     ).filter(pl.col("start_us").is_finite())
 
@@ -929,10 +931,13 @@ class TableBuilder:
                 raise RuntimeError("a reserved chunk was never filled")
             for kind, df in c.frames.items():
                 if kind in _INTERNED:
-                    self._columns.setdefault(kind, df.columns)
+                    keep = [c for c in df.columns if not (several and c == "end_us")]
+                    self._columns.setdefault(kind, keep)
                     remaps[kind].append(self._interners[kind].remap(c.keys[kind]).to_numpy())
                     if several:  # (else not concatenated: _final replaces them in place)
                         df = df.drop(list(_INTERNED[kind])[1:])
+                if several and "end_us" in df.columns:  # (the chunks concatenated alike)
+                    df = df.drop("end_us")
                 parts[kind].append(df)
             for k, v in c.invalid.items():
                 self.invalid[k] = self.invalid.get(k, 0) + v
@@ -1090,7 +1095,7 @@ class TableBuilder:
         )
 
     def _final(self, kind: str, df: pl.DataFrame | None) -> pl.DataFrame:
-        """The table ``kind`` from its rows ``df`` (``end_us`` included: the converter adds it)."""
+        """The table ``kind`` from its rows ``df`` (with ``end_us`` when the converter added it)."""
         if df is None:
             if kind not in _EMPTY:
                 schema = COMM_SCHEMA if kind == "comm" else _SCHEMAS[kind]
@@ -1107,6 +1112,8 @@ class TableBuilder:
                     pl.lit(self._values(kind, col, field)).gather(code).alias(col)
                     for col, field in interned.items()
                 ).select(self._columns[kind])
+        if "end_us" not in df.columns:
+            df = df.with_columns(end_us=pl.col("start_us") + pl.col("duration_us"))
         if kind == "comm":  # rows of several kinds: one order whatever the chunking
             df = df.sort(
                 "start_us", "source", "pid", "tid", "device", "stream", "correlation",
@@ -1145,7 +1152,8 @@ class TableBuilder:
         code = df["input_shapes"]
         out = {c: v.gather(code) for c, v in vals.items()}
         out["shape_code"] = pl.Series(canon[code.to_numpy()], dtype=pl.UInt32)
-        names = [*self._columns["cpu_op"][:-1], "shape_code", "end_us"]
+        names = [c for c in self._columns["cpu_op"] if c != "end_us"] + ["shape_code"]
+        names += ["end_us"] if "end_us" in df.columns else []
         return pl.DataFrame({n: out[n] if n in out else df[n] for n in names})
 
     def _values(self, kind: str, col: str, field: int) -> pl.Series:
