@@ -310,3 +310,29 @@ def test_a_file_changed_under_the_worker_falls_back_to_the_reference(
     assert changed
     assert chunks == 1  # the reference path
     _same(_reference(path), fast)
+
+
+@pytest.mark.parametrize("text", ["", "caf\u00e9 ", "bad \udcff"])
+def test_a_small_plain_file_read_into_huge_pages_gives_the_reference_tables(
+    tmp_path, monkeypatch, text
+):
+    """A whole document of at least ``_HUGE_MIN`` bytes is read into an anonymous mapping
+    (``_read_huge``), searched and decoded there: the same tables as the reference reader, a
+    non-ASCII name included; invalid UTF-8 leaves the fast reader for the reference one."""
+    import json
+
+    doc = json.loads(gzip.decompress(SAMPLE.read_bytes()))
+    doc["traceEvents"][0]["name"] = text + str(doc["traceEvents"][0].get("name"))
+    p = tmp_path / "t.json"
+    p.write_bytes(json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogateescape"))
+    monkeypatch.setattr(source, "_HUGE_MIN", 1 << 20)
+    data = source._read_small(p)
+    assert type(data) is source.mmap.mmap and len(data) == p.stat().st_size
+    assert bytes(data) == p.read_bytes()
+    if "\udcff" in text:
+        with pytest.raises(source.TraceFormatError, match="invalid UTF-8 byte 0xFF"):
+            _fast(p)
+        return
+    fast, chunks = _fast(p)
+    assert chunks == 1
+    _same(fast, _reference(p))
