@@ -312,6 +312,9 @@ def test_a_file_changed_under_the_worker_falls_back_to_the_reference(
     _same(_reference(path), fast)
 
 
+@pytest.mark.skipif(
+    not hasattr(source.mmap, "MADV_HUGEPAGE"), reason="no transparent huge pages to ask for"
+)
 @pytest.mark.parametrize("text", ["", "caf\u00e9 ", "bad \udcff"])
 def test_a_small_plain_file_read_into_huge_pages_gives_the_reference_tables(
     tmp_path, monkeypatch, text
@@ -336,3 +339,13 @@ def test_a_small_plain_file_read_into_huge_pages_gives_the_reference_tables(
     fast, chunks = _fast(p)
     assert chunks == 1
     _same(fast, _reference(p))
+
+
+def test_without_huge_pages_a_small_file_is_read_as_bytes(tmp_path, monkeypatch):
+    """Where ``madvise`` has no huge-page advice (not Linux), the bytes are read as before."""
+    p = tmp_path / "t.json"
+    p.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    monkeypatch.setattr(source, "_HUGE_MIN", 1 << 20)
+    monkeypatch.delattr(source.mmap, "MADV_HUGEPAGE", raising=False)
+    data = source._read_small(p)
+    assert type(data) is bytes and data == p.read_bytes()
