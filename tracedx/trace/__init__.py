@@ -21,12 +21,12 @@ from tracedx.trace.link import (
     api_kind,
     api_kind_expr,
     assign_step,
-    build_op_tree,
     external_id_index,
     extract_steps,
     launch_table,
     link_gpu_tables,
     link_launches_to_ops,
+    op_tree,
     step_windows,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, collector_paused
@@ -420,7 +420,7 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         if not step_ops.height:
             step_ops = None
     # a copy of the op table only when there is something to take out
-    ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op) if step_ops is not None else raw.ops)
+    ops, not_nested, thread = op_tree(raw.ops.filter(~is_step_op) if step_ops is not None else raw.ops)
     if not_nested:
         warnings.append(
             DataWarning(
@@ -504,7 +504,7 @@ def _load(p: Path, repair: bool, progress) -> Trace:
             ]
         ).sort("start_us")
     ext_index = external_id_index(ops)
-    launches, _ = link_launches_to_ops(launches, ops, ext_index)
+    launches, _ = link_launches_to_ops(launches, ops, ext_index, thread)
     reused = int(np.count_nonzero(ext_index["n_ops"].to_numpy() > 1))
     if reused:
         warnings.append(
@@ -628,10 +628,20 @@ def _null_mask(tables: list[pl.DataFrame], name: str) -> np.ndarray | None:
     return np.concatenate([t[name].is_null().to_numpy() for t in tables])
 
 
+def _is_in(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.isin(a, b)`` for integer arrays: a binary search in ``b`` sorted."""
+    if not len(b):
+        return np.zeros(len(a), bool)
+    b = np.sort(b)
+    return b[np.minimum(np.searchsorted(b, a), len(b) - 1)] == a
+
+
 def _is_kernel_launch(launches: pl.DataFrame) -> np.ndarray:
     """Which launches are kernel or graph launches (``api_kind``)."""
     kind = launches["api_kind"]
-    return ((kind == "kernel") | (kind == "graph")).fill_null(False).to_numpy()
+    if kind.null_count():
+        return kind.is_in(["kernel", "graph"]).fill_null(False).to_numpy()
+    return (kind == "kernel").to_numpy() | (kind == "graph").to_numpy()
 
 
 def _quality(
@@ -674,7 +684,7 @@ def _quality(
     if lk.null_count():
         is_k &= lk.is_not_null().to_numpy()
     lk = _filled(lk, 0)[is_k]
-    orphan = int(np.count_nonzero(~np.isin(lk, corr)))  # launches whose GPU work is missing
+    orphan = len(lk) - int(np.count_nonzero(_is_in(lk, corr)))  # launches whose GPU work is missing
     if orphan:
         out.append(
             DataWarning(

@@ -67,14 +67,24 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     ties, then in table order). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
     keeps that parent and is counted. Returns (ops, number of non-nesting ops).
     """
-    ops = ops.with_row_index("op_id").with_columns(pl.col("op_id").cast(pl.Int64))
+    ops, bad, _ = op_tree(ops)
+    return ops, bad
+
+
+def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
+    """:func:`build_op_tree`, and the :func:`thread_order` it used (None for no ops): what
+    :func:`link_launches_to_ops` would compute again for the same ops."""
+    ops = pl.DataFrame([pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64)]).hstack(
+        ops.get_columns()
+    )
     if ops.height == 0:
         return ops.with_columns(
             parent_id=pl.lit(None, pl.Int64),
             top_op_id=pl.lit(None, pl.Int64),
             depth=pl.lit(0, pl.Int32),
-        ), 0
-    order, new, start, end = thread_order(ops)
+        ), 0, None
+    thread = thread_order(ops)
+    order, new, start, end = thread
     parent, depth, root = _nest(new, start, end)
     has = parent >= 0
     pp = np.where(has, parent, 0)
@@ -90,11 +100,14 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         )
         parent_of[order], top_of[order], depth_of[order] = parent, root, depth
         parent, root, depth = parent_of, top_of, depth_of
-    return ops.with_columns(
-        parent_id=_with_nulls(parent),
-        top_op_id=pl.Series(root, dtype=pl.Int64),
-        depth=pl.Series(depth, dtype=pl.Int32),
-    ), bad
+    return _with(
+        ops,
+        [
+            _with_nulls(parent).alias("parent_id"),
+            pl.Series("top_op_id", root, dtype=pl.Int64),
+            pl.Series("depth", depth, dtype=pl.Int32),
+        ],
+    ), bad, thread
 
 
 def thread_order(
@@ -323,16 +336,19 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     run on their rows as arrays (the table's rows are sorted by start, stably, so equal starts
     keep table order). Times that are null or not finite take :func:`_extract_steps_polars`.
     """
-    marked = annotations.filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")
+    is_step = (annotations["category"] == "user_annotation") & annotations["name"].str.starts_with(
+        "ProfilerStep#"
     )
-    start, end = marked["start_us"], marked["end_us"]
+    if is_step.null_count():
+        is_step = is_step.fill_null(False)
+    start, end = annotations["start_us"], annotations["end_us"]
     if start.null_count() or end.null_count():
-        return _extract_steps_polars(marked, warnings)
-    s_all, e_all = start.to_numpy(), end.to_numpy()
+        return _extract_steps_polars(annotations.filter(is_step), warnings)
+    marked = np.flatnonzero(is_step.to_numpy())
+    s_all, e_all = start.to_numpy()[marked], end.to_numpy()[marked]
     if not (np.isfinite(s_all).all() and np.isfinite(e_all).all()):
-        return _extract_steps_polars(marked, warnings)
-    names = marked["name"].to_list()
+        return _extract_steps_polars(annotations.filter(is_step), warnings)
+    names = annotations["name"][marked].to_list()
     numbers = [_step_number(x) for x in names]
     bad = [x for x, v in zip(names, numbers, strict=True) if v is None]
     if bad:
@@ -380,10 +396,10 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
                     f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
                 )
             )
-    t = marked[rows]
+    rows = marked[rows]
     return pl.DataFrame(
         [pl.Series("step", step, dtype=pl.Int64)]
-        + [t[c] for c in ("name", "pid", "tid", "start_us", "end_us", "duration_us")]
+        + [annotations[c][rows] for c in ("name", "pid", "tid", "start_us", "end_us", "duration_us")]
     )
 
 
@@ -517,11 +533,15 @@ def _with(df: pl.DataFrame, cols: list[pl.Series]) -> pl.DataFrame:
 
 
 def link_launches_to_ops(
-    launches: pl.DataFrame, ops: pl.DataFrame, index: pl.DataFrame | None = None
+    launches: pl.DataFrame,
+    ops: pl.DataFrame,
+    index: pl.DataFrame | None = None,
+    thread: tuple | None = None,
 ) -> tuple[pl.DataFrame, int]:
     """Add ``op_id`` to launches: by External id, else innermost op on the thread holding the launch.
 
-    ``index``: :func:`external_id_index` of ``ops`` when the caller has it (else computed).
+    ``index``: :func:`external_id_index` of ``ops`` when the caller has it (else computed);
+    ``thread``: :func:`thread_order` of ``ops`` likewise (:func:`op_tree` gives it).
     Returns (launches, number linked by time containment).
     """
     if launches.height == 0:
@@ -536,7 +556,7 @@ def link_launches_to_ops(
     missing = np.flatnonzero(op < 0)
     by_time = 0
     if len(missing) and ops.height:
-        time_op = _holding_op(launches, ops, missing)
+        time_op = _holding_op(launches, ops, missing, thread)
         op[missing] = np.where(time_op >= 0, time_op, ext_first[missing])
         by_time = int(np.count_nonzero(time_op >= 0))
     return _with(launches, [_with_nulls(op).alias("op_id")]), by_time
@@ -545,10 +565,10 @@ def link_launches_to_ops(
 def _find(keys: pl.Series, queries: pl.Series) -> np.ndarray:
     """For each query, the first row of ``keys`` equal to it, -1 for none; a null matches
     nothing (:func:`find_rows` over the integer ids)."""
-    valid = keys.is_not_null().to_numpy() if keys.null_count() else None
-    rows = find_rows(_ints(keys, 0), _ints(queries, 0), valid=valid)
-    if queries.null_count():
-        rows[queries.is_null().to_numpy()] = -1
+    (k, k_null), (q, q_null) = _ids(keys, 0), _ids(queries, 0)
+    rows = find_rows(k, q, valid=None if k_null is None else ~k_null)
+    if q_null is not None:
+        rows[q_null] = -1
     return rows
 
 
@@ -578,7 +598,7 @@ def find_rows(
 
 def _ints(s: pl.Series, fill: int) -> np.ndarray:
     """An integer Series as an array, nulls as ``fill`` (no copy when it has no nulls)."""
-    return s.fill_null(fill).to_numpy() if s.null_count() else s.to_numpy()
+    return _ids(s, fill)[0]
 
 
 def _take(values: np.ndarray, row: np.ndarray) -> np.ndarray:
@@ -589,19 +609,29 @@ def _take(values: np.ndarray, row: np.ndarray) -> np.ndarray:
     return np.where(row >= 0, values.astype(np.int64, copy=False)[np.maximum(row, 0)], -1)
 
 
-def _ids(s: pl.Series) -> tuple[np.ndarray, np.ndarray | None]:
-    """An integer id column as (values with nulls as -1, null mask or None without nulls)."""
-    if s.null_count():
-        return s.fill_null(-1).to_numpy(), s.is_null().to_numpy()
-    return s.to_numpy(), None
+def _ids(s: pl.Series, fill: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
+    """An integer column as (its values with nulls as ``fill``, where it is null or None for
+    nowhere). Polars gives an integer column with nulls as float64 with NaN: read back as
+    int64 when every value is under 2**53 (exact in float64), else by two polars calls."""
+    if not s.null_count():
+        return s.to_numpy(), None
+    f = s.to_numpy()
+    if f.dtype.kind == "f" and s.dtype.is_integer() and abs(fill) < 2**53:
+        null = np.isnan(f)
+        v = np.where(null, fill, f)
+        if np.abs(v).max() < 2**53:
+            return v.astype(np.int64), null
+    return s.fill_null(fill).to_numpy(), s.is_null().to_numpy()
 
 
-def _holding_op(launches: pl.DataFrame, ops: pl.DataFrame, rows: np.ndarray) -> np.ndarray:
+def _holding_op(
+    launches: pl.DataFrame, ops: pl.DataFrame, rows: np.ndarray, thread: tuple | None = None
+) -> np.ndarray:
     """The op_id of the innermost op on the (pid, tid) of each launch of ``rows`` whose
     [start, end) holds the launch's start, -1 for none (or a null pid or tid): the op that
     started last at or before it (the shorter one on a tie), then up its parents until one
-    still runs at the launch."""
-    order, new, start, _ = thread_order(ops)
+    still runs at the launch. ``thread``: :func:`thread_order` of ``ops`` (else computed)."""
+    order, new, start, _ = thread_order(ops) if thread is None else thread
     # the rows of one (pid, tid) are contiguous in that order: a group of thread_order's, cut
     # where an id turns null (it reads a null as -1)
     (op_pid, pid_null), (op_tid, tid_null) = _ids(ops["pid"]), _ids(ops["tid"])
