@@ -145,14 +145,19 @@ class Trace:
     @property
     def devices(self) -> list[int]:
         """Device indices with GPU activity, sorted."""
+        return sorted(self._device_counts())
 
-        def build() -> list[int]:
-            ids: set[int] = set()
+    def _device_counts(self) -> dict[int, int]:
+        """GPU events (kernels, memcpys, memsets) per device index, a null device left out."""
+
+        def build() -> dict[int, int]:
+            counts: dict[int, int] = {}
             for t in (self.kernels, self.memcpys, self.memsets):
-                ids.update(x for x in t["device"].unique().to_list() if x is not None)
-            return sorted(ids)
+                for dev, n in _value_counts(t["device"]):
+                    counts[dev] = counts.get(dev, 0) + n
+            return counts
 
-        return list(self.memo("devices", (self.kernels, self.memcpys, self.memsets), build))
+        return self.memo("device_counts", (self.kernels, self.memcpys, self.memsets), build)
 
     @property
     def truncated(self) -> bool:
@@ -182,17 +187,9 @@ class Trace:
         return props[0] if props else None
 
     def _busiest_device(self) -> int | None:
-        def build() -> int | None:
-            counts: dict[int, int] = {}
-            for t in (self.kernels, self.memcpys, self.memsets):
-                if t.height:
-                    for dev, n in t.group_by("device").len().rows():
-                        if dev is not None:
-                            counts[dev] = counts.get(dev, 0) + n
-            # ties: the lowest device index (group_by's row order is not fixed)
-            return max(sorted(counts), key=counts.get) if counts else None
-
-        return self.memo("busiest_device", (self.kernels, self.memcpys, self.memsets), build)
+        counts = self._device_counts()
+        # ties: the lowest device index
+        return max(sorted(counts), key=counts.get) if counts else None
 
     @property
     def inconsistent_timestamps(self) -> str | None:
@@ -234,7 +231,7 @@ class Trace:
             "step",
         ]
         parts = [
-            t.select(cols).with_columns(kind=pl.lit(k))
+            t[cols].hstack([pl.Series("kind", [k]).new_from_index(0, t.height)])
             for k, t in (
                 ("kernel", self.kernels),
                 ("memcpy", self.memcpys),
@@ -270,6 +267,19 @@ INCONSISTENT_TIMESTAMPS = "inconsistent_timestamps"
 _NS_START = 1e17
 # With displayTimeUnit "ns", a median kernel of a millisecond or more (in us) is read as ns.
 _NS_MEDIAN_KERNEL = 1_000.0
+
+
+def _value_counts(s: pl.Series) -> list[tuple[int, int]]:
+    """(value, count) of each value of an integer column, nulls left out: counted by numpy
+    where the values span a short range (device indices), else by polars."""
+    if not len(s) or s.null_count() == len(s):
+        return []
+    v = _non_null(s).to_numpy()
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo < 4096:
+        n = np.bincount(v - lo)
+        return [(lo + int(i), int(n[i])) for i in np.flatnonzero(n)]
+    return [(d, n) for d, n in s.drop_nulls().value_counts().rows()]
 
 
 def _gpu_events(n: int, one: str, many: str) -> str:
