@@ -27,6 +27,7 @@ from tracedx.trace.link import (
     link_gpu_tables,
     link_launches_to_ops,
     op_tree,
+    starts_with,
     step_windows,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, collector_paused
@@ -422,7 +423,7 @@ def _load(p: Path, repair: bool, progress) -> Trace:
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
-    is_step_op = raw.ops["name"].str.starts_with("ProfilerStep#")
+    is_step_op = starts_with(raw.ops["name"], "ProfilerStep#")
     step_ops = None
     if is_step_op.any():
         is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
@@ -593,6 +594,10 @@ def _with_api_kind(launches: pl.DataFrame) -> pl.DataFrame:
         return launches.with_columns(
             api_kind=pl.col("name").replace_strict(kinds["name"], kinds["api_kind"])
         )
+    if len(name) <= 500:  # a few launches: a dict of the names in Python
+        kinds: dict[str, str] = {}
+        out = [kinds.get(x) or kinds.setdefault(x, api_kind(x)) for x in name.to_list()]
+        return launches.hstack([pl.Series("api_kind", out, dtype=pl.Utf8)])
     names = name.unique()
     code = name.cast(pl.Enum(names)).to_physical().to_numpy()
     kind = pl.Series("api_kind", [api_kind(x) for x in names.to_list()], dtype=pl.Utf8)
@@ -625,9 +630,17 @@ def _column(tables: list[pl.DataFrame], name: str, fill=None) -> np.ndarray:
 
 def _filled(s: pl.Series, fill) -> np.ndarray:
     """``s.fill_null(fill).to_numpy()``, with no polars call when it has no nulls, or is a
-    float column filled with NaN (its nulls read as NaN)."""
-    if fill is None or not s.null_count() or (s.dtype == pl.Float64 and np.isnan(fill)):
+    float column (its nulls read as NaN: filled in numpy when it holds no NaN of its own)."""
+    n_null = s.null_count()
+    if fill is None or not n_null:
         return s.to_numpy()
+    if s.dtype == pl.Float64:
+        a = s.to_numpy()
+        if np.isnan(fill):
+            return a
+        nan = np.isnan(a)
+        if np.count_nonzero(nan) == n_null:
+            return np.where(nan, fill, a)
     return s.fill_null(fill).to_numpy()
 
 

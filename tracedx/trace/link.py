@@ -52,6 +52,16 @@ def api_kind_expr(col: str = "name") -> pl.Expr:
     return expr
 
 
+def starts_with(s: pl.Series, prefix: str) -> pl.Series:
+    """``s.str.starts_with(prefix)`` for a ``prefix`` ending in an ASCII character below
+    U+007F, as two comparisons (a fraction of its cost): strings compare by their UTF-8
+    bytes, so those starting with ``prefix`` are exactly those from ``prefix`` up to (not
+    including) ``prefix`` with its last character the next one."""
+    assert prefix and prefix[-1] < "\x7f"
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return (s >= prefix) & (s < upper)
+
+
 def api_kind(name: str) -> str:
     """:func:`api_kind_expr` of one name."""
     for kind, needles in _API_KINDS:
@@ -74,9 +84,8 @@ def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
 def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
     """:func:`build_op_tree`, and the :func:`thread_order` it used (None for no ops): what
     :func:`link_launches_to_ops` would compute again for the same ops."""
-    ops = pl.DataFrame([pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64)]).hstack(
-        ops.get_columns()
-    )
+    ops = ops.clone()  # a new frame (the columns are shared): the row number goes in front
+    ops.insert_column(0, pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64))
     if ops.height == 0:
         return ops.with_columns(
             parent_id=pl.lit(None, pl.Int64),
@@ -336,8 +345,8 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     run on their rows as arrays (the table's rows are sorted by start, stably, so equal starts
     keep table order). Times that are null or not finite take :func:`_extract_steps_polars`.
     """
-    is_step = (annotations["category"] == "user_annotation") & annotations["name"].str.starts_with(
-        "ProfilerStep#"
+    is_step = (annotations["category"] == "user_annotation") & starts_with(
+        annotations["name"], "ProfilerStep#"
     )
     if is_step.null_count():
         is_step = is_step.fill_null(False)
@@ -784,8 +793,11 @@ def link_gpu(gpu: pl.DataFrame, launch_info: pl.DataFrame) -> pl.DataFrame:
 def link_gpu_tables(tables: list[pl.DataFrame], launch_info: pl.DataFrame) -> list[pl.DataFrame]:
     """:func:`link_gpu` of each of ``tables``, the rows of ``launch_info`` gathered once for
     all of them (a gather of a frame costs the same for 10 rows as for 10,000)."""
-    queries = [_find(launch_info["correlation"], t["correlation"]) for t in tables]
-    at = np.concatenate(queries) if queries else np.empty(0, np.int64)
+    corr = [t["correlation"] for t in tables if t.height]
+    if corr:  # one search for the events of all the tables
+        at = _find(launch_info["correlation"], corr[0] if len(corr) == 1 else pl.concat(corr))
+    else:
+        at = np.empty(0, np.int64)
     cols = launch_info.columns[1:]
     if len(at) and (at >= 0).all():
         rows = launch_info[cols][at]
