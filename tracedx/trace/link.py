@@ -200,6 +200,39 @@ def _nest(
     n = len(start)
     if n == 0:
         return np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64)
+    if n <= _WALK_ROWS:
+        return _nest_walk(new, start, end)
+    return _nest_vector(new, start, end)
+
+
+# Up to this many ops the stack walk itself, in Python, is cheaper than the ~50 numpy calls
+# of the vectorised paths.
+_WALK_ROWS = 200
+
+
+def _nest_walk(
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_nest` as the stack walk it is defined by, in Python (for a few intervals)."""
+    n = len(start)
+    parent, depth, root = [-1] * n, [0] * n, list(range(n))
+    stack: list[int] = []
+    s, e = start.tolist(), end.tolist()
+    for i, head in enumerate(new.tolist()):
+        if head:
+            stack = []
+        while stack and e[stack[-1]] <= s[i]:
+            stack.pop()
+        if stack:
+            parent[i], depth[i], root[i] = stack[-1], len(stack), stack[0]
+        stack.append(i)
+    return np.array(parent, np.int64), np.array(depth, np.int32), np.array(root, np.int64)
+
+
+def _nest_vector(
+    new: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_nest` without a Python loop (see there)."""
     parent, depth, root, bad = _nest_forest(new, start, end)
     if bad.any():
         rows = np.flatnonzero(bad[np.cumsum(new) - 1])
