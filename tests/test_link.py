@@ -132,3 +132,34 @@ def test_find_rows_gives_the_first_equal_row_and_nan_matches_nothing():
     assert find_rows(np.array([1.0, np.nan, 2.0]), np.array([2.0, np.nan])).tolist() == [2, -1]
     assert find_rows(np.arange(5), np.array([4, 0, 5])).tolist() == [4, 0, -1]  # sorted: no sort
     assert find_rows(np.array([], np.int64), np.array([1])).tolist() == [-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 1),
+            st.integers(0, 2),
+            st.sampled_from([0.0, 1.0, 2.0, 5.0, 7.0, 9.0]),
+            st.sampled_from([0.0, 1.0, 3.0, 4.0, 8.0, np.inf, np.nan]),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_op_tree_walk_and_vectorised_nesting_agree(rows):
+    """_nest takes the stack walk in Python for a few ops and the vectorised paths for more:
+    both give the same parent, depth and root, ranges that do not nest, zero-length ones and
+    non-finite ends included."""
+    from tracedx.trace import link
+
+    rows.sort(key=lambda r: (r[0], r[1], r[2], -(r[2] + r[3])))
+    pid = np.array([r[0] for r in rows])
+    tid = np.array([r[1] for r in rows])
+    start = np.array([r[2] for r in rows])
+    end = np.array([r[2] + r[3] for r in rows])
+    new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+    walk = link._nest_walk(new, start, end)
+    vec = link._nest_vector(new, start, end)
+    for a, b in zip(walk, vec, strict=True):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()

@@ -18,14 +18,17 @@ from tracedx.errors import TraceFormatError
 from tracedx.trace.begin_end import read_tables
 from tracedx.trace.collectives import build_collectives
 from tracedx.trace.link import (
+    api_kind,
     api_kind_expr,
     assign_step,
-    build_op_tree,
     external_id_index,
     extract_steps,
     launch_table,
-    link_gpu,
+    link_gpu_tables,
     link_launches_to_ops,
+    op_tree,
+    starts_with,
+    step_windows,
 )
 from tracedx.trace.source import TRUNCATED_NOTE, collector_paused
 from tracedx.trace.tables import COMM_SCHEMA, DataWarning
@@ -143,14 +146,19 @@ class Trace:
     @property
     def devices(self) -> list[int]:
         """Device indices with GPU activity, sorted."""
+        return sorted(self._device_counts())
 
-        def build() -> list[int]:
-            ids: set[int] = set()
+    def _device_counts(self) -> dict[int, int]:
+        """GPU events (kernels, memcpys, memsets) per device index, a null device left out."""
+
+        def build() -> dict[int, int]:
+            counts: dict[int, int] = {}
             for t in (self.kernels, self.memcpys, self.memsets):
-                ids.update(x for x in t["device"].unique().to_list() if x is not None)
-            return sorted(ids)
+                for dev, n in _value_counts(t["device"]):
+                    counts[dev] = counts.get(dev, 0) + n
+            return counts
 
-        return list(self.memo("devices", (self.kernels, self.memcpys, self.memsets), build))
+        return self.memo("device_counts", (self.kernels, self.memcpys, self.memsets), build)
 
     @property
     def truncated(self) -> bool:
@@ -180,17 +188,9 @@ class Trace:
         return props[0] if props else None
 
     def _busiest_device(self) -> int | None:
-        def build() -> int | None:
-            counts: dict[int, int] = {}
-            for t in (self.kernels, self.memcpys, self.memsets):
-                if t.height:
-                    for dev, n in t.group_by("device").len().rows():
-                        if dev is not None:
-                            counts[dev] = counts.get(dev, 0) + n
-            # ties: the lowest device index (group_by's row order is not fixed)
-            return max(sorted(counts), key=counts.get) if counts else None
-
-        return self.memo("busiest_device", (self.kernels, self.memcpys, self.memsets), build)
+        counts = self._device_counts()
+        # ties: the lowest device index
+        return max(sorted(counts), key=counts.get) if counts else None
 
     @property
     def inconsistent_timestamps(self) -> str | None:
@@ -232,7 +232,7 @@ class Trace:
             "step",
         ]
         parts = [
-            t.select(cols).with_columns(kind=pl.lit(k))
+            t[cols].hstack([pl.Series("kind", [k]).new_from_index(0, t.height)])
             for k, t in (
                 ("kernel", self.kernels),
                 ("memcpy", self.memcpys),
@@ -268,6 +268,19 @@ INCONSISTENT_TIMESTAMPS = "inconsistent_timestamps"
 _NS_START = 1e17
 # With displayTimeUnit "ns", a median kernel of a millisecond or more (in us) is read as ns.
 _NS_MEDIAN_KERNEL = 1_000.0
+
+
+def _value_counts(s: pl.Series) -> list[tuple[int, int]]:
+    """(value, count) of each value of an integer column, nulls left out: counted by numpy
+    where the values span a short range (device indices), else by polars."""
+    if not len(s) or s.null_count() == len(s):
+        return []
+    v = _non_null(s).to_numpy()
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo < 4096:
+        n = np.bincount(v - lo)
+        return [(lo + int(i), int(n[i])) for i in np.flatnonzero(n)]
+    return [(d, n) for d, n in s.drop_nulls().value_counts().rows()]
 
 
 def _gpu_events(n: int, one: str, many: str) -> str:
@@ -410,12 +423,15 @@ def _load(p: Path, repair: bool, progress) -> Trace:
 
     # Old traces wrote ProfilerStep#N as a cpu_op (cat Operator): it is a step annotation, not an
     # op (as an op it would be the parent of every op and the top-level op of every kernel).
-    is_step_op = raw.ops["name"].str.starts_with("ProfilerStep#")
+    is_step_op = starts_with(raw.ops["name"], "ProfilerStep#")
+    step_ops = None
     if is_step_op.any():
         is_step_op = raw.ops["name"].str.contains(r"^ProfilerStep#[0-9]{1,18}$")
-    step_ops = raw.ops.filter(is_step_op)
+        step_ops = raw.ops.filter(is_step_op)
+        if not step_ops.height:
+            step_ops = None
     # a copy of the op table only when there is something to take out
-    ops, not_nested = build_op_tree(raw.ops.filter(~is_step_op) if step_ops.height else raw.ops)
+    ops, not_nested, thread = op_tree(raw.ops.filter(~is_step_op) if step_ops is not None else raw.ops)
     if not_nested:
         warnings.append(
             DataWarning(
@@ -426,7 +442,7 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         )
 
     annotations = raw.annotations
-    if step_ops.height:
+    if step_ops is not None:
         annotations = pl.concat(
             [
                 annotations,
@@ -478,15 +494,10 @@ def _load(p: Path, repair: bool, progress) -> Trace:
                 },
             )
 
-    ops = assign_step(ops, steps, "start_us")
-    # the name rules once per distinct call name, not once per call
-    kinds = raw.launches.select(pl.col("name").unique()).with_columns(
-        api_kind=api_kind_expr("name")
-    )
-    launches = raw.launches.with_columns(
-        api_kind=pl.col("name").replace_strict(kinds["name"], kinds["api_kind"])
-    )
-    n_dup = _n_repeated(launches["correlation"].drop_nulls())
+    windows = step_windows(steps)
+    ops = assign_step(ops, steps, "start_us", windows=windows)
+    launches = _with_api_kind(raw.launches)
+    n_dup = _n_repeated(_non_null(launches["correlation"]))
     if n_dup:
         warnings.append(
             DataWarning(
@@ -504,8 +515,8 @@ def _load(p: Path, repair: bool, progress) -> Trace:
             ]
         ).sort("start_us")
     ext_index = external_id_index(ops)
-    launches, _ = link_launches_to_ops(launches, ops, ext_index)
-    reused = ext_index.filter(pl.col("n_ops") > 1).height
+    launches, _ = link_launches_to_ops(launches, ops, ext_index, thread)
+    reused = int(np.count_nonzero(ext_index["n_ops"].to_numpy() > 1))
     if reused:
         warnings.append(
             DataWarning(
@@ -515,15 +526,9 @@ def _load(p: Path, repair: bool, progress) -> Trace:
                 "the op that holds them in time, so device time is not all put on one op",
             )
         )
-    launches = assign_step(launches, steps, "start_us")
+    launches = assign_step(launches, steps, "start_us", windows=windows)
 
     launch_info = launch_table(launches, ops)
-
-    def gpu(t: pl.DataFrame) -> pl.DataFrame:
-        t = link_gpu(t, launch_info)
-        if synthetic:
-            t = t.with_columns(step=pl.lit(0, pl.Int64)) if steps.height else t
-        return t
 
     # Exact duplicates (a merged or re-exported trace) are one event: they would otherwise
     # count twice in kernel counts and device time by kind.
@@ -533,13 +538,17 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         # a copy only when there is something to drop (hashing the keys is the cheap part),
         # and a look at the keys only when two events share a correlation id (or have none)
         c = t["correlation"]
-        maybe = c.null_count() > 1 or _n_repeated(c.drop_nulls()) > 0
+        maybe = c.null_count() > 1 or _n_repeated(_non_null(c)) > 0
         if maybe and t.select(pl.struct(_GPU_DUP_KEY).is_duplicated().any()).item():
             u = t.unique(subset=_GPU_DUP_KEY, keep="first", maintain_order=True)
             n_gpu_dup += t.height - u.height
             t = u
         deduped.append(t)
-    kernels, memcpys, memsets, syncs = (gpu(t) for t in (*deduped, raw.syncs))
+    kernels, memcpys, memsets, syncs = link_gpu_tables([*deduped, raw.syncs], launch_info)
+    if synthetic and steps.height:
+        kernels, memcpys, memsets, syncs = (
+            t.with_columns(step=pl.lit(0, pl.Int64)) for t in (kernels, memcpys, memsets, syncs)
+        )
     if n_gpu_dup:
         warnings.append(
             DataWarning(
@@ -564,7 +573,7 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         annotations=annotations,
         steps=steps,
         python_frames=raw.python_frames,
-        memory=assign_step(raw.memory, steps, "start_us")
+        memory=assign_step(raw.memory, steps, "start_us", windows=windows)
         if raw.memory is not None
         else pl.DataFrame(),
         steps_synthetic=synthetic,
@@ -572,6 +581,31 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         warnings=warnings,
         comm_args=raw.comm_args,
     )
+
+
+def _with_api_kind(launches: pl.DataFrame) -> pl.DataFrame:
+    """``launches`` with ``api_kind``: the name rules (:func:`api_kind_expr`) once per distinct
+    call name, not once per call, the names read as codes of an enum of the distinct ones."""
+    name = launches["name"]
+    if name.null_count():
+        kinds = launches.select(pl.col("name").unique()).with_columns(
+            api_kind=api_kind_expr("name")
+        )
+        return launches.with_columns(
+            api_kind=pl.col("name").replace_strict(kinds["name"], kinds["api_kind"])
+        )
+    if len(name) <= 500:  # a few launches: a dict of the names in Python
+        kinds: dict[str, str] = {}
+        out = [kinds.get(x) or kinds.setdefault(x, api_kind(x)) for x in name.to_list()]
+        return launches.hstack([pl.Series("api_kind", out, dtype=pl.Utf8)])
+    names = name.unique()
+    code = name.cast(pl.Enum(names)).to_physical().to_numpy()
+    kind = pl.Series("api_kind", [api_kind(x) for x in names.to_list()], dtype=pl.Utf8)
+    return launches.hstack([kind[code]])
+
+
+def _non_null(s: pl.Series) -> pl.Series:
+    return s.drop_nulls() if s.null_count() else s
 
 
 _GPU_DUP_KEY = ["device", "stream", "start_us", "duration_us", "name", "correlation"]
@@ -588,9 +622,49 @@ def _n_repeated(ids: pl.Series) -> int:
 
 
 def _column(tables: list[pl.DataFrame], name: str, fill=None) -> np.ndarray:
-    """A column of several tables as one array (nulls as ``fill``)."""
-    parts = [t[name] if fill is None else t[name].fill_null(fill) for t in tables if t.height]
-    return np.concatenate([s.to_numpy() for s in parts])
+    """A column of several tables as one array (nulls as ``fill``; a float column's nulls
+    read as NaN without one)."""
+    parts = [_filled(t[name], fill) for t in tables if t.height]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _filled(s: pl.Series, fill) -> np.ndarray:
+    """``s.fill_null(fill).to_numpy()``, with no polars call when it has no nulls, or is a
+    float column (its nulls read as NaN: filled in numpy when it holds no NaN of its own)."""
+    n_null = s.null_count()
+    if fill is None or not n_null:
+        return s.to_numpy()
+    if s.dtype == pl.Float64:
+        a = s.to_numpy()
+        if np.isnan(fill):
+            return a
+        nan = np.isnan(a)
+        if np.count_nonzero(nan) == n_null:
+            return np.where(nan, fill, a)
+    return s.fill_null(fill).to_numpy()
+
+
+def _null_mask(tables: list[pl.DataFrame], name: str) -> np.ndarray | None:
+    """Where a column of several tables (as :func:`_column` puts them) is null; None: nowhere."""
+    if not any(t[name].null_count() for t in tables):
+        return None
+    return np.concatenate([t[name].is_null().to_numpy() for t in tables])
+
+
+def _is_in(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.isin(a, b)`` for integer arrays: a binary search in ``b`` sorted."""
+    if not len(b):
+        return np.zeros(len(a), bool)
+    b = np.sort(b)
+    return b[np.minimum(np.searchsorted(b, a), len(b) - 1)] == a
+
+
+def _is_kernel_launch(launches: pl.DataFrame) -> np.ndarray:
+    """Which launches are kernel or graph launches (``api_kind``)."""
+    kind = launches["api_kind"]
+    if kind.null_count():
+        return kind.is_in(["kernel", "graph"]).fill_null(False).to_numpy()
+    return (kind == "kernel").to_numpy() | (kind == "graph").to_numpy()
 
 
 def _quality(
@@ -603,7 +677,7 @@ def _quality(
     out: list[DataWarning] = []
     tables = [t for t in (kernels, memcpys, memsets) if t.height]
     if not tables:
-        n_launch = launches.filter(pl.col("api_kind").is_in(["kernel", "graph"])).height
+        n_launch = int(np.count_nonzero(_is_kernel_launch(launches)))
         if n_launch:
             out.append(
                 DataWarning(
@@ -627,15 +701,13 @@ def _quality(
                 "window, or correlation missing): counted in busy time, unattributed to ops",
             )
         )
-    corr = pl.concat([t["correlation"] for t in tables]).drop_nulls().to_numpy()
-    lk = (
-        launches.lazy()
-        .filter(pl.col("api_kind").is_in(["kernel", "graph"]) & pl.col("correlation").is_not_null())
-        .select("correlation")
-        .collect()["correlation"]
-        .to_numpy()
-    )
-    orphan = int(np.count_nonzero(~np.isin(lk, corr)))  # launches whose GPU work is missing
+    corr = np.concatenate([_non_null(t["correlation"]).to_numpy() for t in tables])
+    lk = launches["correlation"]
+    is_k = _is_kernel_launch(launches)
+    if lk.null_count():
+        is_k &= lk.is_not_null().to_numpy()
+    lk = _filled(lk, 0)[is_k]
+    orphan = len(lk) - int(np.count_nonzero(_is_in(lk, corr)))  # launches whose GPU work is missing
     if orphan:
         out.append(
             DataWarning(
@@ -644,7 +716,7 @@ def _quality(
                 f"{orphan} kernel launches have no GPU event in the trace (the trace ended before they ran, or CUPTI dropped them)",
             )
         )
-    zero = int(sum((t["duration_us"] == 0).sum() for t in tables))
+    zero = int(np.count_nonzero(_column(tables, "duration_us") == 0))
     if zero:
         out.append(
             DataWarning("zero_duration", zero, f"{_gpu_events(zero, 'has', 'have')} zero duration")
@@ -718,16 +790,7 @@ def _stream_order_counts(
     rows (kernels, memcpys, memsets, in that order, as the arrays, us) taken one stream at a
     time. ``linked``: the events with a launch record; the second count reads only those."""
     ov = ooo = 0
-    streams = (
-        pl.concat([t.select("device", "stream") for t in tables])
-        .with_row_index("row")
-        .group_by("device", "stream")
-        .agg(pl.col("row").cast(pl.Int64))
-    )
-    in_stream = np.split(
-        streams["row"].explode().to_numpy(), np.cumsum(streams["row"].list.len().to_numpy())[:-1]
-    )
-    for device, stream, rows in zip(streams["device"], streams["stream"], in_stream, strict=True):
+    for rows, has_ids in _stream_rows(tables):
         # by start, the shorter first on a tie (so the count does not depend on the table's
         # order): an event starting before an earlier one ended
         s, e = start[rows], end[rows]
@@ -738,7 +801,7 @@ def _stream_order_counts(
         # A stream runs its work in launch order. An event that starts before another event of
         # its stream whose launch call had already returned when this one's began is out of
         # order: the timestamps (or the correlation ids) are inconsistent.
-        if device is None or stream is None:
+        if not has_ids:
             continue
         rows = rows[linked[rows]]
         by_end = rows[np.argsort(launch_end[rows], kind="stable")]
@@ -747,3 +810,29 @@ def _stream_order_counts(
         j = np.searchsorted(ends, launch_start[rows], side="left") - 1
         ooo += int(np.count_nonzero((j >= 0) & (start[rows] < latest[np.maximum(j, 0)] - 1e-3)))
     return ov, ooo
+
+
+def _stream_rows(tables: list[pl.DataFrame]) -> list[tuple[np.ndarray, bool]]:
+    """The rows of each (device, stream) of the ``tables`` (numbered as :func:`_column` puts
+    them), in row order, and whether both ids are there (not null). A stable sort of the
+    (device, stream) pairs, as one integer key where their ranges allow."""
+    dev, stream = _column(tables, "device", 0), _column(tables, "stream", 0)
+    null_d, null_s = _null_mask(tables, "device"), _null_mask(tables, "stream")
+    if null_d is None and null_s is None and len(dev):
+        d0, s0 = int(dev.min()), int(stream.min())
+        span = int(stream.max()) - s0 + 1
+        if (int(dev.max()) - d0 + 1) * span < 2**62:
+            key = (dev - d0) * span + (stream - s0)
+            order = np.argsort(key, kind="stable")
+            k = key[order]
+            cut = np.flatnonzero(k[1:] != k[:-1]) + 1
+            return [(r, True) for r in np.split(order, cut)]
+    nd = np.zeros(len(dev), bool) if null_d is None else null_d
+    ns = np.zeros(len(dev), bool) if null_s is None else null_s
+    order = np.lexsort((stream, ns, dev, nd))
+    keys = [a[order] for a in (nd, dev, ns, stream)]
+    change = np.zeros(max(len(order) - 1, 0), bool)
+    for k in keys:
+        change |= k[1:] != k[:-1]
+    cut = np.flatnonzero(change) + 1
+    return [(r, not (nd[r[0]] or ns[r[0]])) for r in np.split(order, cut)]
