@@ -54,3 +54,22 @@ def test_kernel_name_kinds_match_the_polars_rules(tmp_path):
     got = kernel_name_kinds(t).sort("name")
     assert got.equals(polars_kinds(t))
     assert dict(zip(got["name"], got["kind"], strict=True))["Ä_gemm_kernel"] == "gemm"
+
+
+def test_kahan_means_are_the_group_by_means():
+    """diagnosis._kahan_means gives the floats of polars' group_by(...).agg(mean) over
+    consecutive groups of 1 to 256 values (a compensated sum over n: a plain or pairwise sum
+    differs in the last bit on most of them), and polars' own past 256."""
+    from tracedx.analysis.diagnosis import _kahan_means
+
+    rng = np.random.default_rng(11)
+    for lengths in ([1], [2, 3], [5, 1, 40, 7], list(range(1, 30)), [256, 3, 100], [300, 2]):
+        n = np.array(lengths)
+        v = rng.random(n.sum()) * 10.0 ** rng.integers(0, 6, n.sum())
+        v[rng.random(len(v)) < 0.3] = 0.0
+        first = np.append(0, np.cumsum(n)[:-1])
+        g = np.repeat(np.arange(len(n)), n)
+        df = pl.DataFrame({"a": g // 2, "b": g, "v": v})
+        want = df.group_by("a", "b", maintain_order=True).agg(pl.col("v").mean())["v"]
+        got = _kahan_means(v, first, n, lambda: {"a": df["a"], "b": df["b"]})
+        assert got.tolist() == want.to_list()

@@ -20,7 +20,9 @@ import polars as pl
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.intervals import (
+    grouped_ps_to_us,
     inside,
+    ints_of,
     is_in,
     mask_of,
     overlap,
@@ -376,10 +378,50 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "longest": pl.Float64, "host": pl.Float64, "linked": pl.Boolean,
         "names": pl.List(pl.Utf8),
     }  # fmt: skip
+    r = _fusable_run_arrays(trace, steps, device)
+    if r is None:
+        return pl.DataFrame(schema=schema)
+    kt = trace.kernels
+    rows = r["rows"]
+    first = r["first"]
+    # the kernels' names in run order, gathered into one list per run
+    names = kt["name"].gather(rows)
+    per_run = (
+        pl.DataFrame({"g": r["group"], "name": names})
+        .group_by("g", maintain_order=True)
+        .agg("name")["name"]
+    )
+    return pl.DataFrame(
+        {
+            "step": pl.Series(kt["step"].gather(rows[first]), dtype=pl.Int64),
+            "stream": kt["stream"].gather(rows[first]),
+            "run": pl.Series(r["run"], dtype=pl.UInt32),
+            "n": pl.Series(r["n"], dtype=pl.UInt32),
+            "start_us": r["start_us"],
+            "end_us": r["end_us"],
+            "total": r["total"],
+            "longest": r["longest"],
+            "host": r["host"],
+            "linked": r["linked"],
+            "names": per_run,
+        },
+        schema=schema,
+    )
+
+
+def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | None:
+    """The runs of :func:`fusable_runs` as numpy arrays (one entry per run, but ``rows``:
+    the kernels' rows of ``trace.kernels`` in run order, ``group``: each one's run, ``first``:
+    each run's first kernel among them), or None when there is no run. Worked out on the
+    kernels' arrays: the polars filter, sort and group_by this took cost 2.5 ms at 10 MB."""
     names = kernel_name_kinds(trace)
-    in_steps = pl.col("step").is_in(steps) & (pl.col("device") == device)
-    # whether each kernel is fusable, by its name (looked up through kernel_name_codes: a
-    # replace_strict of every kernel's name cost 0.5 ms more at 10 MB)
+    kt = trace.kernels
+    if device is None or kt.height == 0:
+        return None
+    on = rows_in_steps(kt, steps) & mask_of(kt["device"] == device)
+    if not on.any():
+        return None
+    # whether each kernel is fusable, by its name (looked up through kernel_name_codes)
     fusable = np.array(
         [
             kind in FUSABLE_KINDS and not name.startswith("triton_")
@@ -387,65 +429,85 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         ],
         dtype=bool,
     )
-    # (lazy: the filter reads only the columns selected)
-    k = (
-        trace.kernels.lazy()
-        .with_columns(fus=pl.lit(pl.Series(fusable[kernel_name_codes(trace)])))
-        .filter(in_steps)
-        .select(
-            "step",
-            "stream",
-            "start_us",
-            "end_us",
-            "duration_us",
-            "name",
-            "top_op_id",
-            "launch_start_us",
-            "fus",
-        )
-        .collect()
-    )
-    if k.height == 0:
-        return pl.DataFrame(schema=schema)
-    k = k.sort("step", "stream", "start_us")
+    rows = np.flatnonzero(on)
     # (a kernel with no stream recorded is on the null stream: one stream of its own)
-    step, stream = k["step"].to_numpy(), k["stream"].fill_null(-1 << 62).to_numpy()
-    host = _host_per_kernel(trace, k["top_op_id"].cast(pl.Float64).to_numpy())
+    step = kt["step"].to_numpy()[rows]
+    stream = ints_of(kt["stream"], -1 << 62)[rows]
+    start = kt["start_us"].to_numpy()[rows]
+    # by step, stream and start time (np.lexsort is stable: kernels of one stream that start
+    # together keep the table's order; polars' multi-column sort gave no such order)
+    order = np.lexsort((start, stream, step))
+    rows, step, stream, start = rows[order], step[order], stream[order], start[order]
+    host = _host_per_kernel(trace, kt["top_op_id"].cast(pl.Float64).to_numpy()[rows])
     # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
     sc = sync_calls(trace)
     sync_ends = np.sort(
         sc["end_us"].to_numpy()[(sc["blocking_reason"] != "pageable memcpy").to_numpy()]
     )
-    launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
+    launch = kt["launch_start_us"].cast(pl.Float64).to_numpy()[rows]
     seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
-    fus = k["fus"].to_numpy()
+    fus = fusable[kernel_name_codes(trace)[rows]]
     run, count = _runs(step, stream, fus, seg)
     # only the fusable runs of two kernels or more
     keep = fus & (np.bincount(count)[count] >= 2)
     if not keep.any():
-        return pl.DataFrame(schema=schema)
-    chained = pl.DataFrame(
-        {
-            "step": step[keep],
-            "stream": k["stream"].filter(pl.Series(keep)),
-            "run": pl.Series(run[keep], dtype=pl.UInt32),
-            "start_us": k["start_us"].to_numpy()[keep],
-            "end_us": k["end_us"].to_numpy()[keep],
-            "duration_us": k["duration_us"].to_numpy()[keep],
-            "host_per_kernel": pl.Series(host[keep], nan_to_null=True),
-            "name": k["name"].filter(pl.Series(keep)),
-        }
-    )
-    return chained.group_by("step", "stream", "run", maintain_order=True).agg(
-        n=pl.len(),
-        start_us=pl.col("start_us").min(),
-        end_us=pl.col("end_us").max(),
-        total=sum_us("duration_us"),
-        longest=pl.col("duration_us").max(),
-        host=pl.col("host_per_kernel").fill_null(0.0).mean(),
-        linked=pl.col("host_per_kernel").is_not_null().any(),
-        names=pl.col("name"),
-    )
+        return None
+    rows, run, count = rows[keep], run[keep], count[keep]
+    new = np.ones(len(count), dtype=bool)
+    new[1:] = count[1:] != count[:-1]
+    first = np.flatnonzero(new)  # each run's first kernel (a run's kernels are together)
+    n = np.diff(np.append(first, len(count)))
+    dur = kt["duration_us"].to_numpy()[rows]
+    h = host[keep]
+    linked = ~np.isnan(h)
+    return {
+        "rows": rows,
+        "group": np.cumsum(new) - 1,
+        "first": first,
+        "run": run[first],
+        "n": n,
+        "start_us": np.minimum.reduceat(start[keep], first),
+        "end_us": np.maximum.reduceat(kt["end_us"].to_numpy()[rows], first),
+        # summed as exact picoseconds, converted as a group_by of the runs converts them
+        "total": grouped_ps_to_us(np.add.reduceat(to_ps(dur), first)),
+        "longest": np.maximum.reduceat(dur, first),
+        "host": _kahan_means(
+            np.where(linked, h, 0.0),
+            first,
+            n,
+            lambda: {
+                "step": kt["step"].gather(rows),
+                "stream": kt["stream"].gather(rows),
+                "run": pl.Series(run, dtype=pl.UInt32),
+            },
+        ),
+        "linked": np.logical_or.reduceat(linked, first),
+    }
+
+
+def _kahan_means(
+    v: np.ndarray, first: np.ndarray, n: np.ndarray, keys: Callable[[], dict]
+) -> np.ndarray:
+    """Per group of consecutive values (``first``: each group's first index, ``n``: its
+    length) the mean a polars ``group_by`` gives: a compensated (Kahan) sum in row order
+    over n (tests/test_numpy_paths.py checks it against polars), one pass per position in
+    the groups, over the groups that long. Groups of over 256 values (where polars sums
+    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``."""
+    if len(n) and n.max() > 256:
+        df = pl.DataFrame({**keys(), "v": v})
+        by = [c for c in df.columns if c != "v"]
+        return df.group_by(by, maintain_order=True).agg(pl.col("v").mean())["v"].to_numpy()
+    s = np.zeros(len(first))
+    c = np.zeros(len(first))
+    by_len = np.argsort(-n, kind="stable")  # the groups longest first
+    sorted_n = n[by_len]
+    for j in range(int(n.max()) if len(n) else 0):
+        g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
+        y = v[first[g] + j] - c[g]
+        t = s[g] + y
+        c[g] = (t - s[g]) - y
+        s[g] = t
+    return s / n
 
 
 def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
@@ -500,18 +562,19 @@ def _fusable_chains(
     work that fusion does not remove). The host total is None when no chain kernel has a
     top-level op.
     """
-    runs = fusable_runs(trace, steps, device)
-    if runs.height == 0:
+    r = _fusable_run_arrays(trace, steps, device)
+    if r is None:
         return 0.0, 0.0, 0.0, 0, None
+    host, n, total = r["host"], r["n"], r["total"]
     if cap_per_kernel_us is not None:
-        runs = runs.with_columns(pl.min_horizontal("host", pl.lit(cap_per_kernel_us)))
-    host = float((runs["host"] * (runs["n"] - 1)).sum()) if runs["linked"].any() else None
+        host = np.minimum(host, cap_per_kernel_us)
+    # (sums as polars sums the runs' columns)
     return (
-        float(runs["total"].sum()),
-        float((runs["total"] - runs["longest"]).sum()),
-        float((runs["n"] - 1).sum()),
-        runs.height,
-        host,
+        _float_sum(total),
+        _float_sum(total - r["longest"]),
+        float((n - 1).sum()),
+        len(n),
+        _float_sum(host * (n - 1).astype(np.float64)) if r["linked"].any() else None,
     )
 
 
