@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -255,20 +256,27 @@ def _stats(median_min_max: tuple) -> dict[str, float | None]:
     return dict(zip(("median", "min", "max"), map(float, median_min_max), strict=True))
 
 
+_MEMCPY_SCHEMA = {
+    "device": pl.Int64,
+    "direction": pl.Utf8,
+    "host_memory": pl.Utf8,
+    "count": pl.UInt32,
+    "bytes": pl.Int64,
+    "device_time_us": pl.Float64,
+    "achieved_gbs": pl.Float64,
+}
+
+
 def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
-    m = trace.memcpys.filter(pl.col("step").is_in(steps))
-    if m.height == 0:
-        return pl.DataFrame(
-            schema={
-                "device": pl.Int64,
-                "direction": pl.Utf8,
-                "host_memory": pl.Utf8,
-                "count": pl.UInt32,
-                "bytes": pl.Int64,
-                "device_time_us": pl.Float64,
-                "achieved_gbs": pl.Float64,
-            }
-        )
+    """The analysed steps' copies by device, direction and host memory (``Pageable``,
+    ``Pinned``; ``Device`` for device-to-device): count, bytes, device time and bandwidth,
+    by device time (descending), then the keys. One polars group_by; the few groups' bandwidth
+    and order in Python (a filter, with_columns and sort cost 0.1-0.3 ms each)."""
+    m = trace.memcpys
+    on = rows_in_steps(m, steps) if m.height else np.zeros(0, dtype=bool)
+    if not on.any():
+        return pl.DataFrame(schema=_MEMCPY_SCHEMA)
+    m = m if on.all() else m.filter(pl.Series(on))
     host_mem = (
         pl.when(pl.col("direction") == "HtoD")
         .then(pl.col("src_memory"))
@@ -276,22 +284,37 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
         .then(pl.col("dst_memory"))
         .otherwise(pl.lit("Device"))
     )
-    return (
-        m.group_by("device", "direction", host_memory=host_mem)
-        .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
-        .with_columns(
-            achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
-                pl.col("bytes") / pl.col("device_time_us") / 1e3
-            )
-        )
-        .sort(  # the keys after the time break ties (the group_by's order varies)
-            "device_time_us",
-            "device",
-            "direction",
-            "host_memory",
-            descending=[True, False, False, False],
-            nulls_last=True,
-        )
+    g = m.group_by("device", "direction", host_memory=host_mem).agg(
+        count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us")
+    )
+    cols = {c: g[c].to_list() for c in ("device", "direction", "host_memory", "count", "bytes")}
+    us = g["device_time_us"].to_list()
+    # bytes / us / 1e3 as polars works it out on the column: the Int64 bytes as floats, and
+    # the division by 1e3 of a column of several rows a product by its reciprocal (see
+    # intervals.grouped_ps_to_us)
+    cols["device_time_us"] = us
+    k = 1.0 / 1e3
+    cols["achieved_gbs"] = [
+        (float(b) / t / 1e3 if g.height == 1 else float(b) / t * k) if t > 0 else None
+        for b, t in zip(cols["bytes"], us, strict=True)
+    ]
+
+    # by the time, descending, then the keys (nulls last): the keys break ties (the
+    # group_by's order varies)
+    def last(x):
+        return (x is None, x if x is not None else 0)
+
+    order = sorted(
+        range(g.height),
+        key=lambda i: (
+            -us[i],
+            last(cols["device"][i]),
+            last(cols["direction"][i]),
+            last(cols["host_memory"][i]),
+        ),
+    )
+    return pl.DataFrame(
+        {c: [v[i] for i in order] for c, v in cols.items()}, schema=_MEMCPY_SCHEMA
     )
 
 
@@ -616,41 +639,31 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
 
     o = op_arrays(trace)
     in_steps = ops_in_steps(trace, steps)
-    cols = ["op_id", "start_us", "end_us", "duration_us", "name"]
-    top = (
-        trace.ops[cols]
-        .filter(pl.Series(in_steps & o["is_top"]))
-        .select(
-            "op_id",
-            "start_us",
-            "end_us",
-            "duration_us",
-            # (an op with no name is neither counted nor a node)
-            kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
-            node=pl.col("name")
-            .str.starts_with("autograd::engine::evaluate_function")
-            .fill_null(False),
-        )
+    # the analysed steps' top-level ops: their arrays, and their names read in one polars
+    # call (a filter and select of the op table cost 0.5 ms at 10 MB)
+    on = in_steps & o["is_top"]
+    top_id, top_us = o["op_id"][on], o["duration_us"][on]
+    top_start, top_end = o["start_us"][on], o["end_us"][on]
+    name = pl.DataFrame({"name": trace.ops["name"].filter(pl.Series(on))}).select(
+        # (an op with no name is neither counted nor a node)
+        kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
+        node=pl.col("name").str.starts_with("autograd::engine::evaluate_function").fill_null(False),
     )
-    top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
-    kept = top["kept"].to_numpy()
+    kept = name["kept"].to_numpy()
     launches = is_in(top_id, gpu_tree_tops(trace).to_numpy())
-    none = ~launches & ~kept & ~inside(out_s, out_e, top["start_us"].to_numpy())
+    none = ~launches & ~kept & ~inside(out_s, out_e, top_start)
     no_gpu_us = _float_sum(top_us[none]) / n
     events = int(is_in(o["top_op_id"][in_steps], top_id[none]).sum()) / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
     # duration less its child ops'): the compiled backward is one node
-    nodes = top["node"].to_numpy() & launches & ~kept
+    nodes = name["node"].to_numpy() & launches & ~kept
     if nodes.any():
         in_nodes = is_in(o["parent_id"][in_steps], top_id[nodes])
         kids = _float_sum(o["duration_us"][in_steps][in_nodes])
         no_gpu_us += max(_float_sum(top_us[nodes]) - kids, 0.0) / n
         events += int(nodes.sum()) / n
     # Python: the CPU windows less the top-level ops and the windows outside the model
-    cs, ce = union(
-        np.concatenate([top["start_us"].to_numpy(), out_s]),
-        np.concatenate([top["end_us"].to_numpy(), out_e]),
-    )
+    cs, ce = union(np.concatenate([top_start, out_s]), np.concatenate([top_end, out_e]))
     a, b = trace.steps["start_us"].to_numpy()[st_on], trace.steps["end_us"].to_numpy()[st_on]
     python = float(((b - a) - overlap(cs, ce, a, b)).sum())
     return python / n, float(no_gpu_us), float(events)
@@ -703,7 +716,8 @@ def diagnose(
     chosen = _analysed_steps(trace, steps, notes)
     n = len(chosen)
     # the step windows, then the idle gaps in them and their causes
-    w = step_windows(trace).filter(pl.col("step").is_in(chosen))
+    w = step_windows(trace)
+    w = _rows_where(w, rows_in_steps(w, chosen))
     top = top_level_ops(trace, chosen)
     host_op = _host_work_op(top, w, n_steps=n)
     gaps = idle_gaps(trace, w, _top_op_ids(trace, host_op["name"]) if host_op else None)
@@ -723,9 +737,9 @@ def diagnose(
     if primary is None:
         wp, largest, model = w, gaps.head(0), None
     else:
-        wp = w.filter(w["device"] == primary)
-        largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
-        largest = largest.head(5)
+        wp = _rows_where(w, mask_of(w["device"] == primary))
+        largest = _rows_where(gaps, mask_of(gaps["device"] == primary))
+        largest = largest.sort("duration_us", descending=True).head(5)
         on = causes["device"] == primary
         # (no filter when every row is the primary's: the step model reads arrays only)
         mine = causes if on.all() and not on.null_count() else causes.filter(on)
@@ -781,6 +795,12 @@ def diagnose(
         decode=decode,
         comm_by_step=comm_by_step,
     )
+
+
+def _rows_where(df: pl.DataFrame, on: np.ndarray) -> pl.DataFrame:
+    """The rows of ``df`` where ``on`` (a numpy bool array) holds: ``df`` itself when that is
+    every row (no polars filter: 0.1-0.3 ms each, whatever its rows)."""
+    return df if on.all() else df.filter(pl.Series(on, dtype=pl.Boolean))
 
 
 def _analysed_steps(trace: Trace, spec: StepsSpec, notes: list[str]) -> list[int]:
@@ -846,25 +866,32 @@ _SUMMARY_COLUMNS = (
 
 def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
     """Per device (its index as a string, ``"None"`` without GPU activity): the median, min
-    and max over the step windows ``w`` of each of :data:`_SUMMARY_COLUMNS`."""
+    and max over the step windows ``w`` of each of :data:`_SUMMARY_COLUMNS`, as polars gives
+    them (nulls left out; :func:`_median`), worked out on the few rows in Python and numpy
+    (the polars filter and select of 30 aggregations cost 0.4-0.8 ms)."""
+    devices = w["device"].to_list()
+    cols = {c: w[c].to_numpy().astype(np.float64) for c in _SUMMARY_COLUMNS}  # null: NaN
     out = {}
-    for dev in w["device"].unique(maintain_order=True).to_list():
-        d = (
-            w.filter(w["device"] == dev)
-            if dev is not None
-            else w.filter(pl.col("device").is_null())
-        )
-        got = d.select(
-            e
-            for c in _SUMMARY_COLUMNS
-            for e in (
-                pl.col(c).median().alias(f"{c}:median"),
-                pl.col(c).min().alias(f"{c}:min"),
-                pl.col(c).max().alias(f"{c}:max"),
-            )
-        ).row(0)
-        out[str(dev)] = {c: _stats(got[3 * i : 3 * i + 3]) for i, c in enumerate(_SUMMARY_COLUMNS)}
+    for dev in dict.fromkeys(devices):  # (in order of appearance)
+        mine = np.array([d == dev for d in devices], dtype=bool)
+        per = {}
+        for c in _SUMMARY_COLUMNS:
+            v = cols[c][mine]
+            v = np.sort(v[~np.isnan(v)])
+            per[c] = _stats((_median(v), v[0], v[-1]) if len(v) else (None,))
+        out[str(dev)] = per
     return out
+
+
+def _median(v: np.ndarray) -> float:
+    """Polars' median of the sorted values ``v`` (at least one): the middle one, or of two
+    middle ones ``lo + (hi - lo) * 0.5`` (its linear interpolation; numpy's mean of the two
+    differs in the last bit on a fifth of random pairs)."""
+    n = len(v)
+    if n % 2:
+        return float(v[n // 2])
+    lo, hi = float(v[n // 2 - 1]), float(v[n // 2])
+    return lo + (hi - lo) * 0.5
 
 
 def _primary_device(
@@ -909,14 +936,14 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
     (up to :data:`IMPOSSIBLE_ROOF_FRACTION` times the bound), else corrupt inputs."""
     if "bound_fraction" not in ops_tbl.columns or not ops_tbl.height:
         return []
-    over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
-    if not over.height:
+    over = [r for r in _table_rows(ops_tbl) if _gt(r["bound_fraction"], 1.05)]
+    if not over:
         return []
-    worst = over.sort("bound_fraction", descending=True).row(0, named=True)
+    worst = min(over, key=lambda r: _desc_key(r["bound_fraction"]))  # (the first of ties)
     per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
     if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
         return [
-            f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
+            f"{len(over)} op group(s) ran faster than the roofline allows, the farthest "
             f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
             "explains that much; its kernel durations or its FLOP and byte counts (input "
             "shapes) are corrupt, and its roofline numbers are not to be trusted"
@@ -925,14 +952,14 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
     if worst.get("regime") == "compute":
         # its roof is the compute peak: no cache raises that
         return [
-            f"{over.height} op group(s) ran faster than the roofline allows (the farthest: "
+            f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: "
             f"{worst['name']} at {worst['bound_fraction']:.0%} of its bound, compute-bound at "
             f"{worst['intensity']:.0f} FLOP/B): its roof is the compute peak, which no cache "
             f"raises, so the peaks used ({peaks}) are below this GPU's: check --device, or "
             "measure them with `tracedx calibrate`"
         ]
     return [
-        f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
+        f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
         f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
         "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
         "faster than device memory allows; when an op's data per call is well over the "
@@ -1018,6 +1045,59 @@ def _float_sum(us: np.ndarray) -> float:
     """Polars' sum of a Float64 column (its order of additions, not numpy's: the same float
     as ``df[col].sum()`` on those rows)."""
     return float(pl.Series(us, dtype=pl.Float64).sum())
+
+
+_last_rows: list = [None, None]  # (a weak reference to an op table, its rows)
+
+
+def _table_rows(tbl: pl.DataFrame) -> list[dict[str, Any]]:
+    """The rows of a small table (the op groups: a few hundred at most) as dicts, made once
+    per table for the verdict, the notes and the findings that read it (each of its polars
+    filters and sorts cost 0.1-0.3 ms). Read-only: the lists in them are the table's."""
+    ref, rows = _last_rows
+    if ref is None or ref() is not tbl:
+        cols = {c: tbl[c].to_list() for c in tbl.columns}
+        rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+        _last_rows[:] = [weakref.ref(tbl), rows]
+    return rows
+
+
+def _gt(x: float | None, y: float) -> bool:
+    """Whether polars keeps a row by ``col > y``: never for null, always for NaN (polars
+    orders NaN above every number)."""
+    return x is not None and (x > y or math.isnan(x))
+
+
+def _desc_key(x: float | None) -> tuple:
+    """A sort key that puts a float column as polars sorts it descending: nulls first, NaN
+    next, then the numbers from the largest (a stable sort: ties keep their order)."""
+    if x is None:
+        return (0, 0.0)
+    return (1, 0.0) if math.isnan(x) else (2, -x)
+
+
+def _group_sums(keys: list, values: list[float | None]) -> dict:
+    """Per key, the sum of its values as a polars ``group_by(key).agg(col.sum())`` gives it:
+    a compensated (Kahan) sum in row order, nulls left out (groups of up to 256 rows; polars
+    itself for larger ones)."""
+    by: dict = {}
+    for k, v in zip(keys, values, strict=True):
+        by.setdefault(k, []).append(v)
+    if any(len(v) > 256 for v in by.values()):
+        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+    out = {}
+    for k, vals in by.items():
+        s = c = 0.0
+        for x in vals:
+            if x is None:
+                continue
+            y = x - c
+            t = s + y
+            c = (t - s) - y
+            s = t
+        out[k] = s
+    return out
 
 
 def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
@@ -1443,44 +1523,54 @@ def _roofline_verdict(ops_tbl: pl.DataFrame, ev: list[str]) -> tuple[str, str] |
     if "regime" not in ops_tbl.columns or not ops_tbl.height:
         ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
         return None
-    mod = ops_tbl.filter(pl.col("regime").is_not_null())
+    # (the op groups' rows in Python: the sums as polars sums the filtered columns)
+    mod = [r for r in _table_rows(ops_tbl) if r["regime"] is not None]
     total_dev = float(ops_tbl["device_time_us"].sum()) or 1.0
-    cov = float(mod["device_time_us"].sum()) / total_dev
+    cov = _float_sum([r["device_time_us"] for r in mod]) / total_dev
     if cov < 0.5:
         ev.append(
             f"FLOP/byte models cover only {cov:.0%} of device time: classified from kernel kinds"
         )
         return None
-    by = dict(mod.group_by("regime").agg(pl.col("device_time_us").sum()).rows())
+    by = _group_sums([r["regime"] for r in mod], [r["device_time_us"] for r in mod])
     comp = by.get("compute", 0.0)
     bw = by.get("bandwidth", 0.0) + by.get("under-filled", 0.0)
     ev.append(
         f"FLOP/byte models cover {cov:.0%} of op device time: compute-side ops {_ms(comp)}, "
         f"memory-side ops {_ms(bw)} in all analysed steps"
     )
+
+    def by_time(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: _desc_key(r["device_time_us"]))
+
     if comp >= bw:
-        c = mod.filter(pl.col("regime") == "compute").sort("device_time_us", descending=True)
-        tc = c.filter(
-            pl.col("tensor_core")
-            & ((pl.col("compute_dtype") != "fp32") | (pl.col("math_mode") == "tf32"))
-        )
-        tc_share = float(tc["device_time_us"].sum()) / (comp or 1.0)
-        top = c.row(0, named=True)
+        c = by_time([r for r in mod if r["regime"] == "compute"])
+        # tensor_core & (compute_dtype != "fp32" | math_mode == "tf32"), nulls as polars
+        # takes them (Kleene logic; a null keeps no row)
+        tc = [r for r in c if _tensor_core_math(r)]
+        tc_share = _float_sum([r["device_time_us"] for r in tc]) / (comp or 1.0)
+        top = c[0]
         ev.append(
             f"top compute op {top['name']} at {_frac(top.get('bound_fraction'))} of its roof "
             f"({_num(top.get('achieved_tflops'))} TFLOP/s)"
         )
         return "compute-bound", ("tensor-core math" if tc_share >= 0.5 else "fp32 math")
-    top = (
-        mod.filter(pl.col("regime") != "compute")
-        .sort("device_time_us", descending=True)
-        .row(0, named=True)
-    )
+    top = by_time([r for r in mod if r["regime"] != "compute"])[0]
     ev.append(
         f"top memory-side op {top['name']} at {_num(top.get('achieved_gbps'))} GB/s "
         f"({_frac(top.get('bound_fraction'))} of its roof)"
     )
     return "bandwidth-bound", "device memory"
+
+
+def _tensor_core_math(r: dict[str, Any]) -> bool:
+    """Whether polars' filter ``tensor_core & ((compute_dtype != "fp32") | (math_mode ==
+    "tf32"))`` keeps the op group row ``r`` (three-valued logic: null is neither)."""
+    cd, mm = r["compute_dtype"], r.get("math_mode")
+    ne = None if cd is None else cd != "fp32"
+    tf = None if mm is None else mm == "tf32"
+    either = True if (ne or tf) else (None if ne is None or tf is None else False)
+    return bool(r["tensor_core"]) and either is True
 
 
 def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]):
@@ -1568,11 +1658,12 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
     """
     if spec is None or model is None or "family" not in ops_tbl.columns or ops_tbl.height == 0:
         return None
-    gem = ops_tbl.filter(pl.col("family") == "gemm")
-    if gem.height == 0:
+    groups = _table_rows(ops_tbl)
+    gem = [r for r in groups if r["family"] == "gemm"]
+    if not gem:
         return None
     skinny_us = total_us = weights = 0.0
-    for r in gem.iter_rows(named=True):
+    for r in gem:
         shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
         total_us += r["device_time_us"]
         tensors = [(sh, dt) for sh, dt in zip(shapes, dtypes, strict=False) if len(sh) >= 2]
@@ -1586,7 +1677,7 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
     if total_us <= 0 or skinny_us / total_us < 0.5:
         return None
     kv = 0.0
-    for r in ops_tbl.filter(pl.col("family") == "attention").iter_rows(named=True):
+    for r in (r for r in groups if r["family"] == "attention"):
         shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
         kv += (
             sum(_tensor_bytes(sh, dt) for sh, dt in list(zip(shapes, dtypes, strict=False))[1:3])
@@ -1715,12 +1806,10 @@ def _findings(
     # math-mode fixes need peaks and FLOP models
     if spec is not None and "family" in ops_tbl.columns:
         out += _math_findings(m, ops_tbl, spec, n, lambda: autocast_cast_bytes(trace, steps) / n)
-    comm = kinds.filter(kinds["kind"] == "communication")
-    if comm.height and comm_by_step is not None:
+    comm_us = _kind_time(kinds, "communication")
+    if comm_us is not None and comm_by_step is not None:
         exposed = float(comm_by_step["exposed_comm_us"].sum())
-        out.append(
-            fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
-        )
+        out.append(fx.overlap_communication(m, exposed / n, comm_us / n))
     from tracedx.analysis.batch import batch_model, step_memory
 
     bm = batch_model(trace, steps, primary, ops_tbl)
@@ -1729,14 +1818,23 @@ def _findings(
     return fx.order_findings(res)
 
 
+def _kind_time(kinds: pl.DataFrame, kind: str) -> float | None:
+    """The device time of ``kind`` in :func:`~tracedx.analysis.kernels.gpu_breakdown`'s
+    ``kinds`` (one row per kind), None without it (read in Python, not filtered in polars)."""
+    for k, us in zip(kinds["kind"].to_list(), kinds["device_time_us"].to_list(), strict=True):
+        if k == kind:
+            return float(us)
+    return None
+
+
 def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
     """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
     or collectives over a group of more than one rank) that communicates."""
-    comm = kinds.filter(kinds["kind"] == "communication")
-    if comm.height == 0 and trace.comm_args.height == 0:
+    comm_us = _kind_time(kinds, "communication")
+    if comm_us is None and trace.comm_args.height == 0:
         return None  # nothing communicates (and Trace.collectives need not be built)
     colls = trace.collectives
-    if comm.height == 0 and colls.height == 0:
+    if comm_us is None and colls.height == 0:
         return None
     world = (trace.distributed_info or {}).get("world_size")
     multi = (isinstance(world, int) and world > 1) or bool(
@@ -1750,8 +1848,8 @@ def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
         else "one rank of a multi-rank job"
     )
     what = (
-        f"its communication kernels ({float(comm['device_time_us'].sum()) / max(n, 1) / 1e3:.3f} ms per step)"
-        if comm.height
+        f"its communication kernels ({comm_us / max(n, 1) / 1e3:.3f} ms per step)"
+        if comm_us is not None
         else "its collectives"
     )
     return (
@@ -1833,7 +1931,10 @@ def _math_findings(
     bw = spec.bandwidth_gbs * 1e3  # bytes/us
     # the op groups as Python rows, once (a few hundred at most; each filter below is a
     # comprehension, not a polars call)
-    rows = ops_tbl.select(_MATH_COLUMNS).rows(named=True)
+    missing = [c for c in _MATH_COLUMNS if c not in ops_tbl.columns]
+    if missing:
+        raise pl.exceptions.ColumnNotFoundError(f"the op table has no {missing}")
+    rows = _table_rows(ops_tbl)
     mod = [r for r in rows if r["family"] is not None]
     # TF32: fp32 GEMMs that did not run on TF32 tensor cores
     if peaks.get("tf32") and peaks.get("fp32"):
