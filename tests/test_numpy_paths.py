@@ -71,7 +71,7 @@ def test_kahan_means_are_the_group_by_means():
         g = np.repeat(np.arange(len(n)), n)
         df = pl.DataFrame({"a": g // 2, "b": g, "v": v})
         want = df.group_by("a", "b", maintain_order=True).agg(pl.col("v").mean())["v"]
-        got = _kahan_means(v, first, n, lambda: {"a": df["a"], "b": df["b"]})
+        got = _kahan_means(v, first, n, lambda df=df: {"a": df["a"], "b": df["b"]})
         assert got.tolist() == want.to_list()
 
 

@@ -315,8 +315,22 @@ def test_numpy_placement_is_polars_placement():
                     a, b = got[c].to_list(), want[c].to_list()
                     same = [
                         (x is None and y is None)
-                        or (isinstance(x, float) and isinstance(y, float) and np.isnan(x) and np.isnan(y))
-                        or (x == y and (not isinstance(x, float) or np.copysign(1, x) == np.copysign(1, y)))
+                        or (
+                            isinstance(x, float)
+                            and isinstance(y, float)
+                            and np.isnan(x)
+                            and np.isnan(y)
+                        )
+                        or (
+                            x == y
+                            and (not isinstance(x, float) or np.copysign(1, x) == np.copysign(1, y))
+                        )
                         for x, y in zip(a, b, strict=True)
                     ]
-                    assert all(same), (spec and spec.name, h, drop, c, [(x, y) for x, y, s in zip(a, b, same) if not s][:3])
+                    assert all(same), (
+                        spec and spec.name,
+                        h,
+                        drop,
+                        c,
+                        [(x, y) for x, y, s in zip(a, b, same, strict=True) if not s][:3],
+                    )

@@ -314,9 +314,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
             last(cols["host_memory"][i]),
         ),
     )
-    return pl.DataFrame(
-        {c: [v[i] for i in order] for c, v in cols.items()}, schema=_MEMCPY_SCHEMA
-    )
+    return pl.DataFrame({c: [v[i] for i in order] for c, v in cols.items()}, schema=_MEMCPY_SCHEMA)
 
 
 def sync_call_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:

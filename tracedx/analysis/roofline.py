@@ -102,7 +102,6 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         raise ValueError(f"place_on_roofline needs columns {missing}")
     replaced = [c for c in _ADDED if c in op_stats.columns]
     df = op_stats.drop(replaced) if replaced else op_stats
-    order = [*df.columns, *_ADDED]
 
     # Worked out per row in numpy: the op groups are a few hundred rows at most, and the four
     # polars calls of when/then expressions this took cost 0.8-1.2 ms whatever the rows. Each
@@ -172,9 +171,9 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
             underfilled &= ~g_ok | (~np.isnan(grid) & (grid < spec.num_sms))
         # by intensity: 0 FLOPs bandwidth, else against the ridge point (NaN above all)
         ge = np.isnan(intensity) | (~np.isnan(ridge) & (intensity >= ridge))
-        by_int = np.where(
-            zero_flops, "bandwidth", np.where(ge, "compute", "bandwidth")
-        ).astype(object)
+        by_int = np.where(zero_flops, "bandwidth", np.where(ge, "compute", "bandwidth")).astype(
+            object
+        )
         known = zero_flops | (i_ok & p_ok)
         regime = [
             None if not io else ("under-filled" if u and k else (b if k else None))
