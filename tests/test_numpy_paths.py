@@ -54,3 +54,96 @@ def test_kernel_name_kinds_match_the_polars_rules(tmp_path):
     got = kernel_name_kinds(t).sort("name")
     assert got.equals(polars_kinds(t))
     assert dict(zip(got["name"], got["kind"], strict=True))["Ä_gemm_kernel"] == "gemm"
+
+
+def test_kahan_means_are_the_group_by_means():
+    """diagnosis._kahan_means gives the floats of polars' group_by(...).agg(mean) over
+    consecutive groups of 1 to 256 values (a compensated sum over n: a plain or pairwise sum
+    differs in the last bit on most of them), and polars' own past 256."""
+    from tracedx.analysis.diagnosis import _kahan_means
+
+    rng = np.random.default_rng(11)
+    for lengths in ([1], [2, 3], [5, 1, 40, 7], list(range(1, 30)), [256, 3, 100], [300, 2]):
+        n = np.array(lengths)
+        v = rng.random(n.sum()) * 10.0 ** rng.integers(0, 6, n.sum())
+        v[rng.random(len(v)) < 0.3] = 0.0
+        first = np.append(0, np.cumsum(n)[:-1])
+        g = np.repeat(np.arange(len(n)), n)
+        df = pl.DataFrame({"a": g // 2, "b": g, "v": v})
+        want = df.group_by("a", "b", maintain_order=True).agg(pl.col("v").mean())["v"]
+        got = _kahan_means(v, first, n, lambda df=df: {"a": df["a"], "b": df["b"]})
+        assert got.tolist() == want.to_list()
+
+
+def _random_memcpys(rng, n):
+    dirs = np.array(["HtoD", "DtoH", "DtoD", None], dtype=object)
+    mems = np.array(["Pageable", "Pinned", "Device", None], dtype=object)
+    return pl.DataFrame(
+        {
+            "step": rng.integers(0, 4, n),
+            "device": pl.Series(rng.integers(0, 3, n)).set(pl.Series(rng.random(n) < 0.1), None),
+            "direction": dirs[rng.integers(0, 4, n)].tolist(),
+            "src_memory": mems[rng.integers(0, 4, n)].tolist(),
+            "dst_memory": mems[rng.integers(0, 4, n)].tolist(),
+            "bytes": rng.integers(0, 2**30, n),
+            "duration_us": rng.random(n) * 10.0 ** rng.integers(-2, 4, n),
+        },
+        schema_overrides={"direction": pl.Utf8, "src_memory": pl.Utf8, "dst_memory": pl.Utf8},
+    )
+
+
+def test_memcpy_table_is_the_polars_table():
+    """diagnosis._memcpy_table's bandwidths and order (worked out in Python on the groups) are
+    those of polars' with_columns and sort of the group_by, for one group and for many."""
+    from types import SimpleNamespace
+
+    from tracedx.analysis.diagnosis import _memcpy_table
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 5, 40, 300):
+        m = _random_memcpys(rng, n)
+        host_mem = (
+            pl.when(pl.col("direction") == "HtoD")
+            .then(pl.col("src_memory"))
+            .when(pl.col("direction") == "DtoH")
+            .then(pl.col("dst_memory"))
+            .otherwise(pl.lit("Device"))
+        )
+        want = (
+            m.filter(pl.col("step").is_in([1, 2, 3]))
+            .group_by("device", "direction", host_memory=host_mem)
+            .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
+            .with_columns(
+                achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
+                    pl.col("bytes") / pl.col("device_time_us") / 1e3
+                )
+            )
+            .sort(
+                "device_time_us", "device", "direction", "host_memory",
+                descending=[True, False, False, False], nulls_last=True,
+            )
+        )  # fmt: skip
+        got = _memcpy_table(SimpleNamespace(memcpys=m), [1, 2, 3])
+        assert got.to_dict(as_series=False) == want.to_dict(as_series=False)
+
+
+def test_device_summaries_are_the_polars_aggregations():
+    """diagnosis._device_summaries (numpy over the windows' rows) gives polars' median, min
+    and max of each column per device, nulls left out (a median of two rows included)."""
+    from tracedx.analysis.diagnosis import _SUMMARY_COLUMNS, _device_summaries, _stats
+
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 4, 9, 30):
+        cols = {c: rng.random(n) * 10.0 ** rng.integers(0, 7) for c in _SUMMARY_COLUMNS}
+        w = pl.DataFrame({"device": rng.integers(0, 2, n), **cols}).with_columns(
+            pl.when(pl.Series(rng.random(n) < 0.2)).then(None).otherwise(pl.col("gpu_busy_us"))
+            .alias("gpu_busy_us"),
+            pl.col("kernels").cast(pl.UInt32),
+        )  # fmt: skip
+        w = w.vstack(w.head(1).with_columns(device=pl.lit(None, pl.Int64)))
+        got = _device_summaries(w)
+        for dev in w["device"].unique(maintain_order=True).to_list():
+            d = w.filter(pl.col("device").is_null() if dev is None else pl.col("device") == dev)
+            for c in _SUMMARY_COLUMNS:
+                s = d[c]
+                assert got[str(dev)][c] == _stats((s.median(), s.min(), s.max())), (n, dev, c)

@@ -168,3 +168,169 @@ def test_decode_ceiling():
     for args in [(1e9, 0.0, 0.0), (0.0, 0.0, 100.0), (-1.0, 5.0, 100.0)]:
         with pytest.raises(ValueError):
             decode_ceiling(*args)
+
+
+def _polars_placement(df: pl.DataFrame, spec) -> pl.DataFrame:
+    """place_on_roofline as polars expressions (the implementation before the numpy one):
+    the reference its floats, nulls and regimes must equal."""
+    from tracedx.analysis.roofline import _ADDED, UNDERFILLED_FRACTION, _peak_table
+
+    order = [*df.columns, *_ADDED]
+    flops = pl.col("flops").cast(pl.Float64)
+    nbytes = pl.col("bytes").cast(pl.Float64)
+    t_us = pl.col("device_time_us").cast(pl.Float64)
+    t_ok = t_us > 0
+
+    intensity = pl.when(nbytes > 0).then(flops / nbytes).otherwise(None)
+    achieved_tflops = pl.when(t_ok).then(flops / t_us / 1e6).otherwise(None)
+    achieved_gbps = pl.when(t_ok).then(nbytes / t_us / 1e3).otherwise(None)
+    measured = [
+        intensity.alias("intensity"),
+        achieved_tflops.alias("achieved_tflops"),
+        achieved_gbps.alias("achieved_gbps"),
+    ]
+
+    if spec is None or not spec.bandwidth_gbs or spec.bandwidth_gbs <= 0:
+        return df.with_columns(
+            *measured,
+            pl.lit(None, dtype=pl.Float64).alias("peak_tflops"),
+            pl.lit(None, dtype=pl.Float64).alias("ridge_point"),
+            pl.lit(None, dtype=pl.Float64).alias("bound_tflops"),
+            pl.lit(None, dtype=pl.Float64).alias("bound_fraction"),
+            pl.lit(None, dtype=pl.Float64).alias("roofline_time_us"),
+            pl.lit(None, dtype=pl.Utf8).alias("regime"),
+        ).select(order)
+
+    bw = float(spec.bandwidth_gbs)  # GB/s
+    mode = pl.col("compute_dtype").cast(pl.Utf8)
+    if "math_mode" in df.columns:
+        mode = pl.coalesce(pl.col("math_mode").cast(pl.Utf8), mode)
+    tc = pl.col("tensor_core").cast(pl.Boolean)
+    roof_key = (
+        pl.when(pl.col("compute_dtype").is_null())
+        .then(pl.lit(None, dtype=pl.Utf8))
+        .when(tc)
+        .then(pl.lit("tc:") + mode)
+        .when(mode == "fp64")
+        .then(pl.lit("vec:fp64"))
+        .otherwise(pl.lit("vec:fp32"))
+    )
+    peaks = _peak_table(spec)
+    peak = roof_key.replace_strict(
+        list(peaks), list(peaks.values()), default=None, return_dtype=pl.Float64
+    )
+    # each with_columns below reads columns the one before added (each is one polars call)
+    df = df.with_columns(*measured, peak.alias("peak_tflops"))
+
+    peak_c = pl.col("peak_tflops")
+    ridge = peak_c * 1e3 / bw  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
+    bound = pl.min_horizontal(peak_c, pl.col("intensity") * bw / 1e3)
+    bound = pl.when(peak_c.is_null() | pl.col("intensity").is_null()).then(None).otherwise(bound)
+    compute_us = pl.when(flops == 0).then(pl.lit(0.0)).otherwise(flops / (peak_c * 1e6))
+    memory_us = nbytes / (bw * 1e3)  # bytes / (GB/s) -> us
+    roof_us = (
+        pl.when(compute_us.is_null() | memory_us.is_null())
+        .then(None)
+        .otherwise(pl.max_horizontal(compute_us, memory_us))
+    )
+    df = df.with_columns(
+        ridge.alias("ridge_point"),
+        bound.alias("bound_tflops"),
+        roof_us.alias("roofline_time_us"),
+    )
+    frac = pl.when(t_ok).then(pl.col("roofline_time_us") / t_us).otherwise(None)
+    underfilled = frac < UNDERFILLED_FRACTION
+    if spec.num_sms is not None and "max_grid_blocks" in df.columns:
+        grid = pl.col("max_grid_blocks").cast(pl.Float64)
+        underfilled = underfilled & (grid.is_null() | (grid < spec.num_sms))
+    by_intensity = (
+        pl.when(pl.col("flops") == 0)
+        .then(pl.lit("bandwidth"))
+        .when(pl.col("intensity") >= pl.col("ridge_point"))
+        .then(pl.lit("compute"))
+        .when(pl.col("intensity") < pl.col("ridge_point"))
+        .then(pl.lit("bandwidth"))
+        .otherwise(pl.lit(None, dtype=pl.Utf8))
+    )
+    regime = (
+        pl.when(pl.col("intensity").is_null())
+        .then(pl.lit(None, dtype=pl.Utf8))
+        .when(underfilled.fill_null(False) & by_intensity.is_not_null())
+        .then(pl.lit("under-filled"))
+        .otherwise(by_intensity)
+    )
+    return df.with_columns(frac.alias("bound_fraction"), regime.alias("regime")).select(order)
+
+
+def _random_frame(rng, h: int) -> pl.DataFrame:
+    specials = [None, float("nan"), 0.0, -0.0, float("inf"), -1.0, 1e-300, 1e300]
+
+    def floats(scale):
+        v = (rng.random(h) * 10.0 ** rng.integers(-3, scale, h)).tolist()
+        for i in range(h):
+            if rng.random() < 0.25:
+                v[i] = specials[rng.integers(0, len(specials))]
+        return v
+
+    pick = lambda xs: [xs[i] for i in rng.integers(0, len(xs), h)]  # noqa: E731
+    return pl.DataFrame(
+        {
+            "flops": floats(13),
+            "bytes": floats(10),
+            "compute_dtype": pick(["fp32", "bf16", "fp16", "fp64", "fp8", "int", None]),
+            "tensor_core": pick([True, False, None]),
+            "device_time_us": floats(5),
+            "math_mode": pick(["tf32", None, None]),
+            "max_grid_blocks": pick([1, 50, 99, 100, 5000, None]),
+        },
+        schema=_frame([]).schema,
+    )
+
+
+def test_numpy_placement_is_polars_placement():
+    """place_on_roofline (numpy over the rows) gives the frame polars' expressions give, to
+    the last bit and null for null, on random rows full of nulls, NaN, zeros, signed zeros and
+    infinities, for one row and many, with and without peaks, SM counts or math modes."""
+    import numpy as np
+
+    rng = np.random.default_rng(17)
+    no_sms = DeviceSpec(name="x", peak_tflops={"fp32": 10.0, "fp64": 1.0, "bf16": 100.0},
+                        bandwidth_gbs=900.0, num_sms=None, source="test")  # fmt: skip
+    for spec in (SPEC, DEVICES["t4"], DEVICES["h200-sxm"], no_sms, None):
+        for h in (1, 2, 3, 7, 60, 300):
+            for drop in ((), ("math_mode",), ("max_grid_blocks",), "one roof", "fp64"):
+                df = _random_frame(rng, h)
+                if drop == "one roof":  # every row on the fp32 vector roof
+                    df = df.with_columns(compute_dtype=pl.lit("bf16"), tensor_core=False)
+                elif drop == "fp64":
+                    df = df.with_columns(compute_dtype=pl.lit("fp64"), math_mode=None)
+                else:
+                    df = df.drop(drop)
+                # (columns as the op table has them: no literal held as one value)
+                df = pl.DataFrame([pl.Series(c, df[c].to_list(), df[c].dtype) for c in df.columns])
+                got = place_on_roofline(df, spec)
+                want = _polars_placement(df, spec)
+                assert got.schema == want.schema
+                for c in got.columns:
+                    a, b = got[c].to_list(), want[c].to_list()
+                    same = [
+                        (x is None and y is None)
+                        or (
+                            isinstance(x, float)
+                            and isinstance(y, float)
+                            and np.isnan(x)
+                            and np.isnan(y)
+                        )
+                        or (
+                            x == y
+                            and (not isinstance(x, float) or np.copysign(1, x) == np.copysign(1, y))
+                        )
+                        for x, y in zip(a, b, strict=True)
+                    ]
+                    assert all(same), (
+                        spec and spec.name,
+                        h,
+                        drop,
+                        c,
+                        [(x, y) for x, y, s in zip(a, b, same, strict=True) if not s][:3],
+                    )

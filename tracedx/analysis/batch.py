@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import inside, union
-from tracedx.analysis.kernels import kernel_name_kinds
+from tracedx.analysis.intervals import inside, ints_of, mask_of, rows_in_steps, union
+from tracedx.analysis.kernels import KIND_CODES, kernel_name_codes, kernel_name_kinds, kind_codes
 from tracedx.analysis.ops import (
     op_arrays,
     op_column_of,
@@ -62,27 +62,21 @@ USABLE_MEMORY_SHARE = 0.9
 
 _WEIGHT_OPERAND = {"aten::linear": 1, "aten::addmm": 2, "aten::embedding": 0}
 _WEIGHT_OPS = (*_WEIGHT_OPERAND, "aten::convolution", "aten::conv2d", "aten::conv1d")
+_KIND = {k: i for i, k in enumerate(KIND_CODES)}  # a kernel kind's code (kernels.kind_codes)
 
 
 def _shape_key(shape) -> tuple | None:
     return tuple(shape) if shape else None
 
 
-def _group_key(name: str | None, shapes, dtypes) -> tuple:
-    """(name, input shapes, input dtypes) of an op group as a hashable key, lists as tuples
-    (1.4 us a row, against 3.2 us for ``str`` of the nested lists)."""
-    return (
-        name,
-        None if shapes is None else tuple(None if x is None else tuple(x) for x in shapes),
-        None if dtypes is None else tuple(dtypes),
-    )
-
-
 def weight_shapes(ops: pl.DataFrame) -> set[tuple]:
     """Shapes of weight operands in ``ops`` (and their transposes), as tuples."""
+    return _weight_shapes_of(ops["name"].to_list(), ops["input_shapes"].to_list())
+
+
+def _weight_shapes_of(names: list, shapes: list) -> set[tuple]:
+    """:func:`weight_shapes` of the ops whose names and input shapes are ``names``, ``shapes``."""
     out: set[tuple] = set()
-    names = ops["name"].to_list()
-    shapes = ops["input_shapes"].to_list()
     for name, sh in zip(names, shapes, strict=True):
         if not sh:
             continue
@@ -96,6 +90,32 @@ def weight_shapes(ops: pl.DataFrame) -> set[tuple]:
         if len(s) == 2:
             out.add((s[1], s[0]))
     return out
+
+
+def _step_weight_shapes(trace: Trace, steps: list[int]) -> set[tuple]:
+    """:func:`weight_shapes` of the ops of ``steps`` that take weights: one op per distinct
+    (name, ``shape_code``) pair (the op table's code of its list columns), whose shapes alone
+    come to Python (the whole op table's shapes are slow to filter and to turn into lists)."""
+    ops = trace.ops
+    # (Series comparisons and Series.filter: an is_in, a gather or a DataFrame filter is a
+    # polars query, 0.04-0.2 ms each whatever its rows)
+    name = ops["name"]
+    takes = name == _WEIGHT_OPS[0]
+    for w in _WEIGHT_OPS[1:]:
+        takes = takes | (name == w)
+    on = ops_in_steps(trace, steps) & mask_of(takes)
+    if not on.any():
+        return set()
+    # each of those ops' name as its index in _WEIGHT_OPS
+    index = {x: i for i, x in enumerate(_WEIGHT_OPS)}
+    code = np.array([index[x] for x in name.filter(pl.Series(on)).to_list()], dtype=np.int64)
+    rows = np.flatnonzero(on)
+    key = code << 32 | ops["shape_code"].to_numpy()[rows].astype(np.int64)
+    first = np.sort(np.unique(key, return_index=True)[1])  # (in op order)
+    one = np.zeros(len(on), dtype=bool)
+    one[rows[first]] = True
+    names = [_WEIGHT_OPS[c] for c in code[first].tolist()]
+    return _weight_shapes_of(names, ops["input_shapes"].filter(pl.Series(one)).to_list())
 
 
 @dataclass(frozen=True)
@@ -143,23 +163,19 @@ def batch_model(
     trace: Trace, steps: list[int], device: int, ops_tbl: pl.DataFrame | None
 ) -> BatchModel:
     """The :class:`BatchModel` of ``device`` over ``steps`` (see the module docstring)."""
-    names = kernel_name_kinds(trace)
-    k = (
-        trace.kernels.lazy()
-        .filter(pl.col("step").is_in(steps) & (pl.col("device") == device))
-        .select(
-            "op_id",
-            "duration_us",
-            "launch_start_us",
-            kk=pl.col("name").replace_strict(names["name"], names["kind"]),
-            blocks=pl.col("grid_x").cast(pl.Float64)
-            * pl.col("grid_y").fill_null(1)
-            * pl.col("grid_z").fill_null(1),
-        )
-        .collect()
-    )  # (lazy: the filter reads only the columns selected)
-    if k.height == 0:
+    kt = trace.kernels
+    # the kernels' rows as a mask and their columns as arrays (a polars filter, and a look-up
+    # of each kernel's name for its kind, cost 2 ms at 10 MB)
+    on = (
+        rows_in_steps(kt, steps) & mask_of(kt["device"] == device)
+        if device is not None and kt.height
+        else np.zeros(kt.height, dtype=bool)
+    )
+    n_k = int(on.sum())
+    if n_k == 0:
         return BatchModel(0.0, 0.0, np.empty((0, 3)), np.empty((0, 3)))
+    kind = kind_codes(kernel_name_kinds(trace))[kernel_name_codes(trace)[on]]
+    t = kt["duration_us"].to_numpy()[on].astype(float)
     props = trace.metadata.get("device_properties") or []
     sms = next(
         (
@@ -172,34 +188,38 @@ def batch_model(
     # launched inside the optimizer (host time of the launch inside its annotation)
     ann = optimizer_windows(trace)
     a_s, a_e = union(ann["start_us"].to_numpy(), ann["end_us"].to_numpy())
-    in_opt = inside(a_s, a_e, k["launch_start_us"].cast(pl.Float64).to_numpy())
-    # the weight operands' shapes, from the ops of the steps that take weights (the whole op
-    # table's shapes are slow to filter and to turn into lists)
-    takes_weights = pl.lit(pl.Series(ops_in_steps(trace, steps))) & pl.col("name").is_in(
-        list(_WEIGHT_OPS)
-    )
-    wshapes = weight_shapes(
-        trace.ops[["name", "input_shapes"]].filter(takes_weights).unique(maintain_order=True)
-    )
-    # roofline position per op group (name, shapes, dtypes)
-    bandwidth_bound: set[tuple] = set()
-    if ops_tbl is not None and "regime" in ops_tbl.columns:
-        for name, sh, dt, regime in ops_tbl.select(
-            "name", "input_shapes", "input_dtypes", "regime"
-        ).rows():
-            if regime == "bandwidth":
-                bandwidth_bound.add(_group_key(name, sh, dt))
+    in_opt = inside(a_s, a_e, kt["launch_start_us"].cast(pl.Float64).to_numpy()[on])
+    # the weight operands' shapes, from the ops of the steps that take weights
+    wshapes = _step_weight_shapes(trace, steps)
+    # roofline position per op group (name, shapes, dtypes): the bandwidth-bound groups'
+    # lists by name (only theirs come to Python; lists compared as they are, not as keys)
+    bandwidth_bound: dict[str | None, list[tuple]] = {}
+    if ops_tbl is not None and "regime" in ops_tbl.columns and ops_tbl.height:
+        bw = pl.Series([r == "bandwidth" for r in ops_tbl["regime"].to_list()], dtype=pl.Boolean)
+        if bw.any():
+            g = (ops_tbl[c].filter(bw).to_list() for c in ("name", "input_shapes", "input_dtypes"))
+            for name, sh, dt in zip(*g, strict=True):
+                bandwidth_bound.setdefault(name, []).append((sh, dt))
     from tracedx.analysis.diagnosis import _tensor_bytes
 
     # per call signature of the launching ops, not per kernel: whether every tensor input is
     # weight-shaped, and the weight byte share w of a bandwidth-bound one
     groups = op_signatures(trace, steps)
-    weight_only, share = [], []
-    for name, sh, dt, _, _ in groups.rows():
-        shapes = [x for x in (sh or []) if x]
-        weight_only.append(bool(shapes) and all(_shape_key(x) in wshapes for x in shapes))
-        w = 0.0
-        if bandwidth_bound and _group_key(name, sh, dt) in bandwidth_bound:
+    weight_only = np.zeros(groups.height, dtype=bool)
+    share = np.zeros(groups.height)
+    if wshapes or bandwidth_bound:
+        g_names = groups["name"].to_list()
+        g_shapes = groups["input_shapes"].to_list()
+        g_dtypes = groups["input_dtypes"].to_list() if bandwidth_bound else None
+        for j, (name, sh) in enumerate(zip(g_names, g_shapes, strict=True)):
+            if wshapes and sh:
+                shapes = [x for x in sh if x]
+                weight_only[j] = bool(shapes) and all(tuple(x) in wshapes for x in shapes)
+            if name not in bandwidth_bound:
+                continue
+            dt = g_dtypes[j]
+            if not any(sh == s2 and dt == d2 for s2, d2 in bandwidth_bound[name]):
+                continue
             dts = dt or []
             b = [
                 (_tensor_bytes(x, dts[i] if i < len(dts) else None), _shape_key(x) in wshapes)
@@ -207,36 +227,41 @@ def batch_model(
                 if x
             ]
             tot = sum(x for x, _ in b)
-            w = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
-        share.append(w)
+            share[j] = sum(x for x, is_w in b if is_w) / tot if tot > 0 else 0.0
     # each kernel's op's signature (none for a kernel with no op, or whose op is not in the
     # analysed steps)
-    k_op = k["op_id"].cast(pl.Float64).to_numpy()
+    k_op = kt["op_id"].cast(pl.Float64).to_numpy()[on]
     k_op = np.where(np.isin(op_column_of(op_arrays(trace), "step", k_op), steps), k_op, np.nan)
     hit, g = signature_of(groups, k_op)
-    k_weight_only = np.zeros(k.height, dtype=bool)
-    k_weight_only[hit] = np.array(weight_only, dtype=bool)[g]
-    k_w = np.zeros(k.height)
-    k_w[hit] = np.array(share, dtype=float)[g]
-    t = k["duration_us"].to_numpy().astype(float)
-    blocks = np.nan_to_num(k["blocks"].to_numpy(), nan=0.0)  # no grid recorded: 0
-    fill = blocks / sms if sms else np.full(k.height, np.inf)
+    k_weight_only = np.zeros(n_k, dtype=bool)
+    k_weight_only[hit] = weight_only[g]
+    k_w = np.zeros(n_k)
+    k_w[hit] = share[g]
+    # blocks: grid_x x grid_y x grid_z as floats, left to right (a missing y or z is 1; no
+    # grid recorded: 0)
+    blocks = kt["grid_x"].cast(pl.Float64).to_numpy()[on]
+    for c in ("grid_y", "grid_z"):
+        blocks = blocks * ints_of(kt[c], 1)[on].astype(np.float64)
+    blocks = np.nan_to_num(blocks, nan=0.0)
+    fill = blocks / sms if sms else np.full(n_k, np.inf)
     fill = np.where(blocks != 0, fill, np.inf)
     is_fixed = in_opt | k_weight_only
     # the fixed time summed in kernel order, one kernel after the other (as a loop would)
     fixed = float(np.cumsum(t[is_fixed])[-1]) if is_fixed.any() else 0.0
-    kind = k["kk"].to_numpy()
-    is_gemm = ~is_fixed & np.isin(kind, ["gemm", "convolution"])
+    is_gemm = ~is_fixed & np.isin(kind, [_KIND["gemm"], _KIND["convolution"]])
     is_scaled = ~is_fixed & ~is_gemm
     gemm = np.column_stack([t, fill, k_w])[is_gemm]
     # each kernel's floor by its kind, one np.where per listed kind (a dict look-up per
     # kernel took 0.07 s at 1 GB)
     floor = np.full(int(is_scaled.sum()), KERNEL_FLOOR_DEFAULT_US)
     for kk, floor_us in KERNEL_FLOOR_US.items():
-        floor[kind[is_scaled] == kk] = floor_us
+        floor[kind[is_scaled] == _KIND[kk]] = floor_us
     ts = t[is_scaled]
     scaled = np.column_stack([ts, np.minimum(ts, floor), fill[is_scaled]])
-    total = float(k["duration_us"].sum())
+    # polars' sum of the kernels' times, in table order as one column (a lazy query's result
+    # comes in parts whose bounds depend on the thread count and the other columns selected,
+    # and its sum was the sum of their sums: the last bit varied with them)
+    total = float(pl.Series(t, dtype=pl.Float64).sum())
     return BatchModel(total, fixed, gemm.reshape(-1, 3), scaled.reshape(-1, 3))
 
 

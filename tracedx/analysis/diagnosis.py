@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,9 @@ import polars as pl
 from tracedx.analysis import findings as fx
 from tracedx.analysis.comm import comm_compute_by_step
 from tracedx.analysis.intervals import (
+    grouped_ps_to_us,
     inside,
+    ints_of,
     is_in,
     mask_of,
     overlap,
@@ -51,6 +54,7 @@ from tracedx.console import plural
 from tracedx.errors import TraceError
 from tracedx.results import Presentable
 from tracedx.trace import Trace
+from tracedx.trace.source import collector_paused
 
 SCHEMA = "tracedx.diagnosis/1"
 FUSABLE_KINDS = ("elementwise", "reduction", "normalization")
@@ -253,20 +257,27 @@ def _stats(median_min_max: tuple) -> dict[str, float | None]:
     return dict(zip(("median", "min", "max"), map(float, median_min_max), strict=True))
 
 
+_MEMCPY_SCHEMA = {
+    "device": pl.Int64,
+    "direction": pl.Utf8,
+    "host_memory": pl.Utf8,
+    "count": pl.UInt32,
+    "bytes": pl.Int64,
+    "device_time_us": pl.Float64,
+    "achieved_gbs": pl.Float64,
+}
+
+
 def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
-    m = trace.memcpys.filter(pl.col("step").is_in(steps))
-    if m.height == 0:
-        return pl.DataFrame(
-            schema={
-                "device": pl.Int64,
-                "direction": pl.Utf8,
-                "host_memory": pl.Utf8,
-                "count": pl.UInt32,
-                "bytes": pl.Int64,
-                "device_time_us": pl.Float64,
-                "achieved_gbs": pl.Float64,
-            }
-        )
+    """The analysed steps' copies by device, direction and host memory (``Pageable``,
+    ``Pinned``; ``Device`` for device-to-device): count, bytes, device time and bandwidth,
+    by device time (descending), then the keys. One polars group_by; the few groups' bandwidth
+    and order in Python (a filter, with_columns and sort cost 0.1-0.3 ms each)."""
+    m = trace.memcpys
+    on = rows_in_steps(m, steps) if m.height else np.zeros(0, dtype=bool)
+    if not on.any():
+        return pl.DataFrame(schema=_MEMCPY_SCHEMA)
+    m = m if on.all() else m.filter(pl.Series(on))
     host_mem = (
         pl.when(pl.col("direction") == "HtoD")
         .then(pl.col("src_memory"))
@@ -274,23 +285,36 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
         .then(pl.col("dst_memory"))
         .otherwise(pl.lit("Device"))
     )
-    return (
-        m.group_by("device", "direction", host_memory=host_mem)
-        .agg(count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us"))
-        .with_columns(
-            achieved_gbs=pl.when(pl.col("device_time_us") > 0).then(
-                pl.col("bytes") / pl.col("device_time_us") / 1e3
-            )
-        )
-        .sort(  # the keys after the time break ties (the group_by's order varies)
-            "device_time_us",
-            "device",
-            "direction",
-            "host_memory",
-            descending=[True, False, False, False],
-            nulls_last=True,
-        )
+    g = m.group_by("device", "direction", host_memory=host_mem).agg(
+        count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us")
     )
+    cols = {c: g[c].to_list() for c in ("device", "direction", "host_memory", "count", "bytes")}
+    us = g["device_time_us"].to_list()
+    # bytes / us / 1e3 as polars works it out on the column: the Int64 bytes as floats, and
+    # the division by 1e3 of a column of several rows a product by its reciprocal (see
+    # intervals.grouped_ps_to_us)
+    cols["device_time_us"] = us
+    k = 1.0 / 1e3
+    cols["achieved_gbs"] = [
+        (float(b) / t / 1e3 if g.height == 1 else float(b) / t * k) if t > 0 else None
+        for b, t in zip(cols["bytes"], us, strict=True)
+    ]
+
+    # by the time, descending, then the keys (nulls last): the keys break ties (the
+    # group_by's order varies)
+    def last(x):
+        return (x is None, x if x is not None else 0)
+
+    order = sorted(
+        range(g.height),
+        key=lambda i: (
+            -us[i],
+            last(cols["device"][i]),
+            last(cols["direction"][i]),
+            last(cols["host_memory"][i]),
+        ),
+    )
+    return pl.DataFrame({c: [v[i] for i in order] for c, v in cols.items()}, schema=_MEMCPY_SCHEMA)
 
 
 def sync_call_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
@@ -303,7 +327,8 @@ def sync_call_sites(trace: Trace, steps: list[int]) -> pl.DataFrame:
     records Python frames per function, so the line is the function's line, or where it stood
     when profiling began) and the Python call it made (e.g. ``<built-in method item ...>``).
     """
-    sc = sync_calls(trace).filter(pl.col("step").is_in(steps))
+    sc = sync_calls(trace)
+    sc = _rows_where(sc, rows_in_steps(sc, steps))
     if sc.height == 0:
         return sc.with_columns(op=pl.lit(None, pl.Utf8), site=pl.lit(None, pl.Utf8))
     ops = trace.ops.select("op_id", "top_op_id", pl.col("name").alias("op"))
@@ -376,10 +401,50 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         "longest": pl.Float64, "host": pl.Float64, "linked": pl.Boolean,
         "names": pl.List(pl.Utf8),
     }  # fmt: skip
+    r = _fusable_run_arrays(trace, steps, device)
+    if r is None:
+        return pl.DataFrame(schema=schema)
+    kt = trace.kernels
+    rows = r["rows"]
+    first = r["first"]
+    # the kernels' names in run order, gathered into one list per run
+    names = kt["name"].gather(rows)
+    per_run = (
+        pl.DataFrame({"g": r["group"], "name": names})
+        .group_by("g", maintain_order=True)
+        .agg("name")["name"]
+    )
+    return pl.DataFrame(
+        {
+            "step": pl.Series(kt["step"].gather(rows[first]), dtype=pl.Int64),
+            "stream": kt["stream"].gather(rows[first]),
+            "run": pl.Series(r["run"], dtype=pl.UInt32),
+            "n": pl.Series(r["n"], dtype=pl.UInt32),
+            "start_us": r["start_us"],
+            "end_us": r["end_us"],
+            "total": r["total"],
+            "longest": r["longest"],
+            "host": r["host"],
+            "linked": r["linked"],
+            "names": per_run,
+        },
+        schema=schema,
+    )
+
+
+def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | None:
+    """The runs of :func:`fusable_runs` as numpy arrays (one entry per run, but ``rows``:
+    the kernels' rows of ``trace.kernels`` in run order, ``group``: each one's run, ``first``:
+    each run's first kernel among them), or None when there is no run. Worked out on the
+    kernels' arrays: the polars filter, sort and group_by this took cost 2.5 ms at 10 MB."""
     names = kernel_name_kinds(trace)
-    in_steps = pl.col("step").is_in(steps) & (pl.col("device") == device)
-    # whether each kernel is fusable, by its name (looked up through kernel_name_codes: a
-    # replace_strict of every kernel's name cost 0.5 ms more at 10 MB)
+    kt = trace.kernels
+    if device is None or kt.height == 0:
+        return None
+    on = rows_in_steps(kt, steps) & mask_of(kt["device"] == device)
+    if not on.any():
+        return None
+    # whether each kernel is fusable, by its name (looked up through kernel_name_codes)
     fusable = np.array(
         [
             kind in FUSABLE_KINDS and not name.startswith("triton_")
@@ -387,65 +452,85 @@ def fusable_runs(trace: Trace, steps: list[int], device: int) -> pl.DataFrame:
         ],
         dtype=bool,
     )
-    # (lazy: the filter reads only the columns selected)
-    k = (
-        trace.kernels.lazy()
-        .with_columns(fus=pl.lit(pl.Series(fusable[kernel_name_codes(trace)])))
-        .filter(in_steps)
-        .select(
-            "step",
-            "stream",
-            "start_us",
-            "end_us",
-            "duration_us",
-            "name",
-            "top_op_id",
-            "launch_start_us",
-            "fus",
-        )
-        .collect()
-    )
-    if k.height == 0:
-        return pl.DataFrame(schema=schema)
-    k = k.sort("step", "stream", "start_us")
+    rows = np.flatnonzero(on)
     # (a kernel with no stream recorded is on the null stream: one stream of its own)
-    step, stream = k["step"].to_numpy(), k["stream"].fill_null(-1 << 62).to_numpy()
-    host = _host_per_kernel(trace, k["top_op_id"].cast(pl.Float64).to_numpy())
+    step = kt["step"].to_numpy()[rows]
+    stream = ints_of(kt["stream"], -1 << 62)[rows]
+    start = kt["start_us"].to_numpy()[rows]
+    # by step, stream and start time (np.lexsort is stable: kernels of one stream that start
+    # together keep the table's order; polars' multi-column sort gave no such order)
+    order = np.lexsort((start, stream, step))
+    rows, step, stream, start = rows[order], step[order], stream[order], start[order]
+    host = _host_per_kernel(trace, kt["top_op_id"].cast(pl.Float64).to_numpy()[rows])
     # the host syncs each kernel's launch came after: a sync between two kernels ends a chain
     sc = sync_calls(trace)
     sync_ends = np.sort(
         sc["end_us"].to_numpy()[(sc["blocking_reason"] != "pageable memcpy").to_numpy()]
     )
-    launch = k["launch_start_us"].cast(pl.Float64).to_numpy()
+    launch = kt["launch_start_us"].cast(pl.Float64).to_numpy()[rows]
     seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
-    fus = k["fus"].to_numpy()
+    fus = fusable[kernel_name_codes(trace)[rows]]
     run, count = _runs(step, stream, fus, seg)
     # only the fusable runs of two kernels or more
     keep = fus & (np.bincount(count)[count] >= 2)
     if not keep.any():
-        return pl.DataFrame(schema=schema)
-    chained = pl.DataFrame(
-        {
-            "step": step[keep],
-            "stream": k["stream"].filter(pl.Series(keep)),
-            "run": pl.Series(run[keep], dtype=pl.UInt32),
-            "start_us": k["start_us"].to_numpy()[keep],
-            "end_us": k["end_us"].to_numpy()[keep],
-            "duration_us": k["duration_us"].to_numpy()[keep],
-            "host_per_kernel": pl.Series(host[keep], nan_to_null=True),
-            "name": k["name"].filter(pl.Series(keep)),
-        }
-    )
-    return chained.group_by("step", "stream", "run", maintain_order=True).agg(
-        n=pl.len(),
-        start_us=pl.col("start_us").min(),
-        end_us=pl.col("end_us").max(),
-        total=sum_us("duration_us"),
-        longest=pl.col("duration_us").max(),
-        host=pl.col("host_per_kernel").fill_null(0.0).mean(),
-        linked=pl.col("host_per_kernel").is_not_null().any(),
-        names=pl.col("name"),
-    )
+        return None
+    rows, run, count = rows[keep], run[keep], count[keep]
+    new = np.ones(len(count), dtype=bool)
+    new[1:] = count[1:] != count[:-1]
+    first = np.flatnonzero(new)  # each run's first kernel (a run's kernels are together)
+    n = np.diff(np.append(first, len(count)))
+    dur = kt["duration_us"].to_numpy()[rows]
+    h = host[keep]
+    linked = ~np.isnan(h)
+    return {
+        "rows": rows,
+        "group": np.cumsum(new) - 1,
+        "first": first,
+        "run": run[first],
+        "n": n,
+        "start_us": np.minimum.reduceat(start[keep], first),
+        "end_us": np.maximum.reduceat(kt["end_us"].to_numpy()[rows], first),
+        # summed as exact picoseconds, converted as a group_by of the runs converts them
+        "total": grouped_ps_to_us(np.add.reduceat(to_ps(dur), first)),
+        "longest": np.maximum.reduceat(dur, first),
+        "host": _kahan_means(
+            np.where(linked, h, 0.0),
+            first,
+            n,
+            lambda: {
+                "step": kt["step"].gather(rows),
+                "stream": kt["stream"].gather(rows),
+                "run": pl.Series(run, dtype=pl.UInt32),
+            },
+        ),
+        "linked": np.logical_or.reduceat(linked, first),
+    }
+
+
+def _kahan_means(
+    v: np.ndarray, first: np.ndarray, n: np.ndarray, keys: Callable[[], dict]
+) -> np.ndarray:
+    """Per group of consecutive values (``first``: each group's first index, ``n``: its
+    length) the mean a polars ``group_by`` gives: a compensated (Kahan) sum in row order
+    over n (tests/test_numpy_paths.py checks it against polars), one pass per position in
+    the groups, over the groups that long. Groups of over 256 values (where polars sums
+    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``."""
+    if len(n) and n.max() > 256:
+        df = pl.DataFrame({**keys(), "v": v})
+        by = [c for c in df.columns if c != "v"]
+        return df.group_by(by, maintain_order=True).agg(pl.col("v").mean())["v"].to_numpy()
+    s = np.zeros(len(first))
+    c = np.zeros(len(first))
+    by_len = np.argsort(-n, kind="stable")  # the groups longest first
+    sorted_n = n[by_len]
+    for j in range(int(n.max()) if len(n) else 0):
+        g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
+        y = v[first[g] + j] - c[g]
+        t = s[g] + y
+        c[g] = (t - s[g]) - y
+        s[g] = t
+    return s / n
 
 
 def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
@@ -500,18 +585,19 @@ def _fusable_chains(
     work that fusion does not remove). The host total is None when no chain kernel has a
     top-level op.
     """
-    runs = fusable_runs(trace, steps, device)
-    if runs.height == 0:
+    r = _fusable_run_arrays(trace, steps, device)
+    if r is None:
         return 0.0, 0.0, 0.0, 0, None
+    host, n, total = r["host"], r["n"], r["total"]
     if cap_per_kernel_us is not None:
-        runs = runs.with_columns(pl.min_horizontal("host", pl.lit(cap_per_kernel_us)))
-    host = float((runs["host"] * (runs["n"] - 1)).sum()) if runs["linked"].any() else None
+        host = np.minimum(host, cap_per_kernel_us)
+    # (sums as polars sums the runs' columns)
     return (
-        float(runs["total"].sum()),
-        float((runs["total"] - runs["longest"]).sum()),
-        float((runs["n"] - 1).sum()),
-        runs.height,
-        host,
+        _float_sum(total),
+        _float_sum(total - r["longest"]),
+        float((n - 1).sum()),
+        len(n),
+        _float_sum(host * (n - 1).astype(np.float64)) if r["linked"].any() else None,
     )
 
 
@@ -553,41 +639,31 @@ def compile_region_host(trace: Trace, steps: list[int]) -> tuple[float, float, f
 
     o = op_arrays(trace)
     in_steps = ops_in_steps(trace, steps)
-    cols = ["op_id", "start_us", "end_us", "duration_us", "name"]
-    top = (
-        trace.ops[cols]
-        .filter(pl.Series(in_steps & o["is_top"]))
-        .select(
-            "op_id",
-            "start_us",
-            "end_us",
-            "duration_us",
-            # (an op with no name is neither counted nor a node)
-            kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
-            node=pl.col("name")
-            .str.starts_with("autograd::engine::evaluate_function")
-            .fill_null(False),
-        )
+    # the analysed steps' top-level ops: their arrays, and their names read in one polars
+    # call (a filter and select of the op table cost 0.5 ms at 10 MB)
+    on = in_steps & o["is_top"]
+    top_id, top_us = o["op_id"][on], o["duration_us"][on]
+    top_start, top_end = o["start_us"][on], o["end_us"][on]
+    name = pl.DataFrame({"name": trace.ops["name"].filter(pl.Series(on))}).select(
+        # (an op with no name is neither counted nor a node)
+        kept=pl.col("name").str.contains(_KEPT_NO_GPU, literal=True).fill_null(True),
+        node=pl.col("name").str.starts_with("autograd::engine::evaluate_function").fill_null(False),
     )
-    top_id, top_us = top["op_id"].to_numpy(), top["duration_us"].to_numpy()
-    kept = top["kept"].to_numpy()
+    kept = name["kept"].to_numpy()
     launches = is_in(top_id, gpu_tree_tops(trace).to_numpy())
-    none = ~launches & ~kept & ~inside(out_s, out_e, top["start_us"].to_numpy())
+    none = ~launches & ~kept & ~inside(out_s, out_e, top_start)
     no_gpu_us = _float_sum(top_us[none]) / n
     events = int(is_in(o["top_op_id"][in_steps], top_id[none]).sum()) / n
     # the autograd engine's own time in the backward nodes that launch GPU work (a node's
     # duration less its child ops'): the compiled backward is one node
-    nodes = top["node"].to_numpy() & launches & ~kept
+    nodes = name["node"].to_numpy() & launches & ~kept
     if nodes.any():
         in_nodes = is_in(o["parent_id"][in_steps], top_id[nodes])
         kids = _float_sum(o["duration_us"][in_steps][in_nodes])
         no_gpu_us += max(_float_sum(top_us[nodes]) - kids, 0.0) / n
         events += int(nodes.sum()) / n
     # Python: the CPU windows less the top-level ops and the windows outside the model
-    cs, ce = union(
-        np.concatenate([top["start_us"].to_numpy(), out_s]),
-        np.concatenate([top["end_us"].to_numpy(), out_e]),
-    )
+    cs, ce = union(np.concatenate([top_start, out_s]), np.concatenate([top_end, out_e]))
     a, b = trace.steps["start_us"].to_numpy()[st_on], trace.steps["end_us"].to_numpy()[st_on]
     python = float(((b - a) - overlap(cs, ce, a, b)).sum())
     return python / n, float(no_gpu_us), float(events)
@@ -622,6 +698,31 @@ def diagnose(
         Diagnosis. Raises TraceError (exit 2 in the CLI) for a bad ``steps`` spec or device,
         TypeError for a ``steps`` of another type.
     """
+    # Python's cyclic collector off inside (trace.source.collector_paused): the diagnosis
+    # makes tens of thousands of small objects (rows, lists, tuples), none of them in cycles,
+    # and the collections they set off scan every object of the process: 3-7 ms of a 25 ms
+    # diagnosis of the 10 MB benchmark trace
+    with collector_paused():
+        return _diagnose(
+            trace,
+            device=device,
+            peak_tflops=peak_tflops,
+            bandwidth_gbs=bandwidth_gbs,
+            calibration=calibration,
+            steps=steps,
+        )
+
+
+def _diagnose(
+    trace: Trace,
+    *,
+    device: str | None,
+    peak_tflops: float | None,
+    bandwidth_gbs: float | None,
+    calibration: str | None,
+    steps: StepsSpec,
+) -> Diagnosis:
+    """:func:`diagnose`."""
     from tracedx.devices import resolve_device
 
     spec, dev_notes = resolve_device(
@@ -640,7 +741,8 @@ def diagnose(
     chosen = _analysed_steps(trace, steps, notes)
     n = len(chosen)
     # the step windows, then the idle gaps in them and their causes
-    w = step_windows(trace).filter(pl.col("step").is_in(chosen))
+    w = step_windows(trace)
+    w = _rows_where(w, rows_in_steps(w, chosen))
     top = top_level_ops(trace, chosen)
     host_op = _host_work_op(top, w, n_steps=n)
     gaps = idle_gaps(trace, w, _top_op_ids(trace, host_op["name"]) if host_op else None)
@@ -660,9 +762,9 @@ def diagnose(
     if primary is None:
         wp, largest, model = w, gaps.head(0), None
     else:
-        wp = w.filter(w["device"] == primary)
-        largest = gaps.filter(gaps["device"] == primary).sort("duration_us", descending=True)
-        largest = largest.head(5)
+        wp = _rows_where(w, mask_of(w["device"] == primary))
+        largest = _rows_where(gaps, mask_of(gaps["device"] == primary))
+        largest = largest.sort("duration_us", descending=True).head(5)
         on = causes["device"] == primary
         # (no filter when every row is the primary's: the step model reads arrays only)
         mine = causes if on.all() and not on.null_count() else causes.filter(on)
@@ -718,6 +820,12 @@ def diagnose(
         decode=decode,
         comm_by_step=comm_by_step,
     )
+
+
+def _rows_where(df: pl.DataFrame, on: np.ndarray) -> pl.DataFrame:
+    """The rows of ``df`` where ``on`` (a numpy bool array) holds: ``df`` itself when that is
+    every row (no polars filter: 0.1-0.3 ms each, whatever its rows)."""
+    return df if on.all() else df.filter(pl.Series(on, dtype=pl.Boolean))
 
 
 def _analysed_steps(trace: Trace, spec: StepsSpec, notes: list[str]) -> list[int]:
@@ -783,25 +891,32 @@ _SUMMARY_COLUMNS = (
 
 def _device_summaries(w: pl.DataFrame) -> dict[str, Any]:
     """Per device (its index as a string, ``"None"`` without GPU activity): the median, min
-    and max over the step windows ``w`` of each of :data:`_SUMMARY_COLUMNS`."""
+    and max over the step windows ``w`` of each of :data:`_SUMMARY_COLUMNS`, as polars gives
+    them (nulls left out; :func:`_median`), worked out on the few rows in Python and numpy
+    (the polars filter and select of 30 aggregations cost 0.4-0.8 ms)."""
+    devices = w["device"].to_list()
+    cols = {c: w[c].to_numpy().astype(np.float64) for c in _SUMMARY_COLUMNS}  # null: NaN
     out = {}
-    for dev in w["device"].unique(maintain_order=True).to_list():
-        d = (
-            w.filter(w["device"] == dev)
-            if dev is not None
-            else w.filter(pl.col("device").is_null())
-        )
-        got = d.select(
-            e
-            for c in _SUMMARY_COLUMNS
-            for e in (
-                pl.col(c).median().alias(f"{c}:median"),
-                pl.col(c).min().alias(f"{c}:min"),
-                pl.col(c).max().alias(f"{c}:max"),
-            )
-        ).row(0)
-        out[str(dev)] = {c: _stats(got[3 * i : 3 * i + 3]) for i, c in enumerate(_SUMMARY_COLUMNS)}
+    for dev in dict.fromkeys(devices):  # (in order of appearance)
+        mine = np.array([d == dev for d in devices], dtype=bool)
+        per = {}
+        for c in _SUMMARY_COLUMNS:
+            v = cols[c][mine]
+            v = np.sort(v[~np.isnan(v)])
+            per[c] = _stats((_median(v), v[0], v[-1]) if len(v) else (None,))
+        out[str(dev)] = per
     return out
+
+
+def _median(v: np.ndarray) -> float:
+    """Polars' median of the sorted values ``v`` (at least one): the middle one, or of two
+    middle ones ``lo + (hi - lo) * 0.5`` (its linear interpolation; numpy's mean of the two
+    differs in the last bit on a fifth of random pairs)."""
+    n = len(v)
+    if n % 2:
+        return float(v[n // 2])
+    lo, hi = float(v[n // 2 - 1]), float(v[n // 2])
+    return lo + (hi - lo) * 0.5
 
 
 def _primary_device(
@@ -846,14 +961,14 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
     (up to :data:`IMPOSSIBLE_ROOF_FRACTION` times the bound), else corrupt inputs."""
     if "bound_fraction" not in ops_tbl.columns or not ops_tbl.height:
         return []
-    over = ops_tbl.filter(pl.col("bound_fraction") > 1.05)
-    if not over.height:
+    over = [r for r in _table_rows(ops_tbl) if _gt(r["bound_fraction"], 1.05)]
+    if not over:
         return []
-    worst = over.sort("bound_fraction", descending=True).row(0, named=True)
+    worst = min(over, key=lambda r: _desc_key(r["bound_fraction"]))  # (the first of ties)
     per_call = (worst.get("bytes") or 0.0) / max(worst.get("count") or 1, 1) / 1e6
     if worst["bound_fraction"] > IMPOSSIBLE_ROOF_FRACTION:
         return [
-            f"{over.height} op group(s) ran faster than the roofline allows, the farthest "
+            f"{len(over)} op group(s) ran faster than the roofline allows, the farthest "
             f"({worst['name']}) at {worst['bound_fraction']:,.0f}x its bound: no cache "
             "explains that much; its kernel durations or its FLOP and byte counts (input "
             "shapes) are corrupt, and its roofline numbers are not to be trusted"
@@ -862,14 +977,14 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
     if worst.get("regime") == "compute":
         # its roof is the compute peak: no cache raises that
         return [
-            f"{over.height} op group(s) ran faster than the roofline allows (the farthest: "
+            f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: "
             f"{worst['name']} at {worst['bound_fraction']:.0%} of its bound, compute-bound at "
             f"{worst['intensity']:.0f} FLOP/B): its roof is the compute peak, which no cache "
             f"raises, so the peaks used ({peaks}) are below this GPU's: check --device, or "
             "measure them with `tracedx calibrate`"
         ]
     return [
-        f"{over.height} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
+        f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
         f"{worst['bound_fraction']:.0%} of its bound, {per_call:.1f} MB per call): data "
         "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
         "faster than device memory allows; when an op's data per call is well over the "
@@ -955,6 +1070,59 @@ def _float_sum(us: np.ndarray) -> float:
     """Polars' sum of a Float64 column (its order of additions, not numpy's: the same float
     as ``df[col].sum()`` on those rows)."""
     return float(pl.Series(us, dtype=pl.Float64).sum())
+
+
+_last_rows: list = [None, None]  # (a weak reference to an op table, its rows)
+
+
+def _table_rows(tbl: pl.DataFrame) -> list[dict[str, Any]]:
+    """The rows of a small table (the op groups: a few hundred at most) as dicts, made once
+    per table for the verdict, the notes and the findings that read it (each of its polars
+    filters and sorts cost 0.1-0.3 ms). Read-only: the lists in them are the table's."""
+    ref, rows = _last_rows
+    if ref is None or ref() is not tbl:
+        cols = {c: tbl[c].to_list() for c in tbl.columns}
+        rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+        _last_rows[:] = [weakref.ref(tbl), rows]
+    return rows
+
+
+def _gt(x: float | None, y: float) -> bool:
+    """Whether polars keeps a row by ``col > y``: never for null, always for NaN (polars
+    orders NaN above every number)."""
+    return x is not None and (x > y or math.isnan(x))
+
+
+def _desc_key(x: float | None) -> tuple:
+    """A sort key that puts a float column as polars sorts it descending: nulls first, NaN
+    next, then the numbers from the largest (a stable sort: ties keep their order)."""
+    if x is None:
+        return (0, 0.0)
+    return (1, 0.0) if math.isnan(x) else (2, -x)
+
+
+def _group_sums(keys: list, values: list[float | None]) -> dict:
+    """Per key, the sum of its values as a polars ``group_by(key).agg(col.sum())`` gives it:
+    a compensated (Kahan) sum in row order, nulls left out (groups of up to 256 rows; polars
+    itself for larger ones)."""
+    by: dict = {}
+    for k, v in zip(keys, values, strict=True):
+        by.setdefault(k, []).append(v)
+    if any(len(v) > 256 for v in by.values()):
+        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+    out = {}
+    for k, vals in by.items():
+        s = c = 0.0
+        for x in vals:
+            if x is None:
+                continue
+            y = x - c
+            t = s + y
+            c = (t - s) - y
+            s = t
+        out[k] = s
+    return out
 
 
 def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
@@ -1048,7 +1216,7 @@ def _step_model(
     gpu_top_host = _float_sum(op_us[is_top & gpu_side & ~ops_dl]) / n
     gpu_tree_events = (
         int((gpu_side & ~ops_dl).sum()) / n
-        + int(la["op_id"].is_not_null().to_numpy()[la_mine].sum()) / n
+        + int((~np.isnan(la["op_id"].cast(pl.Float64).to_numpy()[la_mine])).sum()) / n
     )
     # host time per kernel: launching threads can overlap (autograd), so never more than H / K
     h_total = max(cpu - sync_us - page_us, 0.0)
@@ -1380,44 +1548,54 @@ def _roofline_verdict(ops_tbl: pl.DataFrame, ev: list[str]) -> tuple[str, str] |
     if "regime" not in ops_tbl.columns or not ops_tbl.height:
         ev.append("no FLOP/byte models for these ops: classified from kernel kinds")
         return None
-    mod = ops_tbl.filter(pl.col("regime").is_not_null())
+    # (the op groups' rows in Python: the sums as polars sums the filtered columns)
+    mod = [r for r in _table_rows(ops_tbl) if r["regime"] is not None]
     total_dev = float(ops_tbl["device_time_us"].sum()) or 1.0
-    cov = float(mod["device_time_us"].sum()) / total_dev
+    cov = _float_sum([r["device_time_us"] for r in mod]) / total_dev
     if cov < 0.5:
         ev.append(
             f"FLOP/byte models cover only {cov:.0%} of device time: classified from kernel kinds"
         )
         return None
-    by = dict(mod.group_by("regime").agg(pl.col("device_time_us").sum()).rows())
+    by = _group_sums([r["regime"] for r in mod], [r["device_time_us"] for r in mod])
     comp = by.get("compute", 0.0)
     bw = by.get("bandwidth", 0.0) + by.get("under-filled", 0.0)
     ev.append(
         f"FLOP/byte models cover {cov:.0%} of op device time: compute-side ops {_ms(comp)}, "
         f"memory-side ops {_ms(bw)} in all analysed steps"
     )
+
+    def by_time(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: _desc_key(r["device_time_us"]))
+
     if comp >= bw:
-        c = mod.filter(pl.col("regime") == "compute").sort("device_time_us", descending=True)
-        tc = c.filter(
-            pl.col("tensor_core")
-            & ((pl.col("compute_dtype") != "fp32") | (pl.col("math_mode") == "tf32"))
-        )
-        tc_share = float(tc["device_time_us"].sum()) / (comp or 1.0)
-        top = c.row(0, named=True)
+        c = by_time([r for r in mod if r["regime"] == "compute"])
+        # tensor_core & (compute_dtype != "fp32" | math_mode == "tf32"), nulls as polars
+        # takes them (Kleene logic; a null keeps no row)
+        tc = [r for r in c if _tensor_core_math(r)]
+        tc_share = _float_sum([r["device_time_us"] for r in tc]) / (comp or 1.0)
+        top = c[0]
         ev.append(
             f"top compute op {top['name']} at {_frac(top.get('bound_fraction'))} of its roof "
             f"({_num(top.get('achieved_tflops'))} TFLOP/s)"
         )
         return "compute-bound", ("tensor-core math" if tc_share >= 0.5 else "fp32 math")
-    top = (
-        mod.filter(pl.col("regime") != "compute")
-        .sort("device_time_us", descending=True)
-        .row(0, named=True)
-    )
+    top = by_time([r for r in mod if r["regime"] != "compute"])[0]
     ev.append(
         f"top memory-side op {top['name']} at {_num(top.get('achieved_gbps'))} GB/s "
         f"({_frac(top.get('bound_fraction'))} of its roof)"
     )
     return "bandwidth-bound", "device memory"
+
+
+def _tensor_core_math(r: dict[str, Any]) -> bool:
+    """Whether polars' filter ``tensor_core & ((compute_dtype != "fp32") | (math_mode ==
+    "tf32"))`` keeps the op group row ``r`` (three-valued logic: null is neither)."""
+    cd, mm = r["compute_dtype"], r.get("math_mode")
+    ne = None if cd is None else cd != "fp32"
+    tf = None if mm is None else mm == "tf32"
+    either = True if (ne or tf) else (None if ne is None or tf is None else False)
+    return bool(r["tensor_core"]) and either is True
 
 
 def _kernel_kind_verdict(trace, w, primary, share, hd_share, busy, ev: list[str]):
@@ -1505,11 +1683,12 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
     """
     if spec is None or model is None or "family" not in ops_tbl.columns or ops_tbl.height == 0:
         return None
-    gem = ops_tbl.filter(pl.col("family") == "gemm")
-    if gem.height == 0:
+    groups = _table_rows(ops_tbl)
+    gem = [r for r in groups if r["family"] == "gemm"]
+    if not gem:
         return None
     skinny_us = total_us = weights = 0.0
-    for r in gem.iter_rows(named=True):
+    for r in gem:
         shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
         total_us += r["device_time_us"]
         tensors = [(sh, dt) for sh, dt in zip(shapes, dtypes, strict=False) if len(sh) >= 2]
@@ -1523,7 +1702,7 @@ def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str,
     if total_us <= 0 or skinny_us / total_us < 0.5:
         return None
     kv = 0.0
-    for r in ops_tbl.filter(pl.col("family") == "attention").iter_rows(named=True):
+    for r in (r for r in groups if r["family"] == "attention"):
         shapes, dtypes = r["input_shapes"] or [], r["input_dtypes"] or []
         kv += (
             sum(_tensor_bytes(sh, dt) for sh, dt in list(zip(shapes, dtypes, strict=False))[1:3])
@@ -1652,12 +1831,10 @@ def _findings(
     # math-mode fixes need peaks and FLOP models
     if spec is not None and "family" in ops_tbl.columns:
         out += _math_findings(m, ops_tbl, spec, n, lambda: autocast_cast_bytes(trace, steps) / n)
-    comm = kinds.filter(kinds["kind"] == "communication")
-    if comm.height and comm_by_step is not None:
+    comm_us = _kind_time(kinds, "communication")
+    if comm_us is not None and comm_by_step is not None:
         exposed = float(comm_by_step["exposed_comm_us"].sum())
-        out.append(
-            fx.overlap_communication(m, exposed / n, float(comm["device_time_us"].sum()) / n)
-        )
+        out.append(fx.overlap_communication(m, exposed / n, comm_us / n))
     from tracedx.analysis.batch import batch_model, step_memory
 
     bm = batch_model(trace, steps, primary, ops_tbl)
@@ -1666,14 +1843,23 @@ def _findings(
     return fx.order_findings(res)
 
 
+def _kind_time(kinds: pl.DataFrame, kind: str) -> float | None:
+    """The device time of ``kind`` in :func:`~tracedx.analysis.kernels.gpu_breakdown`'s
+    ``kinds`` (one row per kind), None without it (read in Python, not filtered in polars)."""
+    for k, us in zip(kinds["kind"].to_list(), kinds["device_time_us"].to_list(), strict=True):
+        if k == kind:
+            return float(us)
+    return None
+
+
 def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
     """The note for one rank's trace of a multi-rank job (``distributedInfo.world_size`` > 1,
     or collectives over a group of more than one rank) that communicates."""
-    comm = kinds.filter(kinds["kind"] == "communication")
-    if comm.height == 0 and trace.comm_args.height == 0:
+    comm_us = _kind_time(kinds, "communication")
+    if comm_us is None and trace.comm_args.height == 0:
         return None  # nothing communicates (and Trace.collectives need not be built)
     colls = trace.collectives
-    if comm.height == 0 and colls.height == 0:
+    if comm_us is None and colls.height == 0:
         return None
     world = (trace.distributed_info or {}).get("world_size")
     multi = (isinstance(world, int) and world > 1) or bool(
@@ -1687,8 +1873,8 @@ def _peer_wait_note(trace: Trace, kinds: pl.DataFrame, n: int) -> str | None:
         else "one rank of a multi-rank job"
     )
     what = (
-        f"its communication kernels ({float(comm['device_time_us'].sum()) / max(n, 1) / 1e3:.3f} ms per step)"
-        if comm.height
+        f"its communication kernels ({comm_us / max(n, 1) / 1e3:.3f} ms per step)"
+        if comm_us is not None
         else "its collectives"
     )
     return (
@@ -1770,7 +1956,10 @@ def _math_findings(
     bw = spec.bandwidth_gbs * 1e3  # bytes/us
     # the op groups as Python rows, once (a few hundred at most; each filter below is a
     # comprehension, not a polars call)
-    rows = ops_tbl.select(_MATH_COLUMNS).rows(named=True)
+    missing = [c for c in _MATH_COLUMNS if c not in ops_tbl.columns]
+    if missing:
+        raise pl.exceptions.ColumnNotFoundError(f"the op table has no {missing}")
+    rows = _table_rows(ops_tbl)
     mod = [r for r in rows if r["family"] is not None]
     # TF32: fp32 GEMMs that did not run on TF32 tensor cores
     if peaks.get("tf32") and peaks.get("fp32"):

@@ -20,6 +20,7 @@ Which roof applies to an op (``peak_tflops``):
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracedx.devices import DeviceSpec
@@ -101,92 +102,135 @@ def place_on_roofline(op_stats: pl.DataFrame, spec: DeviceSpec | None) -> pl.Dat
         raise ValueError(f"place_on_roofline needs columns {missing}")
     replaced = [c for c in _ADDED if c in op_stats.columns]
     df = op_stats.drop(replaced) if replaced else op_stats
-    order = [*df.columns, *_ADDED]
 
-    flops = pl.col("flops").cast(pl.Float64)
-    nbytes = pl.col("bytes").cast(pl.Float64)
-    t_us = pl.col("device_time_us").cast(pl.Float64)
-    t_ok = t_us > 0
+    # Worked out per row in numpy: the op groups are a few hundred rows at most, and the four
+    # polars calls of when/then expressions this took cost 0.8-1.2 ms whatever the rows. Each
+    # value is a (floats, valid) pair, null where not valid; the arithmetic, comparisons and
+    # null rules are polars' (tests/test_roofline.py checks them against polars' own
+    # expressions on random and degenerate rows): NaN is above every number, a min or max
+    # of two leaves out NaN and nulls (of equals, the second), and a column of more than one
+    # row divided by a number is multiplied by its reciprocal.
+    h = df.height
 
-    intensity = pl.when(nbytes > 0).then(flops / nbytes).otherwise(None)
-    achieved_tflops = pl.when(t_ok).then(flops / t_us / 1e6).otherwise(None)
-    achieved_gbps = pl.when(t_ok).then(nbytes / t_us / 1e3).otherwise(None)
-    measured = [
-        intensity.alias("intensity"),
-        achieved_tflops.alias("achieved_tflops"),
-        achieved_gbps.alias("achieved_gbps"),
+    def col(c: str) -> tuple[np.ndarray, np.ndarray]:
+        x = df[c].cast(pl.Float64)
+        ok = x.is_not_null().to_numpy() if x.null_count() else np.ones(h, dtype=bool)
+        return x.to_numpy().astype(np.float64, copy=False), ok
+
+    def by(x: np.ndarray, c: float) -> np.ndarray:
+        return x / c if h == 1 else x * (1.0 / c)
+
+    def out(name: str, v: np.ndarray | None, ok: np.ndarray | None) -> pl.Series:
+        if v is None:
+            return pl.Series(name, [None] * h, dtype=pl.Float64)
+        return pl.Series(
+            name, [x if o else None for x, o in zip(v.tolist(), ok.tolist(), strict=True)],
+            dtype=pl.Float64,
+        )  # fmt: skip
+
+    with np.errstate(all="ignore"):
+        flops, f_ok = col("flops")
+        nbytes, b_ok = col("bytes")
+        t_us, t_ok = col("device_time_us")
+        t_pos = t_ok & (np.isnan(t_us) | (t_us > 0))  # t > 0, true
+        intensity = flops / nbytes
+        i_ok = b_ok & (np.isnan(nbytes) | (nbytes > 0)) & f_ok
+        measured = [
+            out("intensity", intensity, i_ok),
+            out("achieved_tflops", by(flops / t_us, 1e6), t_pos & f_ok),
+            out("achieved_gbps", by(nbytes / t_us, 1e3), t_pos & b_ok),
+        ]
+        if spec is None or not spec.bandwidth_gbs or spec.bandwidth_gbs <= 0:
+            rest = [out(c, None, None) for c in _ADDED[3:8]]
+            regime = pl.Series("regime", [None] * h, dtype=pl.Utf8)
+            return pl.DataFrame([*df.get_columns(), *measured, *rest, regime])
+        bw = float(spec.bandwidth_gbs)  # GB/s
+        peak, p_ok, one_roof = _peaks(df, _peak_table(spec))
+        zero_flops = f_ok & (flops == 0)
+        if one_roof and h > 1:
+            # every row's roof from one literal of the roof expression: polars holds the
+            # column as that one number, so the ridge point is worked out once (a division),
+            # and so is the FLOP time (a product by the reciprocal) where no when/then around
+            # it takes some rows and not others (no row with 0 FLOPs, or with no FLOPs or no
+            # bytes: such a when/then spreads the number over the rows first)
+            ridge = peak * 1e3 / bw
+            plain = f_ok.all() and b_ok.all() and not zero_flops.any()
+            compute_us = flops * (1.0 / (peak * 1e6)) if plain else flops / (peak * 1e6)
+        else:
+            ridge = by(peak * 1e3, bw)  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
+            compute_us = flops / (peak * 1e6)
+        bound = _min2(peak, by(intensity * bw, 1e3))
+        compute_us = np.where(zero_flops, 0.0, compute_us)
+        c_ok = zero_flops | (f_ok & p_ok)
+        memory_us = nbytes / (bw * 1e3) if h == 1 else nbytes * (1.0 / (bw * 1e3))
+        roof_us, r_ok = _max2(compute_us, memory_us), c_ok & b_ok
+        frac, q_ok = roof_us / t_us, t_pos & r_ok
+        underfilled = q_ok & ~np.isnan(frac) & (frac < UNDERFILLED_FRACTION)
+        if spec.num_sms is not None and "max_grid_blocks" in df.columns:
+            grid, g_ok = col("max_grid_blocks")
+            underfilled &= ~g_ok | (~np.isnan(grid) & (grid < spec.num_sms))
+        # by intensity: 0 FLOPs bandwidth, else against the ridge point (NaN above all)
+        ge = np.isnan(intensity) | (~np.isnan(ridge) & (intensity >= ridge))
+        by_int = np.where(zero_flops, "bandwidth", np.where(ge, "compute", "bandwidth")).astype(
+            object
+        )
+        known = zero_flops | (i_ok & p_ok)
+        regime = [
+            None if not io else ("under-filled" if u and k else (b if k else None))
+            for io, u, k, b in zip(i_ok.tolist(), underfilled.tolist(), known.tolist(),
+                                   by_int.tolist(), strict=True)
+        ]  # fmt: skip
+        added = [
+            out("peak_tflops", peak, p_ok),
+            out("ridge_point", ridge, p_ok),
+            out("bound_tflops", bound, p_ok & i_ok),
+            out("bound_fraction", frac, q_ok),
+            out("roofline_time_us", roof_us, r_ok),
+            pl.Series("regime", regime, dtype=pl.Utf8),
+        ]
+    return pl.DataFrame([*df.get_columns(), *measured, *added])
+
+
+def _peaks(df: pl.DataFrame, peaks: dict[str, float]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Each row's roof (TFLOP/s) and whether it has one: the tensor-core peak of its math
+    mode (``math_mode``, else ``compute_dtype``) for a tensor-core op, else the vector rate
+    (fp64 for double, fp32 for the rest); none without a compute dtype or a listed peak.
+    And whether polars' when/then chain of the roof key gives every row one literal branch
+    (a branch whose condition holds for every row or for none is taken whole): no compute
+    dtype anywhere, or none missing, no tensor-core row and the math mode fp64 on every row
+    or on none."""
+    dtype = df["compute_dtype"].cast(pl.Utf8).to_list()
+    tc = df["tensor_core"].cast(pl.Boolean).to_list()
+    math = df["math_mode"].cast(pl.Utf8).to_list() if "math_mode" in df.columns else None
+    got = []
+    for i, (d, t) in enumerate(zip(dtype, tc, strict=True)):
+        mode = d if math is None or math[i] is None else math[i]
+        if d is None:
+            key = None
+        elif t:
+            key = "tc:" + mode
+        else:
+            key = "vec:fp64" if mode == "fp64" else "vec:fp32"
+        got.append(peaks.get(key))
+    ok = np.array([x is not None for x in got], dtype=bool)
+    no_dtype = [d is None for d in dtype]
+    fp64 = [
+        (d if math is None or math[i] is None else math[i]) == "fp64" for i, d in enumerate(dtype)
     ]
+    one = all(no_dtype) or (
+        not any(no_dtype) and not any(t is True for t in tc) and (all(fp64) or not any(fp64))
+    )
+    return np.array([np.nan if x is None else x for x in got], dtype=np.float64), ok, one
 
-    if spec is None or not spec.bandwidth_gbs or spec.bandwidth_gbs <= 0:
-        return df.with_columns(
-            *measured,
-            pl.lit(None, dtype=pl.Float64).alias("peak_tflops"),
-            pl.lit(None, dtype=pl.Float64).alias("ridge_point"),
-            pl.lit(None, dtype=pl.Float64).alias("bound_tflops"),
-            pl.lit(None, dtype=pl.Float64).alias("bound_fraction"),
-            pl.lit(None, dtype=pl.Float64).alias("roofline_time_us"),
-            pl.lit(None, dtype=pl.Utf8).alias("regime"),
-        ).select(order)
 
-    bw = float(spec.bandwidth_gbs)  # GB/s
-    mode = pl.col("compute_dtype").cast(pl.Utf8)
-    if "math_mode" in df.columns:
-        mode = pl.coalesce(pl.col("math_mode").cast(pl.Utf8), mode)
-    tc = pl.col("tensor_core").cast(pl.Boolean)
-    roof_key = (
-        pl.when(pl.col("compute_dtype").is_null())
-        .then(pl.lit(None, dtype=pl.Utf8))
-        .when(tc)
-        .then(pl.lit("tc:") + mode)
-        .when(mode == "fp64")
-        .then(pl.lit("vec:fp64"))
-        .otherwise(pl.lit("vec:fp32"))
-    )
-    peaks = _peak_table(spec)
-    peak = roof_key.replace_strict(
-        list(peaks), list(peaks.values()), default=None, return_dtype=pl.Float64
-    )
-    # each with_columns below reads columns the one before added (each is one polars call)
-    df = df.with_columns(*measured, peak.alias("peak_tflops"))
+def _min2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``pl.min_horizontal(a, b)`` of two valid columns: NaN left out; of equals, ``b``."""
+    return np.where(np.isnan(a), b, np.where(np.isnan(b) | (a < b), a, b))
 
-    peak_c = pl.col("peak_tflops")
-    ridge = peak_c * 1e3 / bw  # TFLOP/s / (GB/s) * 1e3 = FLOP/byte
-    bound = pl.min_horizontal(peak_c, pl.col("intensity") * bw / 1e3)
-    bound = pl.when(peak_c.is_null() | pl.col("intensity").is_null()).then(None).otherwise(bound)
-    compute_us = pl.when(flops == 0).then(pl.lit(0.0)).otherwise(flops / (peak_c * 1e6))
-    memory_us = nbytes / (bw * 1e3)  # bytes / (GB/s) -> us
-    roof_us = (
-        pl.when(compute_us.is_null() | memory_us.is_null())
-        .then(None)
-        .otherwise(pl.max_horizontal(compute_us, memory_us))
-    )
-    df = df.with_columns(
-        ridge.alias("ridge_point"),
-        bound.alias("bound_tflops"),
-        roof_us.alias("roofline_time_us"),
-    )
-    frac = pl.when(t_ok).then(pl.col("roofline_time_us") / t_us).otherwise(None)
-    underfilled = frac < UNDERFILLED_FRACTION
-    if spec.num_sms is not None and "max_grid_blocks" in df.columns:
-        grid = pl.col("max_grid_blocks").cast(pl.Float64)
-        underfilled = underfilled & (grid.is_null() | (grid < spec.num_sms))
-    by_intensity = (
-        pl.when(pl.col("flops") == 0)
-        .then(pl.lit("bandwidth"))
-        .when(pl.col("intensity") >= pl.col("ridge_point"))
-        .then(pl.lit("compute"))
-        .when(pl.col("intensity") < pl.col("ridge_point"))
-        .then(pl.lit("bandwidth"))
-        .otherwise(pl.lit(None, dtype=pl.Utf8))
-    )
-    regime = (
-        pl.when(pl.col("intensity").is_null())
-        .then(pl.lit(None, dtype=pl.Utf8))
-        .when(underfilled.fill_null(False) & by_intensity.is_not_null())
-        .then(pl.lit("under-filled"))
-        .otherwise(by_intensity)
-    )
-    return df.with_columns(frac.alias("bound_fraction"), regime.alias("regime")).select(order)
+
+def _max2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``pl.max_horizontal(a, b)`` of two valid columns: NaN left out; of equals, ``b``."""
+    return np.where(np.isnan(a), b, np.where(np.isnan(b) | (a > b), a, b))
 
 
 def decode_ceiling(
