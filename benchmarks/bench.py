@@ -350,12 +350,14 @@ _INPROCESS_SNIPPET = (
     "tracedx.diagnose  # imports done before timing, as in a notebook\n"
     "import tracedx.analysis.diagnosis, tracedx.trace\n"
     "p = sys.argv[1]\n"
-    "tracedx.diagnose(tracedx.load(p))  # warm: polars' first-use costs\n"
+    "t = time.perf_counter()\n"
+    "tracedx.diagnose(tracedx.load(p))  # the first call: polars' first-use costs, fresh memory\n"
+    "first = time.perf_counter() - t\n"
     "t = time.perf_counter()\n"
     "tr = tracedx.load(p)\n"
     "t1 = time.perf_counter()\n"
     "tracedx.diagnose(tr)\n"
-    "print('INPROC_S', time.perf_counter() - t, 'LOAD_S', t1 - t)\n"
+    "print('INPROC_S', time.perf_counter() - t, 'LOAD_S', t1 - t, 'FIRST_S', first)\n"
 )
 
 
@@ -370,32 +372,40 @@ def _rng(v: list[float]) -> dict:
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v} if v else {}
 
 
-def bench_file(path: Path, runs: int, hta_py: Path | None, hta_runs: int, timeout: float) -> dict:
+def bench_file(
+    path: Path, runs: int, hta_py: Path | None, hta_runs: int, timeout: float, hta_warm: bool
+) -> dict:
     """Every measurement of one file, interleaved: each round runs tracedx end to end, tracedx
-    in-process (``tracedx.diagnose(tracedx.load(p))``, imports excluded, after a warm-up run)
-    and, in its first ``hta_runs`` rounds, HTA (end to end, and in-process: its load and three
-    breakdowns with its imports excluded), so a drift of the machine's speed hits both tools
+    in-process (``tracedx.diagnose(tracedx.load(p))``, imports excluded: its first call in the
+    process, ``first``, and a second, warm call, ``inproc``) and, in its first ``hta_runs``
+    rounds, HTA (end to end, and in-process: its load and three breakdowns with its imports
+    excluded, first call and, with ``hta_warm``, a second warm one), so a drift of the machine's speed hits both tools
     alike. Then start-up (``import tracedx``, ``tracedx --help``) and the cached second run
     (``diagnose`` again over a cache filled by a first run, in its own temporary folder)."""
     import tempfile
 
-    t: dict = {"e2e": [], "peak": [], "inproc": [], "load": [], "inproc_peak": []}
-    h: dict = {"e2e": [], "inproc": [], "load": [], "peak": [], "error": None}
+    t: dict = {"e2e": [], "peak": [], "inproc": [], "first": [], "load": [], "inproc_peak": []}
+    h: dict = {"e2e": [], "inproc": [], "first": [], "load": [], "peak": [], "error": None}
     for i in range(runs):
         r = _ok(_run_wait4([sys.executable, *_TRACEDX_E2E, str(path)], timeout))
         json.loads(r["stdout"])  # the report must be complete, valid JSON
         t["e2e"].append(r["wall_s"])
         t["peak"].append(r["peak_bytes"])
         r = _ok(_run_wait4([sys.executable, "-c", _INPROCESS_SNIPPET, str(path)], timeout))
-        m = re.search(rb"INPROC_S ([0-9.eE+-]+) LOAD_S ([0-9.eE+-]+)", r["stdout"])
+        m = re.search(
+            rb"INPROC_S ([0-9.eE+-]+) LOAD_S ([0-9.eE+-]+) FIRST_S ([0-9.eE+-]+)", r["stdout"]
+        )
         t["inproc"].append(float(m.group(1)))
         t["load"].append(float(m.group(2)))
+        t["first"].append(float(m.group(3)))
         t["inproc_peak"].append(r["peak_bytes"])
         if hta_py is not None and i < hta_runs and h["error"] is None:
-            one = bench_hta(hta_py, path, timeout)
+            one = bench_hta(hta_py, path, timeout, warm=hta_warm)
             if one.get("ok"):
                 h["e2e"].append(one["wall_s"])
-                h["inproc"].append(one["total_s"] - one["import_s"])
+                h["first"].append(one["first_s"])
+                if "warm_s" in one:
+                    h["inproc"].append(one["warm_s"])
                 h["load"].append(one["load_s"])
                 h["peak"].append(one["peak_bytes"])
             else:
@@ -476,8 +486,15 @@ def _installed_version(py: Path, pkg: str) -> str | None:
 HTA_ENV = {"HTA_DISABLE_NS_ROUNDING": "1"}
 
 
-def bench_hta(py: Path, path: Path, timeout: float) -> dict:
-    """One HTA run on ``path`` (alone in a folder, as HTA reads a folder of rank traces)."""
+HTA_WARM_MAX_BYTES = 50 * MB
+"""HTA runs its workflow a second time in the same process (the warm in-process case) on
+files of at most this size; past it a second pass would double runs of tens of seconds."""
+
+
+def bench_hta(py: Path, path: Path, timeout: float, warm: bool = False) -> dict:
+    """One HTA run on ``path`` (alone in a folder, as HTA reads a folder of rank traces); with
+    ``warm``, also a second pass in the same process (``warm_s``), which ``wall_s`` (end to
+    end: the process less that pass) leaves out."""
     folder = OUT / "hta-dirs" / path.name.replace(".", "_")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
@@ -487,7 +504,8 @@ def bench_hta(py: Path, path: Path, timeout: float) -> dict:
         except OSError:
             target.symlink_to(path)
     env = {**os.environ, **HTA_ENV}
-    r = _run_wait4([str(py), str(HERE / "hta_run.py"), str(folder)], timeout, env)
+    again = ["--warm"] if warm else []
+    r = _run_wait4([str(py), str(HERE / "hta_run.py"), str(folder), *again], timeout, env)
     m = re.search(rb"HTA_RESULT (\{.*\})", r["stdout"])
     info = json.loads(m.group(1)) if m else {"ok": False}
     if not info.get("ok"):
@@ -495,7 +513,7 @@ def bench_hta(py: Path, path: Path, timeout: float) -> dict:
             "timed out" if r.get("timed_out") else r["stderr"].decode(errors="replace")[-300:]
         )
         return {"ok": False, "error": why}
-    return {**info, "wall_s": r["wall_s"], "peak_bytes": r["peak_bytes"]}
+    return {**info, "wall_s": r["wall_s"] - info.get("warm_s", 0.0), "peak_bytes": r["peak_bytes"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,15 +541,21 @@ def _fmt_row(f: dict) -> list[str]:
         if hok
         else ("failed" if h.get("error") else "-")
     )
-    iratio = f"{h['inproc']['median'] / t['inproc']['median']:.1f}x" if hok else "-"
+
+    def ratio_of(key: str) -> str:
+        return f"{h[key]['median'] / t[key]['median']:.1f}x" if hok and h.get(key) else "-"
+
     peak = t["peak"]["median"]
     row += [
         _s(t["e2e"]),
         _s(h.get("e2e") if hok else {}, 1),
         ratio,
+        _s(t["first"]),
+        _s(h.get("first") if hok else {}, 2),
+        ratio_of("first"),
         _s(t["inproc"]),
         _s(h.get("inproc") if hok else {}, 2),
-        iratio,
+        ratio_of("inproc"),
         _s(t["cached"]),
         f"{peak / MB:.0f} ({peak / js:.2f}x)",
         f"{h['peak']['median'] / MB:.0f} ({h['peak']['median'] / js:.2f}x)" if hok else "-",
@@ -546,9 +570,12 @@ HEADERS = [
     "tracedx s",
     "HTA s",
     "HTA / tracedx",
-    "in-process s",
-    "HTA in-process s",
-    "HTA / tracedx in-process",
+    "in-process 1st call s",
+    "HTA in-process 1st call s",
+    "HTA / tracedx 1st call",
+    "in-process warm s",
+    "HTA in-process warm s",
+    "HTA / tracedx warm",
     "cached 2nd run s",
     "tracedx peak MB (x JSON)",
     "HTA peak MB (x JSON)",
@@ -635,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
             f["hta_note"], py = "not run (--hta-large-gzip)", None
         print(f"{f['path'].name}: tracedx{' and HTA, interleaved' if py else ''} ...", flush=True)
         hta_runs = args.hta_large_runs if large else args.hta_runs
-        f["tracedx"] = bench_file(f["path"], args.runs, py, hta_runs, args.hta_timeout)
+        warm = f["json_bytes"] <= HTA_WARM_MAX_BYTES
+        f["tracedx"] = bench_file(f["path"], args.runs, py, hta_runs, args.hta_timeout, warm)
         if py is not None:
             f["hta"] = f["tracedx"].pop("hta")
 

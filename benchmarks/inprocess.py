@@ -55,7 +55,7 @@ def _hta_once(py: Path, folder: Path) -> float | None:
     )
     m = re.search(r"HTA_RESULT (\{.*\})", r.stdout)
     info = json.loads(m.group(1)) if m else {}
-    return info["total_s"] - info["import_s"] if info.get("ok") else None
+    return info["first_s"] if info.get("ok") else None
 
 
 def measure(path: Path, repeats: int = 3, hta: bool = True) -> dict:

@@ -431,7 +431,9 @@ def _load(p: Path, repair: bool, progress) -> Trace:
         if not step_ops.height:
             step_ops = None
     # a copy of the op table only when there is something to take out
-    ops, not_nested, thread = op_tree(raw.ops.filter(~is_step_op) if step_ops is not None else raw.ops)
+    ops, not_nested, thread = op_tree(
+        raw.ops.filter(~is_step_op) if step_ops is not None else raw.ops
+    )
     if not_nested:
         warnings.append(
             DataWarning(

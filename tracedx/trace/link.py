@@ -87,11 +87,15 @@ def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
     ops = ops.clone()  # a new frame (the columns are shared): the row number goes in front
     ops.insert_column(0, pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64))
     if ops.height == 0:
-        return ops.with_columns(
-            parent_id=pl.lit(None, pl.Int64),
-            top_op_id=pl.lit(None, pl.Int64),
-            depth=pl.lit(0, pl.Int32),
-        ), 0, None
+        return (
+            ops.with_columns(
+                parent_id=pl.lit(None, pl.Int64),
+                top_op_id=pl.lit(None, pl.Int64),
+                depth=pl.lit(0, pl.Int32),
+            ),
+            0,
+            None,
+        )
     thread = thread_order(ops)
     order, new, start, end = thread
     parent, depth, root = _nest(new, start, end)
@@ -109,14 +113,18 @@ def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
         )
         parent_of[order], top_of[order], depth_of[order] = parent, root, depth
         parent, root, depth = parent_of, top_of, depth_of
-    return _with(
-        ops,
-        [
-            _with_nulls(parent).alias("parent_id"),
-            pl.Series("top_op_id", root, dtype=pl.Int64),
-            pl.Series("depth", depth, dtype=pl.Int32),
-        ],
-    ), bad, thread
+    return (
+        _with(
+            ops,
+            [
+                _with_nulls(parent).alias("parent_id"),
+                pl.Series("top_op_id", root, dtype=pl.Int64),
+                pl.Series("depth", depth, dtype=pl.Int32),
+            ],
+        ),
+        bad,
+        thread,
+    )
 
 
 def thread_order(
@@ -441,7 +449,10 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
     rows = marked[rows]
     return pl.DataFrame(
         [pl.Series("step", step, dtype=pl.Int64)]
-        + [annotations[c][rows] for c in ("name", "pid", "tid", "start_us", "end_us", "duration_us")]
+        + [
+            annotations[c][rows]
+            for c in ("name", "pid", "tid", "start_us", "end_us", "duration_us")
+        ]
     )
 
 
