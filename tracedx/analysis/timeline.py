@@ -118,38 +118,49 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
-    # The masks over the launches and the few memcpys in numpy, from Series comparisons
-    # (eq_missing: a null is no match, as the filter's null is no row): the filter, the
-    # with_columns and the memcpys' select this took were 1 ms of fixed cost at 10 MB.
+    # The masks over the launches and the few memcpys in numpy, from Series comparisons (a
+    # null is no match, as the filter's null is no row): the filter, the with_columns and the
+    # memcpys' select this took were 1 ms of fixed cost at 10 MB.
     m = trace.memcpys
-    corr = m["correlation"].to_numpy()  # (floats, NaN for null, when there are nulls)
-    page = (
-        m["src_memory"].eq_missing("Pageable") | m["dst_memory"].eq_missing("Pageable")
-    ).to_numpy() & m["correlation"].is_not_null().to_numpy()
-    small = m["direction"].eq_missing("DtoH").to_numpy() & (ints_of(m["bytes"], 0) < 2**20)
+    corr = m["correlation"].cast(pl.Float64).to_numpy()  # NaN: null
+    page = (_eq(m["src_memory"], "Pageable") | _eq(m["dst_memory"], "Pageable")) & ~np.isnan(corr)
+    small = _eq(m["direction"], "DtoH") & (ints_of(m["bytes"], 0) < 2**20)
     # the copies from or to pageable memory (with a launch to match), and which of them are
     # small device-to-host ones (a synchronous read of a value)
     small_dtoh = corr[page & small].astype(np.int64)
     big = corr[page & ~np.isin(corr, small_dtoh)].astype(np.int64)
     la = trace.launches
-    kind = la["api_kind"]
-    is_sync = kind.eq_missing("sync").to_numpy()
-    is_copy = kind.eq_missing("memcpy").to_numpy()
-    la_corr = la["correlation"].cast(pl.Float64).to_numpy() if is_copy.any() else None
+    is_sync = _eq(la["api_kind"], "sync")
+    copies = np.flatnonzero(_eq(la["api_kind"], "memcpy"))
     sync_copy = np.zeros(la.height, dtype=bool)
     pageable = np.zeros(la.height, dtype=bool)
-    if la_corr is not None:
-        copies = np.flatnonzero(is_copy)
-        # (a null name is neither: ~contains is null, no row unless its copy is a small one)
-        not_async = la["name"][copies].str.contains("Async", literal=True).eq_missing(False)
-        sync_copy[copies] = not_async.to_numpy() | is_in(la_corr[copies], small_dtoh)
-        pageable[copies] = is_in(la_corr[copies], big)
-    keep = is_sync | sync_copy | pageable
-    rows = np.flatnonzero(keep)
+    if len(copies):
+        la_corr = la["correlation"].cast(pl.Float64).to_numpy()[copies]
+        names = la["name"][copies]
+        if len(copies) <= _FEW_NAMES:
+            # (a null name is neither: ~contains is null, no row unless its copy is small)
+            not_async = np.array([n is not None and "Async" not in n for n in names.to_list()])
+        else:
+            not_async = _eq(names.str.contains("Async", literal=True), False)
+        sync_copy[copies] = not_async | is_in(la_corr, small_dtoh)
+        pageable[copies] = is_in(la_corr, big)
+    rows = np.flatnonzero(is_sync | sync_copy | pageable)
     reason = np.where(is_sync[rows], 0, np.where(sync_copy[rows], 1, 2))
     return pl.DataFrame(
         [*la[rows].get_columns(), pl.Series("blocking_reason", _REASONS)[reason]]
     )
+
+
+_FEW_NAMES = 2000
+"""Up to this many strings are tested in Python (a polars string query costs 0.1 ms even on
+20 rows)."""
+
+
+def _eq(s: pl.Series, value) -> np.ndarray:
+    """``s == value`` as a numpy bool array, null as False (``fill_null`` and ``eq_missing``
+    are polars queries: only a Series with nulls pays a conversion)."""
+    eq = s == value
+    return eq.to_numpy() if not eq.null_count() else eq.to_numpy().astype(bool)
 
 
 _REASONS = ["synchronize", "synchronous copy", "pageable memcpy"]
