@@ -541,8 +541,53 @@ first four, else a sync, else queued work)."""
 
 def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
     """Idle time per (step, device, cause): ``idle_us`` and the number of ``gaps``."""
+    if 0 < gaps.height <= _NUMPY_GAPS and not (
+        gaps["step"].null_count() or gaps["device"].null_count()
+    ):
+        # idle_gaps' causes (each a Series comparison, their index among the sorted names):
+        # grouped and sorted in numpy, where the polars group_by and sort cost 0.6 ms
+        causes = sorted(_GAP_CAUSES)
+        code = np.full(gaps.height, -1, dtype=np.int64)
+        for i, c in enumerate(causes):
+            code[_eq(gaps["cause"], c)] = i
+        if (code >= 0).all():
+            return _idle_by_cause(gaps, code, causes)
     return (
         gaps.group_by("step", "device", "cause")
         .agg(idle_us=sum_us("duration_us"), gaps=pl.len())
         .sort("step", "device", "cause")
+    )
+
+
+_NUMPY_GAPS = 8_000
+"""Up to this many gaps, :func:`idle_by_cause` groups them in numpy (a lexsort of 5,000 gaps
+cost what the polars group_by and sort cost; of 100,000, twice)."""
+
+
+def _idle_by_cause(gaps: pl.DataFrame, code: np.ndarray, causes: list[str]) -> pl.DataFrame:
+    """:func:`idle_by_cause` of ``gaps`` (no null step or device; ``code``: each gap's cause
+    as its index in ``causes``, sorted): the same rows, sums and floats."""
+    step = gaps["step"].to_numpy().astype(np.int64, copy=False)
+    device = gaps["device"].to_numpy().astype(np.int64, copy=False)
+    order = np.lexsort((code, device, step))
+    step, device, code = step[order], device[order], code[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (step[1:] != step[:-1]) | (device[1:] != device[:-1]) | (code[1:] != code[:-1])
+    first = np.flatnonzero(new)
+    ps = np.add.reduceat(to_ps(gaps["duration_us"].to_numpy())[order], first)
+    return pl.DataFrame(
+        {
+            "step": step[first],
+            "device": device[first],
+            "cause": pl.Series(causes, dtype=pl.Utf8)[code[first]],
+            "idle_us": grouped_ps_to_us(ps),
+            "gaps": np.diff(np.append(first, len(order))),
+        },
+        schema={
+            "step": pl.Int64,
+            "device": pl.Int64,
+            "cause": pl.Utf8,
+            "idle_us": pl.Float64,
+            "gaps": pl.UInt32,
+        },
     )
