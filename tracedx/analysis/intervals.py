@@ -53,6 +53,14 @@ def grouped_ps_to_us(ps: np.ndarray, groups: int | None = None) -> np.ndarray:
     return us / PS_PER_US if one else us * (1.0 / PS_PER_US)
 
 
+def column_by_scalar(values: np.ndarray, d: float) -> np.ndarray:
+    """``values / d`` as a polars expression ``pl.col(c) / d`` gives it for a column of
+    ``values`` (float64, or integers cast to it): of one row the quotient, of several the
+    product by the reciprocal of ``d`` (polars 2.1; tests/test_numpy_paths.py checks it)."""
+    v = np.asarray(values).astype(np.float64)
+    return v / d if len(v) == 1 else v * (1.0 / d)
+
+
 def sum_us_of(us) -> float:
     """:func:`sum_us` of a whole column, in numpy: the same float (a single sum is divided)."""
     return float(to_ps(us).sum()) / PS_PER_US

@@ -11,7 +11,14 @@ import re
 import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import grouped_ps_to_us, mask_of, rows_in_steps, sum_us_of, to_ps
+from tracedx.analysis.intervals import (
+    column_by_scalar,
+    grouped_ps_to_us,
+    mask_of,
+    rows_in_steps,
+    sum_us_of,
+    to_ps,
+)
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -143,33 +150,34 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
         ps.append(to_ps(t["duration_us"].to_numpy()[on]))
     code, of = np.unique(np.concatenate(codes), return_inverse=True)
     if len(code) == 0:
-        return pl.DataFrame(
-            schema={
-                "kind": pl.Utf8,
-                "count": pl.UInt32,
-                "device_time_us": pl.Float64,
-                "count_per_step": pl.Float64,
-                "device_time_us_per_step": pl.Float64,
-                "share": pl.Float64,
-            }
-        )
+        return pl.DataFrame(schema=_BREAKDOWN_SCHEMA)
     sums = np.zeros(len(code), dtype=np.int64)
     np.add.at(sums, of, np.concatenate(ps))
     us = grouped_ps_to_us(sums)
     kind = np.array(KIND_CODES)[code]
     order = np.lexsort((kind, -us))
-    out = pl.DataFrame(
-        {
-            "kind": kind[order],
-            "count": np.bincount(of, minlength=len(code))[order],
-            "device_time_us": us[order],
-        },
-        schema={"kind": pl.Utf8, "count": pl.UInt32, "device_time_us": pl.Float64},
-    )
+    count = np.bincount(of, minlength=len(code))[order]
+    us = us[order]
     total = sum_us_of(us) or 1.0
     n = max(n_steps, 1)
-    return out.with_columns(
-        count_per_step=pl.col("count") / n,
-        device_time_us_per_step=pl.col("device_time_us") / n,
-        share=pl.col("device_time_us") / total,
+    return pl.DataFrame(
+        {
+            "kind": kind[order],
+            "count": count,
+            "device_time_us": us,
+            "count_per_step": column_by_scalar(count, n),
+            "device_time_us_per_step": column_by_scalar(us, n),
+            "share": column_by_scalar(us, total),
+        },
+        schema=_BREAKDOWN_SCHEMA,
     )
+
+
+_BREAKDOWN_SCHEMA = {
+    "kind": pl.Utf8,
+    "count": pl.UInt32,
+    "device_time_us": pl.Float64,
+    "count_per_step": pl.Float64,
+    "device_time_us_per_step": pl.Float64,
+    "share": pl.Float64,
+}
