@@ -25,7 +25,12 @@ from tracedx.analysis.intervals import (
     sum_us,
     to_ps,
 )
-from tracedx.analysis.kernels import KIND_CODES, kernel_name_codes, kernel_name_kinds, kind_codes
+from tracedx.analysis.kernels import (
+    KIND_CODES,
+    kernel_kind_codes,
+    kernel_name_codes,
+    kernel_name_kinds,
+)
 from tracedx.trace import Trace
 from tracedx.trace.link import find_rows
 
@@ -71,7 +76,7 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     )
     codes = kernel_name_codes(trace)[on]
     # the kind as its position in KINDS_SORTED (counted in numpy)
-    k_kind = kind_codes(names)[codes]
+    k_kind = kernel_kind_codes(trace)[codes]
     k_tf32 = names["tf32"].to_numpy()[codes]
     m = trace.memcpys
     on = launched(m) & mask_of(m["direction"].is_in(["HtoD", "DtoH"]))
