@@ -18,6 +18,7 @@ import polars as pl
 from tracedx.analysis import HOST_DEVICE_COPY
 from tracedx.analysis.intervals import (
     PS_PER_US,
+    grouped_ps_to_us,
     ints_of,
     mask_of,
     ps_to_us,
@@ -247,11 +248,17 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # Two levels, so that the nested key columns are hashed once per launching op: first by
     # the full call signature (what the FLOP model reads) in op order, then the few
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
-    g4 = _signature_totals(stats, op_signatures(trace, steps))
+    per_sig = op_signatures(trace, steps)
+    totals = _signature_arrays(stats, per_sig)
     try:
-        from tracedx.analysis.intensity import add_op_costs
+        from tracedx.analysis.intensity import add_op_costs, cost_lists
     except ImportError:  # pragma: no cover - models not installed
         add_op_costs = None
+    if add_op_costs is not None and 0 < len(totals["sigs"]) <= _FEW_SIGNATURES:
+        few = _few_op_groups(per_sig, totals, cost_lists)
+        if few is not None:
+            return few
+    g4 = _signature_frame(per_sig, totals)
     if add_op_costs is not None and g4.height:
         # one op's cost per signature; a signature's totals are count x that (summed below)
         g4 = add_op_costs(g4, distinct=True)
@@ -343,12 +350,13 @@ def signature_of(per_sig: pl.DataFrame, op_ids: np.ndarray) -> tuple[np.ndarray,
     return hit, sig_of[rows[hit]]
 
 
-def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFrame:
-    """The launching ops' totals per call signature: ``per_sig``'s columns (one row per
-    signature, its ops in ``op_id``) and ``count``, ``device_ps`` and ``copy_ps`` (exact
-    picoseconds), ``kernels``, ``max_grid_blocks`` (max), ``tf32`` (any), ``kernel_kind``
-    (its first op's). ``stats`` is :func:`launching_op_stats` (in op order); the rows are in
-    the order of each signature's first op."""
+def _signature_arrays(stats: pl.DataFrame, per_sig: pl.DataFrame) -> dict:
+    """The launching ops' totals per call signature, in the order of each signature's first
+    op (``stats`` is :func:`launching_op_stats`, in op order; ``per_sig`` is
+    :func:`op_signatures`): ``sigs`` (the signatures' rows of ``per_sig``), ``count``,
+    ``device_ps`` and ``copy_ps`` (exact picoseconds), ``kernels`` (int64 arrays),
+    ``max_grid_blocks`` (int64, its least value for none: an op without kernels), ``tf32``
+    (any; bool) and ``kernel_kind`` (its first op's: a Series)."""
     hit, of = signature_of(per_sig, stats["op_id"].to_numpy())
     rows = np.flatnonzero(hit)  # the stats rows of ops in the op table
     # signatures in the order of their first op
@@ -364,24 +372,149 @@ def _signature_totals(stats: pl.DataFrame, per_sig: pl.DataFrame) -> pl.DataFram
         return _group_sums(g, n, col[rows])
 
     # (in int64, null as its least value: 2**63 - 1 blocks would round out of it as float64)
-    low = np.iinfo(np.int64).min
-    blocks = np.full(n, low, dtype=np.int64)
-    np.maximum.at(blocks, g, stats["max_grid_blocks"].fill_null(low).to_numpy()[rows])
+    blocks = np.full(n, _NO_BLOCKS, dtype=np.int64)
+    np.maximum.at(blocks, g, stats["max_grid_blocks"].fill_null(_NO_BLOCKS).to_numpy()[rows])
     tf32 = np.zeros(n, dtype=bool)
     # (a null tf32, an op without kernels, counts as False, as polars' any() skips it)
     np.logical_or.at(tf32, g, np.asarray(stats["tf32"].to_numpy(), dtype=bool)[rows])
+    return {
+        "sigs": sigs,
+        "count": np.bincount(g, minlength=n),
+        "device_ps": total(to_ps(stats["device_time_us"].to_numpy())),
+        "kernels": total(stats["kernels"].to_numpy().astype(np.int64)),
+        "max_grid_blocks": blocks,
+        "tf32": tf32,
+        "kernel_kind": stats["kernel_kind"][first[sigs]],
+        "copy_ps": total(to_ps(stats["host_device_copy_us"].to_numpy())),
+    }
+
+
+_NO_BLOCKS = np.iinfo(np.int64).min
+
+
+def _signature_frame(per_sig: pl.DataFrame, t: dict) -> pl.DataFrame:
+    """:func:`_signature_arrays` ``t`` as a frame: ``per_sig``'s columns (one row per
+    signature, less its ops) and ``count``, ``device_ps``, ``kernels``, ``max_grid_blocks``
+    (null for none), ``tf32``, ``kernel_kind``, ``copy_ps``."""
+    blocks = t["max_grid_blocks"]
     return pl.DataFrame(
         [
-            *per_sig.drop("op_id")[sigs].get_columns(),
-            pl.Series("count", np.bincount(g, minlength=n), dtype=pl.UInt32),
-            pl.Series("device_ps", total(to_ps(stats["device_time_us"].to_numpy()))),
-            pl.Series("kernels", total(stats["kernels"].to_numpy().astype(np.int64)), pl.UInt32),
-            pl.Series("max_grid_blocks", blocks).set(pl.Series(blocks == low), None),
-            pl.Series("tf32", tf32, dtype=pl.Boolean),
-            stats["kernel_kind"][first[sigs]],
-            pl.Series("copy_ps", total(to_ps(stats["host_device_copy_us"].to_numpy()))),
+            *per_sig.drop("op_id")[t["sigs"]].get_columns(),
+            pl.Series("count", t["count"], dtype=pl.UInt32),
+            pl.Series("device_ps", t["device_ps"]),
+            pl.Series("kernels", t["kernels"], pl.UInt32),
+            pl.Series("max_grid_blocks", blocks).set(pl.Series(blocks == _NO_BLOCKS), None),
+            pl.Series("tf32", t["tf32"], dtype=pl.Boolean),
+            t["kernel_kind"],
+            pl.Series("copy_ps", t["copy_ps"]),
         ]
     )
+
+
+_FEW_SIGNATURES = 5_000
+"""Up to this many signatures, :func:`op_groups` groups them in Python (:func:`_few_op_groups`)."""
+
+
+def _frozen(v):
+    """A list value (of lists, of scalars, or null) as a hashable tuple that is equal exactly
+    when the lists are."""
+    if v is None:
+        return None
+    return tuple(tuple(x) if isinstance(x, list) else x for x in v)
+
+
+def _few_op_groups(per_sig: pl.DataFrame, t: dict, cost_lists) -> pl.DataFrame | None:
+    """:func:`op_groups` of the signatures :func:`_signature_arrays` ``t``, grouped in Python
+    and numpy (the group_by, select and sort of the polars path cost 1 ms on 100 signatures),
+    or None when a group has more than two signatures or a cost is -0.0 (then a polars sum of
+    floats may add in another order, or give 0.0: the polars path runs)."""
+    sigs = t["sigs"]
+    n = len(sigs)
+    cols = {c: per_sig[c].to_list() for c in ("name", "input_shapes", "input_dtypes")}
+    concrete = per_sig["concrete_inputs"].to_list()
+    names = [cols["name"][i] for i in sigs]
+    shapes = [cols["input_shapes"][i] for i in sigs]
+    dtypes = [cols["input_dtypes"][i] for i in sigs]
+    costs = cost_lists(zip(names, shapes, dtypes, [concrete[i] for i in sigs], strict=True))
+    # the groups by (name, shapes, dtypes) in the order of their first signature
+    index: dict = {}
+    grp = np.fromiter(
+        (
+            index.setdefault((a, _frozen(b), _frozen(c)), len(index))
+            for a, b, c in zip(names, shapes, dtypes, strict=True)
+        ),
+        dtype=np.int64,
+        count=n,
+    )
+    m = len(index)
+    first = np.full(m, n, dtype=np.int64)
+    np.minimum.at(first, grp, np.arange(n))
+    second = np.full(m, -1, dtype=np.int64)
+    later = np.flatnonzero(np.arange(n) != first[grp])
+    second[grp[later]] = later
+    if len(later) + m != n:  # (a group of three or more)
+        return None
+    count = t["count"].astype(np.float64)
+    work = {}
+    for c in ("flops", "bytes"):
+        # a signature's cost times its ops, summed over the group's one or two (nulls skipped)
+        v = pl.Series(costs[c], dtype=pl.Float64).to_numpy() * count
+        if ((v == 0) & np.signbit(v)).any():
+            return None
+        v = np.where(np.isnan(v), 0.0, v)
+        work[c] = v[first] + np.where(second >= 0, v[np.maximum(second, 0)], 0.0)
+
+    def sums(col: np.ndarray) -> np.ndarray:
+        return _group_sums(grp, m, col)
+
+    device_us = grouped_ps_to_us(sums(t["device_ps"]), m)
+    copy_us = grouped_ps_to_us(sums(t["copy_ps"]), m)
+    blocks = np.full(m, _NO_BLOCKS, dtype=np.int64)
+    np.maximum.at(blocks, grp, t["max_grid_blocks"])
+    tf32 = np.zeros(m, dtype=bool)
+    np.logical_or.at(tf32, grp, t["tf32"])
+    transfer = (copy_us > 0) & (copy_us >= 0.5 * device_us)
+    order = np.argsort(-device_us, kind="stable")
+    at = first[order]
+    rows = sigs[at]
+    kind = t["kernel_kind"].to_list()
+    family = costs["family"]
+    out = {
+        "name": per_sig["name"][rows],
+        "input_shapes": per_sig["input_shapes"][rows],
+        "input_dtypes": per_sig["input_dtypes"][rows],
+        "count": pl.Series("count", sums(t["count"])[order], dtype=pl.UInt32),
+        "device_time_us": pl.Series("device_time_us", device_us[order]),
+        "kernels": pl.Series("kernels", sums(t["kernels"])[order], dtype=pl.UInt32),
+        "max_grid_blocks": pl.Series(
+            "max_grid_blocks",
+            [None if b == _NO_BLOCKS else int(b) for b in blocks[order]],
+            dtype=pl.Int64,
+        ),
+        "kernel_kind": pl.Series(
+            "kernel_kind",
+            [HOST_DEVICE_COPY if transfer[g] else kind[f] for g, f in zip(order, at, strict=True)],
+            dtype=pl.Utf8,
+        ),
+        "concrete_inputs": per_sig["concrete_inputs"][rows],
+        "host_device_copy_us": pl.Series("host_device_copy_us", copy_us[order]),
+    }
+    # a copy group has no model; an unmodelled group's flops and bytes are null
+    for c in ("flops", "bytes"):
+        modelled = [not transfer[g] and family[f] is not None for g, f in zip(order, at, strict=True)]
+        out[c] = pl.Series(
+            c,
+            [float(v) if ok else None for v, ok in zip(work[c][order], modelled, strict=True)],
+            dtype=pl.Float64,
+        )
+    for c, dtype in (("compute_dtype", pl.Utf8), ("family", pl.Utf8), ("tensor_core", pl.Boolean)):
+        out[c] = pl.Series(
+            c,
+            [None if transfer[g] else costs[c][f] for g, f in zip(order, at, strict=True)],
+            dtype=dtype,
+        )
+    out["math_mode"] = pl.Series("math_mode", ["tf32" if x else None for x in tf32[order]], pl.Utf8)
+    return pl.DataFrame(list(out.values()))
 
 
 def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
