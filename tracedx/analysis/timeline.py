@@ -455,7 +455,7 @@ def idle_gaps(
 
     Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
     """
-    gpu = trace.gpu_activity().select("device", "start_us", "end_us", "launch_start_us")
+    gpu = trace.gpu_activity()[["device", "start_us", "end_us", "launch_start_us"]]
     schema = {
         "step": pl.Int64,
         "device": pl.Int64,
@@ -487,18 +487,29 @@ def idle_gaps(
     w_start = windows["window_start_us"].to_numpy()
     w_end = windows["window_end_us"].to_numpy()
     out = []
+    g_dev = gpu["device"].to_numpy()
+    g_start, g_end = _arr(gpu, "start_us"), _arr(gpu, "end_us")
+    g_launch = gpu["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
     for dev in trace.devices:
-        g = _on_device(gpu, dev, len(trace.devices)).sort("start_us")
-        m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
-        starts = g["start_us"].to_numpy()
-        launch = g["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
+        on = slice(None) if _all_on_one_device(gpu, len(trace.devices)) else g_dev == dev
+        m_start, m_end = union(g_start[on], g_end[on])
         mine = w_dev == dev
         win, gs, ge = gaps_in(m_start, m_end, w_start[mine], w_end[mine])
         if len(gs) == 0:
             continue
-        # the GPU event that ends each gap, and when it was launched
+        # the GPU event that ends each gap (the first to start at its end), and when it was
+        # launched: the events in time order by a numpy argsort
+        order = np.argsort(g_start[on], kind="stable")
+        starts = g_start[on][order]
+        launch = g_launch[on][order]
         k = np.searchsorted(starts, ge, side="left")
-        nl = np.where(k < len(starts), launch[np.minimum(k, len(starts) - 1)], np.nan)
+        at = np.minimum(k, len(starts) - 1)
+        if ((k < len(starts) - 1) & (starts[np.minimum(at + 1, len(starts) - 1)] == starts[at])).any():
+            # two events start at a gap's end: the one the polars sort puts first, as before
+            g = _on_device(gpu, dev, len(trace.devices)).sort("start_us")
+            starts = g["start_us"].to_numpy()
+            launch = g["launch_start_us"].cast(pl.Float64).to_numpy()
+        nl = np.where(k < len(starts), launch[at], np.nan)
         out.append((w_step[mine][win], np.full(len(gs), dev), gs, ge, nl))
     if not out:
         return pl.DataFrame(schema=schema)
