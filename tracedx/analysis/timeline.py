@@ -167,6 +167,12 @@ _REASONS = ["synchronize", "synchronous copy", "pageable memcpy"]
 """:func:`sync_calls`' ``blocking_reason`` of each index (the first that applies)."""
 
 
+def _strictly_increasing(v: np.ndarray) -> bool:
+    """Whether ``v`` is sorted with no two values equal (nor NaN): then any sort of it,
+    stable or not, keeps its order."""
+    return bool((v[1:] > v[:-1]).all()) and not np.isnan(v[:1]).any()
+
+
 def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
     return df[c].to_numpy().astype(float) if df.height else np.empty(0)
 
@@ -189,7 +195,9 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     as exact picoseconds (:func:`~tracedx.analysis.intervals.sum_us`), converted as a
     ``group_by`` converts them (:func:`~tracedx.analysis.intervals.grouped_ps_to_us`).
     """
-    steps = trace.steps.sort("start_us")
+    steps = trace.steps
+    if not _strictly_increasing(_arr(steps, "start_us")):
+        steps = steps.sort("start_us")  # (strictly increasing starts: in that order already)
     step_no = steps["step"].to_numpy()
     cpu_start = _arr(steps, "start_us")
     cpu_end = _arr(steps, "end_us")
