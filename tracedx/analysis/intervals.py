@@ -68,8 +68,13 @@ def sum_us_of(us) -> float:
 
 def mask_of(s: pl.Series) -> np.ndarray:
     """A Boolean Series as a numpy bool array, null as False. (``fill_null`` on a Series is a
-    polars query, 0.15 ms whatever its length: only a Series with nulls pays it.)"""
-    return (s.fill_null(False) if s.null_count() else s).to_numpy()
+    polars query, 0.15 ms whatever its length: only a Series with nulls pays it, and one of up
+    to 10,000 rows is read as Python objects instead, None as False.)"""
+    if not s.null_count():
+        return s.to_numpy()
+    if len(s) <= 10_000:
+        return s.to_numpy().astype(bool)
+    return s.fill_null(False).to_numpy()
 
 
 def ints_of(s: pl.Series, null: int) -> np.ndarray:

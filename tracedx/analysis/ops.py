@@ -58,7 +58,13 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # the rows in numpy masks over the tables' arrays (a lazy filter per table cost 1-2 ms of
     # fixed overhead at 10 MB; at 1 GB the copies are the same)
     def launched(t: pl.DataFrame) -> np.ndarray:
-        keep = t["op_id"].is_not_null().to_numpy()
+        # (is_not_null is a polars query: a column without nulls needs none)
+        ids = t["op_id"]
+        keep = (
+            np.ones(len(ids), dtype=bool)
+            if not ids.null_count()
+            else ~np.isnan(ids.cast(pl.Float64).to_numpy())
+        )
         if steps is not None:
             keep &= rows_in_steps(t, steps)
         return keep
@@ -80,7 +86,7 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     k_kind = kernel_kind_codes(trace)[codes]
     k_tf32 = names["tf32"].to_numpy()[codes]
     m = trace.memcpys
-    on = launched(m) & mask_of(m["direction"].is_in(["HtoD", "DtoH"]))
+    on = launched(m) & (mask_of(m["direction"] == "HtoD") | mask_of(m["direction"] == "DtoH"))
     hd_op = m["op_id"].to_numpy()[on].astype(np.int64)
     hd_us = m["duration_us"].to_numpy()[on]
     op_ids, of_gpu = _groups(gpu_op)

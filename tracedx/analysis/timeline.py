@@ -157,10 +157,8 @@ _FEW_NAMES = 2000
 
 
 def _eq(s: pl.Series, value) -> np.ndarray:
-    """``s == value`` as a numpy bool array, null as False (``fill_null`` and ``eq_missing``
-    are polars queries: only a Series with nulls pays a conversion)."""
-    eq = s == value
-    return eq.to_numpy() if not eq.null_count() else eq.to_numpy().astype(bool)
+    """``s == value`` as a numpy bool array, null as False (``eq_missing`` is a polars query)."""
+    return mask_of(s == value)
 
 
 _REASONS = ["synchronize", "synchronous copy", "pageable memcpy"]
