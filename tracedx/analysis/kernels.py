@@ -166,8 +166,14 @@ def kernel_name_codes(trace) -> np.ndarray:
 
     def build() -> np.ndarray:
         names = kernel_name_kinds(trace)
+        k = trace.kernels["name"]
+        if not k.null_count():
+            # an Enum of the distinct names in their rows' order: its codes are those rows
+            # (a cast, where replace_strict hashed every name: 0.4 ms at 10 MB)
+            got = k.cast(pl.Enum(names["name"].to_list())).to_physical()
+            return got.to_numpy().astype(np.uint32, copy=False)
         codes = pl.Series(np.arange(names.height, dtype=np.uint32))
-        got = trace.kernels["name"].replace_strict(names["name"], codes, return_dtype=pl.UInt32)
+        got = k.replace_strict(names["name"], codes, return_dtype=pl.UInt32)
         return got.to_numpy().astype(np.uint32, copy=False)  # (no names: an empty object array)
 
     return trace.memo("kernel_name_codes", (trace.kernels,), build)

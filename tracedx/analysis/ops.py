@@ -20,6 +20,7 @@ from tracedx.analysis.intervals import (
     PS_PER_US,
     grouped_ps_to_us,
     ints_of,
+    is_in,
     mask_of,
     ps_to_us,
     rows_in_steps,
@@ -179,8 +180,8 @@ def ops_in_steps(trace: Trace, steps: list[int] | None) -> np.ndarray:
     def build() -> np.ndarray:
         if steps is None:
             return np.ones(trace.ops.height, dtype=bool)
-        in_steps = pl.col("step").is_in(steps).fill_null(False)
-        return trace.ops.select(in_steps).to_series().to_numpy()
+        # (in numpy over op_arrays' steps, NaN for null: a select with is_in cost 0.2 ms)
+        return is_in(op_arrays(trace)["step"], np.asarray(steps, dtype=np.int64))
 
     return trace.memo(f"ops_in_steps {steps}", (trace.ops,), build)
 

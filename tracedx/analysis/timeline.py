@@ -41,6 +41,8 @@ idle time.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 
@@ -67,24 +69,40 @@ OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 def dataloader_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows).
     Computed once per annotations table."""
-    return trace.memo(
-        "dataloader_windows",
-        (trace.annotations,),
-        lambda: trace.annotations.filter(
-            (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
-        ),
-    )
+    def build() -> pl.DataFrame:
+        a = trace.annotations
+        if a.height > _FEW_NAMES:
+            return a.filter(
+                (pl.col("category") == "user_annotation")
+                & pl.col("name").str.contains(DATALOADER_RE)
+            )
+        user = mask_of(a["category"] == "user_annotation")
+        return a[_matching(a["name"], DATALOADER_RE, user)]
+
+    return trace.memo("dataloader_windows", (trace.annotations,), build)
 
 
 def optimizer_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of the optimizer's ``Optimizer.step#...`` and
     ``Optimizer.zero_grad#...`` calls (the annotations table's rows). Computed once per
     annotations table."""
-    return trace.memo(
-        "optimizer_windows",
-        (trace.annotations,),
-        lambda: trace.annotations.filter(pl.col("name").str.contains(OPTIMIZER_RE)),
-    )
+    def build() -> pl.DataFrame:
+        a = trace.annotations
+        if a.height > _FEW_NAMES:
+            return a.filter(pl.col("name").str.contains(OPTIMIZER_RE))
+        return a[_matching(a["name"], OPTIMIZER_RE, np.ones(a.height, dtype=bool))]
+
+    return trace.memo("optimizer_windows", (trace.annotations,), build)
+
+
+def _matching(names: pl.Series, rx: str, among: np.ndarray) -> np.ndarray:
+    """The rows (int64) of ``among`` whose name (not null) ``rx`` matches: a few names in
+    Python (the patterns are plain text, anchors and alternatives, which Python's re matches
+    as polars' regex engine does; a polars string query costs 0.15 ms even on 40 rows)."""
+    search = re.compile(rx).search
+    rows = np.flatnonzero(among)
+    got = names[rows].to_list()
+    return rows[np.array([n is not None and search(n) is not None for n in got], dtype=bool)]
 
 
 def gpu_tree_tops(trace: Trace) -> pl.Series:
