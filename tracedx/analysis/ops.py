@@ -335,12 +335,12 @@ def op_signatures(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
         rows = np.flatnonzero(launching)  # in op table order
         ops = trace.ops
         g = (
-            ops.select("op_id", "name", "shape_code")[rows]
-            .with_columns(row=pl.Series(rows))
+            ops[["op_id", "name", "shape_code"]][rows]
+            .hstack([pl.Series("row", rows)])
             .group_by("name", "shape_code", maintain_order=True)
             .agg("op_id", pl.col("row").first())
         )
-        lists = ops.select("input_shapes", "input_dtypes", "concrete_inputs")[g["row"]]
+        lists = ops[["input_shapes", "input_dtypes", "concrete_inputs"]][g["row"]]
         return pl.DataFrame([g["name"], *lists.get_columns(), g["op_id"]])
 
     tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
