@@ -180,10 +180,18 @@ def ops_in_steps(trace: Trace, steps: list[int] | None) -> np.ndarray:
     def build() -> np.ndarray:
         if steps is None:
             return np.ones(trace.ops.height, dtype=bool)
-        # (in numpy over op_arrays' steps, NaN for null: a select with is_in cost 0.2 ms)
-        return is_in(op_arrays(trace)["step"], np.asarray(steps, dtype=np.int64))
+        if trace.ops.height <= _NUMPY_OPS:
+            # (in numpy over op_arrays' steps, NaN for null: a select with is_in cost 0.2 ms)
+            return is_in(op_arrays(trace)["step"], np.asarray(steps, dtype=np.int64))
+        in_steps = pl.col("step").is_in(steps).fill_null(False)
+        return trace.ops.select(in_steps).to_series().to_numpy()
 
     return trace.memo(f"ops_in_steps {steps}", (trace.ops,), build)
+
+
+_NUMPY_OPS = 200_000
+"""Up to this many ops, :func:`ops_in_steps` looks the steps up in numpy (past it polars' is_in,
+on every core, is the faster: 3.5 ms against 7 ms on 3 million ops)."""
 
 
 def op_column_of(o: dict[str, np.ndarray], column: str, op_ids: np.ndarray) -> np.ndarray:
@@ -547,8 +555,8 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
             }
         )
     chosen = in_steps & o["is_top"]
-    names = trace.ops["name"].filter(pl.Series(chosen))
-    few = len(names) <= _FEW_TOPS and not names.null_count()
+    names = trace.ops["name"].filter(pl.Series(chosen)) if chosen.sum() <= _FEW_TOPS else None
+    few = names is not None and not names.null_count()
     top = (
         None
         if few
