@@ -51,8 +51,24 @@ def launching_op_stats(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     exact integer picoseconds (:func:`~tracedx.analysis.intervals.sum_us`). Computed once
     per set of tables and steps.
     """
-    tables = (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
-    return trace.memo(f"launching_op_stats {steps}", tables, lambda: _launching(trace, steps))
+    return trace.memo(
+        f"launching_op_stats {steps}", _launch_tables(trace), lambda: _launching(trace, steps)
+    )
+
+
+def _launch_tables(trace: Trace) -> tuple:
+    """The tables :func:`launching_op_stats` is computed from (its memo's key)."""
+    return (trace.ops, trace.kernels, trace.memcpys, trace.memsets)
+
+
+def _launching_blocks(trace: Trace, steps: list[int] | None) -> np.ndarray:
+    """:func:`launching_op_stats`' ``max_grid_blocks`` as int64, its least value for null."""
+    stats = launching_op_stats(trace, steps)
+    return trace.memo(
+        f"launching_op_blocks {steps}",
+        _launch_tables(trace),
+        lambda: stats["max_grid_blocks"].fill_null(_NO_BLOCKS).to_numpy(),
+    )
 
 
 def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
@@ -107,6 +123,9 @@ def _launching(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     copy_ps = np.zeros(len(op_ids), dtype=np.int64)
     copy_ps[np.searchsorted(op_ids, hd_ops)] = _group_sums(of_hd, len(hd_ops), to_ps(hd_us))
     device_ps = _group_sums(of_gpu, len(op_ids), to_ps(gpu_us))
+    # (kept for op_groups, which would read them back from the Series through a fill_null)
+    no_blocks = np.where(has_k, blocks, _NO_BLOCKS)
+    trace.memo(f"launching_op_blocks {steps}", _launch_tables(trace), lambda: no_blocks)
     return pl.DataFrame(
         {
             "op_id": pl.Series(op_ids, dtype=pl.Int64),
@@ -264,7 +283,7 @@ def op_groups(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     # the full call signature (what the FLOP model reads) in op order, then the few
     # signatures by (name, shapes, dtypes). Times are summed as exact integer picoseconds.
     per_sig = op_signatures(trace, steps)
-    totals = _signature_arrays(stats, per_sig)
+    totals = _signature_arrays(stats, per_sig, _launching_blocks(trace, steps))
     try:
         from tracedx.analysis.intensity import add_op_costs, cost_lists
     except ImportError:  # pragma: no cover - models not installed
@@ -365,10 +384,11 @@ def signature_of(per_sig: pl.DataFrame, op_ids: np.ndarray) -> tuple[np.ndarray,
     return hit, sig_of[rows[hit]]
 
 
-def _signature_arrays(stats: pl.DataFrame, per_sig: pl.DataFrame) -> dict:
+def _signature_arrays(stats: pl.DataFrame, per_sig: pl.DataFrame, blocks: np.ndarray) -> dict:
     """The launching ops' totals per call signature, in the order of each signature's first
     op (``stats`` is :func:`launching_op_stats`, in op order; ``per_sig`` is
-    :func:`op_signatures`): ``sigs`` (the signatures' rows of ``per_sig``), ``count``,
+    :func:`op_signatures`; ``blocks``: its ``max_grid_blocks`` as int64, the least value for
+    null): ``sigs`` (the signatures' rows of ``per_sig``), ``count``,
     ``device_ps`` and ``copy_ps`` (exact picoseconds), ``kernels`` (int64 arrays),
     ``max_grid_blocks`` (int64, its least value for none: an op without kernels), ``tf32``
     (any; bool) and ``kernel_kind`` (its first op's: a Series)."""
@@ -387,8 +407,9 @@ def _signature_arrays(stats: pl.DataFrame, per_sig: pl.DataFrame) -> dict:
         return _group_sums(g, n, col[rows])
 
     # (in int64, null as its least value: 2**63 - 1 blocks would round out of it as float64)
+    op_blocks = blocks
     blocks = np.full(n, _NO_BLOCKS, dtype=np.int64)
-    np.maximum.at(blocks, g, stats["max_grid_blocks"].fill_null(_NO_BLOCKS).to_numpy()[rows])
+    np.maximum.at(blocks, g, op_blocks[rows])
     tf32 = np.zeros(n, dtype=bool)
     # (a null tf32, an op without kernels, counts as False, as polars' any() skips it)
     np.logical_or.at(tf32, g, np.asarray(stats["tf32"].to_numpy(), dtype=bool)[rows])
