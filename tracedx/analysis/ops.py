@@ -485,11 +485,11 @@ def _few_op_groups(per_sig: pl.DataFrame, t: dict, cost_lists) -> pl.DataFrame |
     m = len(index)
     first = np.full(m, n, dtype=np.int64)
     np.minimum.at(first, grp, np.arange(n))
+    if np.bincount(grp, minlength=m).max() > 2:  # (a group of three or more)
+        return None
     second = np.full(m, -1, dtype=np.int64)
     later = np.flatnonzero(np.arange(n) != first[grp])
     second[grp[later]] = later
-    if len(later) + m != n:  # (a group of three or more)
-        return None
     count = t["count"].astype(np.float64)
     work = {}
     for c in ("flops", "bytes"):
