@@ -147,3 +147,129 @@ def test_device_summaries_are_the_polars_aggregations():
             for c in _SUMMARY_COLUMNS:
                 s = d[c]
                 assert got[str(dev)][c] == _stats((s.median(), s.min(), s.max())), (n, dev, c)
+
+
+def test_column_by_scalar_is_the_polars_division():
+    """column_by_scalar gives pl.col(c) / d's floats: the quotient of one row, the product by
+    the reciprocal of several (integer columns cast first)."""
+    from tracedx.analysis.intervals import column_by_scalar
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 9, 40):
+        for _ in range(50):
+            x = rng.random(n) * 10.0 ** rng.integers(0, 9)
+            c = rng.integers(0, 10**6, n).astype(np.uint32)
+            d = float(rng.random() * 1e4 + 0.5)
+            df = pl.DataFrame({"x": x, "c": pl.Series(c, dtype=pl.UInt32)})
+            got = df.select(x=pl.col("x") / d, c=pl.col("c") / 7)
+            assert got["x"].to_numpy().tolist() == column_by_scalar(x, d).tolist()
+            assert got["c"].to_numpy().tolist() == column_by_scalar(c, 7).tolist()
+
+
+def test_is_in_matches_np_isin_on_integers():
+    """is_in's table look-up answers as np.isin on the int64 values (floats truncated, NaN in
+    nothing), for ids in a small range and in a wide one."""
+    from tracedx.analysis.intervals import is_in
+
+    rng = np.random.default_rng(4)
+    for _ in range(500):
+        n = int(rng.integers(0, 60))
+        v = rng.integers(-5, 40, n) + rng.choice([0.0, 0.25, 0.5, -0.5], n)
+        v[rng.random(n) < 0.2] = np.nan
+        ids = rng.integers(-3, 40, int(rng.integers(0, 12))).astype(np.float64)
+        if len(ids):
+            ids[rng.random(len(ids)) < 0.2] = np.nan
+        if rng.random() < 0.3:
+            ids = np.append(ids, 10**9)  # past the table's range
+        known = ~np.isnan(v)
+        want = np.zeros(n, dtype=bool)
+        want[known] = np.isin(v[known].astype(np.int64), ids[~np.isnan(ids)].astype(np.int64))
+        assert is_in(v, ids).tolist() == want.tolist()
+        iv = np.nan_to_num(v, nan=3).astype(np.int64)
+        assert is_in(iv, ids).tolist() == np.isin(iv, ids[~np.isnan(ids)].astype(np.int64)).tolist()
+
+
+def test_small_table_paths_match_the_polars_paths(monkeypatch):
+    """Each analysis that groups a few rows in Python or numpy (op groups, top-level ops, idle
+    time by cause, sync calls, annotation windows, steps per op) gives the frame its polars
+    path gives, on every sample trace."""
+    from tracedx.analysis import ops, timeline
+
+    def tables(path):
+        t = tracedx.load(path)
+        steps = sorted(t.steps["step"].to_list())
+        w = timeline.step_windows(t)
+        gaps = timeline.idle_gaps(t, w)
+        return {
+            "op_groups": ops.op_groups(t, steps),
+            "op_groups some": ops.op_groups(t, steps[1:3]),
+            "top_level_ops": ops.top_level_ops(t, steps),
+            "idle_by_cause": timeline.idle_by_cause(gaps),
+            "sync_calls": timeline.sync_calls(t),
+            "dataloader": timeline.dataloader_windows(t),
+            "optimizer": timeline.optimizer_windows(t),
+            "ops_in_steps": pl.Series(ops.ops_in_steps(t, steps[1:])).to_frame(),
+        }
+
+    paths = sorted(SAMPLES.glob("*.json.gz"))
+    fast = {p.name: tables(p) for p in paths}
+    for name, value in (
+        ("ops._FEW_SIGNATURES", 0),
+        ("ops._FEW_TOPS", -1),
+        ("ops._NUMPY_OPS", -1),
+        ("timeline._NUMPY_GAPS", 0),
+        ("timeline._FEW_NAMES", -1),
+    ):
+        module, attr = name.split(".")
+        monkeypatch.setattr({"ops": ops, "timeline": timeline}[module], attr, value)
+    for p in paths:
+        slow = tables(p)
+        for k, df in fast[p.name].items():
+            assert df.schema == slow[k].schema, (p.name, k)
+            assert df.equals(slow[k]), (p.name, k)
+
+
+def test_few_op_groups_sums_two_signatures_as_polars():
+    """A group of two signatures sums their costs times counts as polars' group_by does, and
+    a group of three takes the polars path (None)."""
+    from tracedx.analysis.ops import _few_op_groups
+
+    per_sig = pl.DataFrame(
+        {
+            "name": ["aten::mm"] * 3 + ["aten::add"],
+            "input_shapes": [[[2, 3], [3, 4]], [[2, 3], [3, 4]], [[2, 3], [3, 4]], [[5]]],
+            "input_dtypes": [["float", "float"]] * 3 + [["float"]],
+            "concrete_inputs": [["", ""], ["", "1"], ["", "2"], [""]],
+            "op_id": [[0], [1], [2], [3]],
+        }
+    )
+    flops = [1e16, 3.0, 7.0, None]
+
+    def costs(keys):
+        n = len(list(keys))
+        return {
+            "flops": flops[:n],
+            "bytes": [1.0] * n,
+            "compute_dtype": ["fp32"] * n,
+            "family": ["gemm"] * n,
+            "tensor_core": [True] * n,
+        }
+
+    def totals(sigs):
+        n = len(sigs)
+        return {
+            "sigs": np.array(sigs),
+            "count": np.array([3, 5, 2, 1][:n]),
+            "device_ps": np.arange(1, n + 1) * 10**6,
+            "kernels": np.ones(n, dtype=np.int64),
+            "max_grid_blocks": np.full(n, 4),
+            "tf32": np.zeros(n, dtype=bool),
+            "kernel_kind": pl.Series("kernel_kind", ["gemm"] * n),
+            "copy_ps": np.zeros(n, dtype=np.int64),
+        }
+
+    two = per_sig[[0, 1]]
+    got = _few_op_groups(two, totals([0, 1]), costs)
+    assert got["flops"].to_list() == [1e16 * 3 + 3.0 * 5]
+    assert got["count"].to_list() == [8]
+    assert _few_op_groups(per_sig, totals([0, 1, 2, 3]), costs) is None

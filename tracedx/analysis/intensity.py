@@ -154,27 +154,35 @@ class OpArgs:
     dtypes: Sequence[str]
     concrete: Sequence[str]
 
+    # (the helpers below run a thousand times per diagnosis: written out, not through each
+    # other, with the same values and the same errors for a malformed input)
     def dtype(self, i: int) -> str:
-        return self.dtypes[i] if 0 <= i < len(self.dtypes) and self.dtypes[i] else ""
+        d = self.dtypes
+        return (d[i] or "") if 0 <= i < len(d) else ""
 
     def is_tensor(self, i: int) -> bool:
-        return i < len(self.shapes) and self.dtype(i) in DTYPE_BYTES
+        d = self.dtypes
+        return i < len(self.shapes) and 0 <= i < len(d) and d[i] in DTYPE_BYTES
 
     def shape(self, i: int) -> list[int] | None:
         """The shape of input ``i`` (``[]`` for a 0-dim tensor), or None if not a tensor."""
         return list(map(int, self.shapes[i])) if self.is_tensor(i) else None
 
     def numel(self, i: int) -> int:
-        s = self.shape(i)
-        return 0 if s is None else _prod(s)
+        return math.prod(map(int, self.shapes[i])) if self.is_tensor(i) else 0
 
     def nbytes(self, i: int) -> int:
-        return self.numel(i) * DTYPE_BYTES[self.dtype(i)] if self.is_tensor(i) else 0
+        d = self.dtypes
+        if i < len(self.shapes) and 0 <= i < len(d):
+            size = DTYPE_BYTES.get(d[i])
+            if size is not None:
+                return math.prod(map(int, self.shapes[i])) * size
+        return 0
 
     def read(self, positions: Sequence[int] | None = None) -> int:
         """Bytes of the tensor inputs at ``positions`` (all inputs when None)."""
         idx = range(len(self.shapes)) if positions is None else positions
-        return sum(self.nbytes(i) for i in idx)
+        return sum(map(self.nbytes, idx))
 
     def arg(self, i: int) -> str:
         """The Concrete Inputs string at ``i`` (``""`` when absent)."""
@@ -1475,15 +1483,29 @@ def _costs_per_row(df: pl.DataFrame) -> pl.DataFrame:
 def _cost_columns(keys) -> list[pl.Series]:
     """The five cost columns (:data:`_OUT_SCHEMA`) of the (name, shapes, dtypes, concrete
     inputs) rows ``keys``: one :func:`op_cost` call each."""
-    cols: dict[str, list] = {c: [] for c in _OUT_SCHEMA}
-    for name, shapes, dtypes, concrete in keys:
-        c = op_cost(name, shapes, dtypes, concrete) if name in OP_MODELS else None
-        cols["flops"].append(c.flops if c else None)
-        cols["bytes"].append(c.bytes if c else None)
-        cols["compute_dtype"].append(c.compute_dtype if c else None)
-        cols["family"].append(c.family if c else None)
-        cols["tensor_core"].append(c.tensor_core if c else None)
     return [
         pl.Series(c, v, dtype=t)
-        for (c, t), v in zip(_OUT_SCHEMA.items(), cols.values(), strict=True)
+        for (c, t), v in zip(_OUT_SCHEMA.items(), cost_lists(keys).values(), strict=True)
     ]
+
+
+def cost_lists(keys) -> dict[str, list]:
+    """The five cost columns of :func:`add_op_costs` (:data:`_OUT_SCHEMA`'s names) as Python
+    lists (None: no model), one :func:`op_cost` call per (name, shapes, dtypes, concrete
+    inputs) row of ``keys``."""
+    flops, nbytes, dtype, family, tc = [], [], [], [], []
+    for name, shapes, dtypes, concrete in keys:
+        c = op_cost(name, shapes, dtypes, concrete) if name in OP_MODELS else None
+        if c is None:
+            flops.append(None)
+            nbytes.append(None)
+            dtype.append(None)
+            family.append(None)
+            tc.append(None)
+        else:
+            flops.append(c.flops)
+            nbytes.append(c.bytes)
+            dtype.append(c.compute_dtype)
+            family.append(c.family)
+            tc.append(c.tensor_core)
+    return {"flops": flops, "bytes": nbytes, "compute_dtype": dtype, "family": family, "tensor_core": tc}

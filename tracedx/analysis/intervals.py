@@ -53,6 +53,14 @@ def grouped_ps_to_us(ps: np.ndarray, groups: int | None = None) -> np.ndarray:
     return us / PS_PER_US if one else us * (1.0 / PS_PER_US)
 
 
+def column_by_scalar(values: np.ndarray, d: float) -> np.ndarray:
+    """``values / d`` as a polars expression ``pl.col(c) / d`` gives it for a column of
+    ``values`` (float64, or integers cast to it): of one row the quotient, of several the
+    product by the reciprocal of ``d`` (polars 2.1; tests/test_numpy_paths.py checks it)."""
+    v = np.asarray(values).astype(np.float64)
+    return v / d if len(v) == 1 else v * (1.0 / d)
+
+
 def sum_us_of(us) -> float:
     """:func:`sum_us` of a whole column, in numpy: the same float (a single sum is divided)."""
     return float(to_ps(us).sum()) / PS_PER_US
@@ -60,8 +68,13 @@ def sum_us_of(us) -> float:
 
 def mask_of(s: pl.Series) -> np.ndarray:
     """A Boolean Series as a numpy bool array, null as False. (``fill_null`` on a Series is a
-    polars query, 0.15 ms whatever its length: only a Series with nulls pays it.)"""
-    return (s.fill_null(False) if s.null_count() else s).to_numpy()
+    polars query, 0.15 ms whatever its length: only a Series with nulls pays it, and one of up
+    to 10,000 rows is read as Python objects instead, None as False.)"""
+    if not s.null_count():
+        return s.to_numpy()
+    if len(s) <= 10_000:
+        return s.to_numpy().astype(bool)
+    return s.fill_null(False).to_numpy()
 
 
 def ints_of(s: pl.Series, null: int) -> np.ndarray:
@@ -72,18 +85,41 @@ def ints_of(s: pl.Series, null: int) -> np.ndarray:
 
 def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Whether each of ``values`` is one of ``ids`` (integer ids; either may be floats with
-    NaN for null, which is in nothing): ``np.isin`` on integers, which looks ids up in a
-    table (linear time) rather than sorting."""
+    NaN for null, which is in nothing; a float value is truncated to an integer first): ids
+    within a range of ``_TABLE_MAX`` (steps, most id sets) are looked up in a table of that
+    range, with no NaN mask or copy of ``values`` (``np.isin`` cost 15-30 us on a few
+    thousand values, called 60 times by a diagnosis); others by ``np.isin`` on integers,
+    which looks ids up in a table (linear time) rather than sorting."""
     ids = np.asarray(ids)
     if ids.dtype.kind == "f":
         ids = ids[~np.isnan(ids)]
+    ids = ids.astype(np.int64, copy=False)
     values = np.asarray(values)
-    if values.dtype.kind != "f":
-        return np.isin(values, ids.astype(np.int64))
+    if len(ids) == 0 or len(values) == 0:
+        return np.zeros(len(values), dtype=bool)
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo >= _TABLE_MAX:
+        if values.dtype.kind != "f":
+            return np.isin(values, ids)
+        out = np.zeros(len(values), dtype=bool)
+        known = ~np.isnan(values)
+        out[known] = np.isin(values[known].astype(np.int64), ids)
+        return out
+    table = np.zeros(hi - lo + 1, dtype=bool)
+    table[ids - lo] = True
+    # the values that can truncate into [lo, hi] (NaN compares false: in none)
+    near = (values > lo - 1) & (values < hi + 1)
+    at = values[near].astype(np.int64) - lo
+    hit = (at >= 0) & (at <= hi - lo)
+    found = np.zeros(len(at), dtype=bool)
+    found[hit] = table[at[hit]]
     out = np.zeros(len(values), dtype=bool)
-    known = ~np.isnan(values)
-    out[known] = np.isin(values[known].astype(np.int64), ids.astype(np.int64))
+    out[near] = found
     return out
+
+
+_TABLE_MAX = 1 << 16
+"""The widest range of ids :func:`is_in` looks up in a table of its own (64 KiB)."""
 
 
 def rows_in_steps(table: pl.DataFrame, steps) -> np.ndarray:

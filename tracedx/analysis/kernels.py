@@ -11,7 +11,14 @@ import re
 import numpy as np
 import polars as pl
 
-from tracedx.analysis.intervals import grouped_ps_to_us, mask_of, rows_in_steps, sum_us_of, to_ps
+from tracedx.analysis.intervals import (
+    column_by_scalar,
+    grouped_ps_to_us,
+    mask_of,
+    rows_in_steps,
+    sum_us_of,
+    to_ps,
+)
 from tracedx.trace.collectives import COMM_KERNEL_RE
 
 KINDS = (
@@ -50,12 +57,60 @@ _RULES: list[tuple[str, str]] = [
 ]
 
 
-_COMPILED = [(kind, re.compile(rx)) for kind, rx in _RULES]
+def _alternatives(rx: str) -> list[str]:
+    """The top-level alternatives of a regex (split at ``|`` outside parentheses)."""
+    out, depth, cur = [], 0, ""
+    for ch in rx:
+        if ch == "|" and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        depth += (ch == "(") - (ch == ")")
+        cur += ch
+    return [*out, cur]
+
+
+_WORD = r"[a-z0-9_:]*"
+
+
+def _tests(rx: str) -> tuple[tuple[str, ...], tuple[tuple[str, re.Pattern], ...]]:
+    """A rule's regex as substrings (its alternatives that are plain text, ``a_?b`` as ``a_b``
+    and ``ab``, ``a(b|c)`` as ``ab`` and ``ac``) and its other alternatives as (text any match
+    must hold, regex): a name matches the rule when it holds one of the substrings, or holds
+    a regex's text and the regex matches. Substring tests run at C speed where Python's
+    regex engine tries every alternative at every position (1 ms for 60 long kernel names at
+    10 MB)."""
+    subs: list[str] = []
+    rest: list[tuple[str, re.Pattern]] = []
+    for alt in _alternatives(rx):
+        if m := re.fullmatch(f"({_WORD})_\\?({_WORD})", alt):
+            subs += [f"{m[1]}_{m[2]}", m[1] + m[2]]
+        elif m := re.fullmatch(f"({_WORD})\\(([a-z0-9_|]+)\\)", alt):
+            subs += [m[1] + x for x in m[2].split("|")]
+        elif re.fullmatch(_WORD, alt):
+            subs.append(alt)
+        else:
+            # the plain text it starts with, after anchors (less a last character that a
+            # quantifier makes optional): every match holds it
+            m = re.match(f"(?:\\^|\\\\b)*({_WORD})([?*{{]?)", alt)
+            held = m[1][:-1] if m[2] else m[1]
+            rest.append((held, re.compile(alt)))
+    return tuple(subs), tuple(rest)
+
+
+_COMPILED = [(kind, *_tests(rx)) for kind, rx in _RULES]
 
 
 def _kind_of(low: str) -> str:
     """The kind of a lower-cased ASCII kernel name: :func:`kind_expr`'s rules in Python."""
-    return next((kind for kind, rx in _COMPILED if rx.search(low)), "other")
+    for kind, subs, rest in _COMPILED:
+        for sub in subs:
+            if sub in low:
+                return kind
+        for held, rx in rest:
+            if held in low and rx.search(low):
+                return kind
+    return "other"
 
 
 def kind_expr(col: str = "name") -> pl.Expr:
@@ -84,20 +139,24 @@ def kernel_name_kinds(trace) -> pl.DataFrame:
             return trace.kernels.select(pl.col("name").unique()).with_columns(
                 kind=kind_expr("name"), tf32=is_tf32_expr("name")
             )
-        # ASCII names (all of them in practice): the same rules with Python's re, which
-        # matches as polars' regex engine does on ASCII text (a few dozen names: the two polars
-        # queries with nine regex passes cost 1 ms at 10 MB)
-        low = [n.lower() for n in names]
-        return pl.DataFrame(
-            {
-                "name": names,
-                "kind": [_kind_of(x) for x in low],
-                "tf32": ["tf32" in x for x in low],
-            },
-            schema={"name": pl.Utf8, "kind": pl.Utf8, "tf32": pl.Boolean},
-        )
+        return _python_kinds(names)
 
     return trace.memo("kernel_name_kinds", (trace.kernels,), build)
+
+
+def _python_kinds(names: list[str]) -> pl.DataFrame:
+    """:func:`kernel_name_kinds` of the distinct ASCII ``names`` (all of them in practice): the
+    same rules with Python's re, which matches as polars' regex engine does on ASCII text (a
+    few dozen names: the two polars queries with nine regex passes cost 1 ms at 10 MB)."""
+    low = [n.lower() for n in names]
+    return pl.DataFrame(
+        {
+            "name": names,
+            "kind": [_kind_of(x) for x in low],
+            "tf32": ["tf32" in x for x in low],
+        },
+        schema={"name": pl.Utf8, "kind": pl.Utf8, "tf32": pl.Boolean},
+    )
 
 
 def kernel_name_codes(trace) -> np.ndarray:
@@ -107,8 +166,14 @@ def kernel_name_codes(trace) -> np.ndarray:
 
     def build() -> np.ndarray:
         names = kernel_name_kinds(trace)
+        k = trace.kernels["name"]
+        if not k.null_count():
+            # an Enum of the distinct names in their rows' order: its codes are those rows
+            # (a cast, where replace_strict hashed every name: 0.4 ms at 10 MB)
+            got = k.cast(pl.Enum(names["name"].to_list())).to_physical()
+            return got.to_numpy().astype(np.uint32, copy=False)
         codes = pl.Series(np.arange(names.height, dtype=np.uint32))
-        got = trace.kernels["name"].replace_strict(names["name"], codes, return_dtype=pl.UInt32)
+        got = k.replace_strict(names["name"], codes, return_dtype=pl.UInt32)
         return got.to_numpy().astype(np.uint32, copy=False)  # (no names: an empty object array)
 
     return trace.memo("kernel_name_codes", (trace.kernels,), build)
@@ -137,39 +202,47 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
         if device is not None:
             on &= mask_of(t["device"] == device)
         if kernels:
-            codes.append(kind_codes(kernel_name_kinds(trace))[kernel_name_codes(trace)[on]])
+            codes.append(kernel_kind_codes(trace)[kernel_name_codes(trace)[on]])
         else:
             codes.append(np.full(int(on.sum()), copy, dtype=np.int64))
         ps.append(to_ps(t["duration_us"].to_numpy()[on]))
     code, of = np.unique(np.concatenate(codes), return_inverse=True)
     if len(code) == 0:
-        return pl.DataFrame(
-            schema={
-                "kind": pl.Utf8,
-                "count": pl.UInt32,
-                "device_time_us": pl.Float64,
-                "count_per_step": pl.Float64,
-                "device_time_us_per_step": pl.Float64,
-                "share": pl.Float64,
-            }
-        )
+        return pl.DataFrame(schema=_BREAKDOWN_SCHEMA)
     sums = np.zeros(len(code), dtype=np.int64)
     np.add.at(sums, of, np.concatenate(ps))
     us = grouped_ps_to_us(sums)
     kind = np.array(KIND_CODES)[code]
     order = np.lexsort((kind, -us))
-    out = pl.DataFrame(
-        {
-            "kind": kind[order],
-            "count": np.bincount(of, minlength=len(code))[order],
-            "device_time_us": us[order],
-        },
-        schema={"kind": pl.Utf8, "count": pl.UInt32, "device_time_us": pl.Float64},
-    )
+    count = np.bincount(of, minlength=len(code))[order]
+    us = us[order]
     total = sum_us_of(us) or 1.0
     n = max(n_steps, 1)
-    return out.with_columns(
-        count_per_step=pl.col("count") / n,
-        device_time_us_per_step=pl.col("device_time_us") / n,
-        share=pl.col("device_time_us") / total,
+    return pl.DataFrame(
+        {
+            "kind": kind[order],
+            "count": count,
+            "device_time_us": us,
+            "count_per_step": column_by_scalar(count, n),
+            "device_time_us_per_step": column_by_scalar(us, n),
+            "share": column_by_scalar(us, total),
+        },
+        schema=_BREAKDOWN_SCHEMA,
+    )
+
+
+_BREAKDOWN_SCHEMA = {
+    "kind": pl.Utf8,
+    "count": pl.UInt32,
+    "device_time_us": pl.Float64,
+    "count_per_step": pl.Float64,
+    "device_time_us_per_step": pl.Float64,
+    "share": pl.Float64,
+}
+
+
+def kernel_kind_codes(trace) -> np.ndarray:
+    """:func:`kind_codes` of :func:`kernel_name_kinds`, computed once per kernels table."""
+    return trace.memo(
+        "kernel_kind_codes", (trace.kernels,), lambda: kind_codes(kernel_name_kinds(trace))
     )

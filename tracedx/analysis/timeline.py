@@ -41,6 +41,8 @@ idle time.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 
@@ -67,24 +69,40 @@ OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 def dataloader_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows).
     Computed once per annotations table."""
-    return trace.memo(
-        "dataloader_windows",
-        (trace.annotations,),
-        lambda: trace.annotations.filter(
-            (pl.col("category") == "user_annotation") & pl.col("name").str.contains(DATALOADER_RE)
-        ),
-    )
+    def build() -> pl.DataFrame:
+        a = trace.annotations
+        if a.height > _FEW_NAMES:
+            return a.filter(
+                (pl.col("category") == "user_annotation")
+                & pl.col("name").str.contains(DATALOADER_RE)
+            )
+        user = mask_of(a["category"] == "user_annotation")
+        return a[_matching(a["name"], DATALOADER_RE, user)]
+
+    return trace.memo("dataloader_windows", (trace.annotations,), build)
 
 
 def optimizer_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of the optimizer's ``Optimizer.step#...`` and
     ``Optimizer.zero_grad#...`` calls (the annotations table's rows). Computed once per
     annotations table."""
-    return trace.memo(
-        "optimizer_windows",
-        (trace.annotations,),
-        lambda: trace.annotations.filter(pl.col("name").str.contains(OPTIMIZER_RE)),
-    )
+    def build() -> pl.DataFrame:
+        a = trace.annotations
+        if a.height > _FEW_NAMES:
+            return a.filter(pl.col("name").str.contains(OPTIMIZER_RE))
+        return a[_matching(a["name"], OPTIMIZER_RE, np.ones(a.height, dtype=bool))]
+
+    return trace.memo("optimizer_windows", (trace.annotations,), build)
+
+
+def _matching(names: pl.Series, rx: str, among: np.ndarray) -> np.ndarray:
+    """The rows (int64) of ``among`` whose name (not null) ``rx`` matches: a few names in
+    Python (the patterns are plain text, anchors and alternatives, which Python's re matches
+    as polars' regex engine does; a polars string query costs 0.15 ms even on 40 rows)."""
+    search = re.compile(rx).search
+    rows = np.flatnonzero(among)
+    got = names[rows].to_list()
+    return rows[np.array([n is not None and search(n) is not None for n in got], dtype=bool)]
 
 
 def gpu_tree_tops(trace: Trace) -> pl.Series:
@@ -118,40 +136,57 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
+    # The masks over the launches and the few memcpys in numpy, from Series comparisons (a
+    # null is no match, as the filter's null is no row): the filter, the with_columns and the
+    # memcpys' select this took were 1 ms of fixed cost at 10 MB.
+    m = trace.memcpys
+    corr = m["correlation"].cast(pl.Float64).to_numpy()  # NaN: null
+    page = (_eq(m["src_memory"], "Pageable") | _eq(m["dst_memory"], "Pageable")) & ~np.isnan(corr)
+    small = _eq(m["direction"], "DtoH") & (ints_of(m["bytes"], 0) < 2**20)
     # the copies from or to pageable memory (with a launch to match), and which of them are
-    # small device-to-host ones (a synchronous read of a value); the few memcpys in numpy
-    m = trace.memcpys.select(
-        "correlation",
-        page=(
-            (pl.col("src_memory") == "Pageable") | (pl.col("dst_memory") == "Pageable")
-        ).fill_null(False)
-        & pl.col("correlation").is_not_null(),
-        small=((pl.col("direction") == "DtoH") & (pl.col("bytes").fill_null(0) < 2**20)).fill_null(
-            False
-        ),
-    )
-    corr, page, small = (m[c].to_numpy() for c in ("correlation", "page", "small"))
+    # small device-to-host ones (a synchronous read of a value)
     small_dtoh = corr[page & small].astype(np.int64)
     big = corr[page & ~np.isin(corr, small_dtoh)].astype(np.int64)
-    is_sync = pl.col("api_kind") == "sync"
-    is_copy = pl.col("api_kind") == "memcpy"
-    sync_copy = is_copy & (
-        ~pl.col("name").str.contains("Async", literal=True)
-        | pl.col("correlation").is_in(_ids(small_dtoh))
-    )
-    pageable = is_copy & pl.col("correlation").is_in(_ids(big))
-    return trace.launches.filter(is_sync | sync_copy | pageable).with_columns(
-        blocking_reason=pl.when(is_sync)
-        .then(pl.lit("synchronize"))
-        .when(sync_copy)
-        .then(pl.lit("synchronous copy"))
-        .otherwise(pl.lit("pageable memcpy"))
+    la = trace.launches
+    is_sync = _eq(la["api_kind"], "sync")
+    copies = np.flatnonzero(_eq(la["api_kind"], "memcpy"))
+    sync_copy = np.zeros(la.height, dtype=bool)
+    pageable = np.zeros(la.height, dtype=bool)
+    if len(copies):
+        la_corr = la["correlation"].cast(pl.Float64).to_numpy()[copies]
+        names = la["name"][copies]
+        if len(copies) <= _FEW_NAMES:
+            # (a null name is neither: ~contains is null, no row unless its copy is small)
+            not_async = np.array([n is not None and "Async" not in n for n in names.to_list()])
+        else:
+            not_async = _eq(names.str.contains("Async", literal=True), False)
+        sync_copy[copies] = not_async | is_in(la_corr, small_dtoh)
+        pageable[copies] = is_in(la_corr, big)
+    rows = np.flatnonzero(is_sync | sync_copy | pageable)
+    reason = np.where(is_sync[rows], 0, np.where(sync_copy[rows], 1, 2))
+    return pl.DataFrame(
+        [*la[rows].get_columns(), pl.Series("blocking_reason", _REASONS)[reason]]
     )
 
 
-def _ids(ids: np.ndarray) -> pl.Series:
-    """An int64 array as the imploded Series ``is_in`` takes."""
-    return pl.Series(ids, dtype=pl.Int64).implode()
+_FEW_NAMES = 2000
+"""Up to this many strings are tested in Python (a polars string query costs 0.1 ms even on
+20 rows)."""
+
+
+def _eq(s: pl.Series, value) -> np.ndarray:
+    """``s == value`` as a numpy bool array, null as False (``eq_missing`` is a polars query)."""
+    return mask_of(s == value)
+
+
+_REASONS = ["synchronize", "synchronous copy", "pageable memcpy"]
+""":func:`sync_calls`' ``blocking_reason`` of each index (the first that applies)."""
+
+
+def _strictly_increasing(v: np.ndarray) -> bool:
+    """Whether ``v`` is sorted with no two values equal (nor NaN): then any sort of it,
+    stable or not, keeps its order."""
+    return bool((v[1:] > v[:-1]).all()) and not np.isnan(v[:1]).any()
 
 
 def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
@@ -176,7 +211,9 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     as exact picoseconds (:func:`~tracedx.analysis.intervals.sum_us`), converted as a
     ``group_by`` converts them (:func:`~tracedx.analysis.intervals.grouped_ps_to_us`).
     """
-    steps = trace.steps.sort("start_us")
+    steps = trace.steps
+    if not _strictly_increasing(_arr(steps, "start_us")):
+        steps = steps.sort("start_us")  # (strictly increasing starts: in that order already)
     step_no = steps["step"].to_numpy()
     cpu_start = _arr(steps, "start_us")
     cpu_end = _arr(steps, "end_us")
@@ -442,7 +479,7 @@ def idle_gaps(
 
     Columns: step, device, start_us, end_us, duration_us, cause, next_launch_start_us.
     """
-    gpu = trace.gpu_activity().select("device", "start_us", "end_us", "launch_start_us")
+    gpu = trace.gpu_activity()[["device", "start_us", "end_us", "launch_start_us"]]
     schema = {
         "step": pl.Int64,
         "device": pl.Int64,
@@ -474,18 +511,29 @@ def idle_gaps(
     w_start = windows["window_start_us"].to_numpy()
     w_end = windows["window_end_us"].to_numpy()
     out = []
+    g_dev = gpu["device"].to_numpy()
+    g_start, g_end = _arr(gpu, "start_us"), _arr(gpu, "end_us")
+    g_launch = gpu["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
     for dev in trace.devices:
-        g = _on_device(gpu, dev, len(trace.devices)).sort("start_us")
-        m_start, m_end = union(_arr(g, "start_us"), _arr(g, "end_us"))
-        starts = g["start_us"].to_numpy()
-        launch = g["launch_start_us"].cast(pl.Float64).to_numpy()  # NaN: no launch
+        on = slice(None) if _all_on_one_device(gpu, len(trace.devices)) else g_dev == dev
+        m_start, m_end = union(g_start[on], g_end[on])
         mine = w_dev == dev
         win, gs, ge = gaps_in(m_start, m_end, w_start[mine], w_end[mine])
         if len(gs) == 0:
             continue
-        # the GPU event that ends each gap, and when it was launched
+        # the GPU event that ends each gap (the first to start at its end), and when it was
+        # launched: the events in time order by a numpy argsort
+        order = np.argsort(g_start[on], kind="stable")
+        starts = g_start[on][order]
+        launch = g_launch[on][order]
         k = np.searchsorted(starts, ge, side="left")
-        nl = np.where(k < len(starts), launch[np.minimum(k, len(starts) - 1)], np.nan)
+        at = np.minimum(k, len(starts) - 1)
+        if ((k < len(starts) - 1) & (starts[np.minimum(at + 1, len(starts) - 1)] == starts[at])).any():
+            # two events start at a gap's end: the one the polars sort puts first, as before
+            g = _on_device(gpu, dev, len(trace.devices)).sort("start_us")
+            starts = g["start_us"].to_numpy()
+            launch = g["launch_start_us"].cast(pl.Float64).to_numpy()
+        nl = np.where(k < len(starts), launch[at], np.nan)
         out.append((w_step[mine][win], np.full(len(gs), dev), gs, ge, nl))
     if not out:
         return pl.DataFrame(schema=schema)
@@ -528,8 +576,53 @@ first four, else a sync, else queued work)."""
 
 def idle_by_cause(gaps: pl.DataFrame) -> pl.DataFrame:
     """Idle time per (step, device, cause): ``idle_us`` and the number of ``gaps``."""
+    if 0 < gaps.height <= _NUMPY_GAPS and not (
+        gaps["step"].null_count() or gaps["device"].null_count()
+    ):
+        # idle_gaps' causes (each a Series comparison, their index among the sorted names):
+        # grouped and sorted in numpy, where the polars group_by and sort cost 0.6 ms
+        causes = sorted(_GAP_CAUSES)
+        code = np.full(gaps.height, -1, dtype=np.int64)
+        for i, c in enumerate(causes):
+            code[_eq(gaps["cause"], c)] = i
+        if (code >= 0).all():
+            return _idle_by_cause(gaps, code, causes)
     return (
         gaps.group_by("step", "device", "cause")
         .agg(idle_us=sum_us("duration_us"), gaps=pl.len())
         .sort("step", "device", "cause")
+    )
+
+
+_NUMPY_GAPS = 8_000
+"""Up to this many gaps, :func:`idle_by_cause` groups them in numpy (a lexsort of 5,000 gaps
+cost what the polars group_by and sort cost; of 100,000, twice)."""
+
+
+def _idle_by_cause(gaps: pl.DataFrame, code: np.ndarray, causes: list[str]) -> pl.DataFrame:
+    """:func:`idle_by_cause` of ``gaps`` (no null step or device; ``code``: each gap's cause
+    as its index in ``causes``, sorted): the same rows, sums and floats."""
+    step = gaps["step"].to_numpy().astype(np.int64, copy=False)
+    device = gaps["device"].to_numpy().astype(np.int64, copy=False)
+    order = np.lexsort((code, device, step))
+    step, device, code = step[order], device[order], code[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (step[1:] != step[:-1]) | (device[1:] != device[:-1]) | (code[1:] != code[:-1])
+    first = np.flatnonzero(new)
+    ps = np.add.reduceat(to_ps(gaps["duration_us"].to_numpy())[order], first)
+    return pl.DataFrame(
+        {
+            "step": step[first],
+            "device": device[first],
+            "cause": pl.Series(causes, dtype=pl.Utf8)[code[first]],
+            "idle_us": grouped_ps_to_us(ps),
+            "gaps": np.diff(np.append(first, len(order))),
+        },
+        schema={
+            "step": pl.Int64,
+            "device": pl.Int64,
+            "cause": pl.Utf8,
+            "idle_us": pl.Float64,
+            "gaps": pl.UInt32,
+        },
     )
