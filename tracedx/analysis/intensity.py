@@ -1508,4 +1508,10 @@ def cost_lists(keys) -> dict[str, list]:
             dtype.append(c.compute_dtype)
             family.append(c.family)
             tc.append(c.tensor_core)
-    return {"flops": flops, "bytes": nbytes, "compute_dtype": dtype, "family": family, "tensor_core": tc}
+    return {
+        "flops": flops,
+        "bytes": nbytes,
+        "compute_dtype": dtype,
+        "family": family,
+        "tensor_core": tc,
+    }

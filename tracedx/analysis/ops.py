@@ -537,7 +537,9 @@ def _few_op_groups(per_sig: pl.DataFrame, t: dict, cost_lists) -> pl.DataFrame |
     }
     # a copy group has no model; an unmodelled group's flops and bytes are null
     for c in ("flops", "bytes"):
-        modelled = [not transfer[g] and family[f] is not None for g, f in zip(order, at, strict=True)]
+        modelled = [
+            not transfer[g] and family[f] is not None for g, f in zip(order, at, strict=True)
+        ]
         out[c] = pl.Series(
             c,
             [float(v) if ok else None for v, ok in zip(work[c][order], modelled, strict=True)],
@@ -578,11 +580,7 @@ def top_level_ops(trace: Trace, steps: list[int] | None) -> pl.DataFrame:
     chosen = in_steps & o["is_top"]
     names = trace.ops["name"].filter(pl.Series(chosen)) if chosen.sum() <= _FEW_TOPS else None
     few = names is not None and not names.null_count()
-    top = (
-        None
-        if few
-        else trace.ops[["op_id", "name", "duration_us"]].filter(pl.Series(chosen))
-    )
+    top = None if few else trace.ops[["op_id", "name", "duration_us"]].filter(pl.Series(chosen))
     tops = o["op_id"][chosen]
     gpu = trace.gpu_activity()
     device_ps, kernels = _sums_by(

@@ -69,6 +69,7 @@ OPTIMIZER_RE = r"^Optimizer\.(step|zero_grad)#"
 def dataloader_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of DataLoader ``__next__`` calls (the annotations table's rows).
     Computed once per annotations table."""
+
     def build() -> pl.DataFrame:
         a = trace.annotations
         if a.height > _FEW_NAMES:
@@ -86,6 +87,7 @@ def optimizer_windows(trace: Trace) -> pl.DataFrame:
     """The host annotations of the optimizer's ``Optimizer.step#...`` and
     ``Optimizer.zero_grad#...`` calls (the annotations table's rows). Computed once per
     annotations table."""
+
     def build() -> pl.DataFrame:
         a = trace.annotations
         if a.height > _FEW_NAMES:
@@ -164,9 +166,7 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
         pageable[copies] = is_in(la_corr, big)
     rows = np.flatnonzero(is_sync | sync_copy | pageable)
     reason = np.where(is_sync[rows], 0, np.where(sync_copy[rows], 1, 2))
-    return pl.DataFrame(
-        [*la[rows].get_columns(), pl.Series("blocking_reason", _REASONS)[reason]]
-    )
+    return pl.DataFrame([*la[rows].get_columns(), pl.Series("blocking_reason", _REASONS)[reason]])
 
 
 _FEW_NAMES = 2000
@@ -528,7 +528,9 @@ def idle_gaps(
         launch = g_launch[on][order]
         k = np.searchsorted(starts, ge, side="left")
         at = np.minimum(k, len(starts) - 1)
-        if ((k < len(starts) - 1) & (starts[np.minimum(at + 1, len(starts) - 1)] == starts[at])).any():
+        if (
+            (k < len(starts) - 1) & (starts[np.minimum(at + 1, len(starts) - 1)] == starts[at])
+        ).any():
             # two events start at a gap's end: the one the polars sort puts first, as before
             g = _on_device(gpu, dev, len(trace.devices)).sort("start_us")
             starts = g["start_us"].to_numpy()
