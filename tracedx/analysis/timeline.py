@@ -193,6 +193,11 @@ def _arr(df: pl.DataFrame, c: str) -> np.ndarray:
     return df[c].to_numpy().astype(float) if df.height else np.empty(0)
 
 
+def _with_nulls_at(s: pl.Series, null: np.ndarray) -> pl.Series:
+    """``s`` with its values at ``null`` (bool array) made null."""
+    return s.scatter(np.flatnonzero(null), None) if null.any() else s
+
+
 def step_windows(trace: Trace) -> pl.DataFrame:
     """Per (step, device): CPU and GPU windows, step time, busy, idle, counts.
 
@@ -201,7 +206,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     already counted of this step's longer window), step_time_us, gpu_busy_us (the union of the
     GPU events the step launched: it can run past the window, and sums over steps to the busy
     time of the analysed steps), idle_us (the device idle inside the window, whichever step's
-    events cover the rest: what the idle causes split), idle_fraction, kernels, memcpys, memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
+    events cover the rest: what the idle causes split), idle_fraction, kernels, memcpys,
+    memsets, memcpy_us, memcpy_bytes, sync_us (host blocked in sync calls and blocking copies,
     pageable memcpys included: :func:`sync_calls`). A trace without GPU activity gets device null
     and null GPU columns (never "100 % idle").
 
@@ -240,6 +246,13 @@ def step_windows(trace: Trace) -> pl.DataFrame:
             _device_windows(step_no, cpu_start, cpu_end, {k: v[mine] for k, v in ev.items()}, dev)
         )
     cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    # the device as its integer (a float64 device number past 2**53 would not round-trip)
+    device_id = np.concatenate(
+        [
+            np.full(len(p["step"]), 0 if d is None else d, dtype=np.int64)
+            for p, d in zip(parts, devices or [None], strict=True)
+        ]
+    )
     has_gpu = trace.has_gpu_activity
     step_time = cols["window_end_us"] - cols["window_start_us"]
     idle = np.where(cols["_idle_us"] < 0.0, 0.0, cols["_idle_us"]) if has_gpu else None
@@ -263,8 +276,8 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     return pl.DataFrame(
         [
             pl.Series(c, cols[c][order], dtype=dtype, nan_to_null=dtype == pl.Float64)
-            if dtype != pl.Int64 or c != "device"
-            else pl.Series(c, cols[c][order], nan_to_null=True).cast(pl.Int64)
+            if c != "device"
+            else _with_nulls_at(pl.Series(c, device_id[order]), np.isnan(cols[c][order]))
             for c, dtype in _WINDOW_COLUMNS.items()
         ]
     )
