@@ -197,3 +197,16 @@ def test_bad_input_to_report_and_diff_exits_2(name, path, words, tmp_path):
         r = CliRunner().invoke(main, argv)
         assert r.exit_code == 2, (argv, r.exception, r.stderr)
         check_one_line(r.stderr, path, words)
+
+
+def test_an_unwritable_html_path_is_refused_before_the_trace_is_read(tmp_path):
+    # the report is not printed first: the path is checked before anything is read
+    target = tmp_path / "nodir" / "sub" / "x.html"
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "elementwise-eager.json.gz"
+    for args in (["diagnose", str(sample)], ["diff", str(sample), str(sample)]):
+        r = CliRunner().invoke(main, [*args, "--html", str(target)])
+        assert r.exit_code == 2, r.output
+        assert r.stdout == "", r.stdout
+        assert r.stderr.strip().splitlines() == [
+            f"tracedx: error: cannot write the HTML report to {target}: No such file or directory"
+        ]

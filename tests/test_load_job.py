@@ -201,3 +201,21 @@ def test_unrelated_single_rank_traces_are_refused():
         "tracedx: error: these 2 traces share no collective and no distributedInfo: they are "
         "not one job; diagnose each alone"
     ]
+
+
+def test_the_same_answer_for_every_trace_is_said_once(tmp_path):
+    # a --steps that no rank has is the option's error, not "could not be read"
+    import shutil
+
+    from tests.conftest import SAMPLES
+
+    job = SAMPLES / "ddp_mlp-gloo-balanced"
+    if not job.is_dir():
+        pytest.skip("sample job missing")
+    for f in job.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    with pytest.raises(TraceError) as e:
+        tracedx.load_job(tmp_path, steps="99..100")
+    msg = str(e.value)
+    assert msg.startswith("steps 99..100: no such steps; the trace has steps 3..12"), msg
+    assert msg.endswith("(each of the 2 traces)") and "could be read" not in msg, msg

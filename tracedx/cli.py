@@ -159,6 +159,17 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _check_html_path(path) -> None:
+    """Refuse an ``--html`` path that cannot be written before any trace is read (exit 2)."""
+    if not path:
+        return
+    parent = os.path.dirname(os.fspath(path)) or "."
+    if not os.path.isdir(parent):  # (a directory as the path is click's usage error)
+        raise TraceError(f"cannot write the HTML report to {path}: No such file or directory")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise TraceError(f"cannot write the HTML report to {path}: Permission denied")
+
+
 def _write_html(diag, path, write=None) -> None:
     """Write the HTML report (``write(obj, path)``, the diagnosis report by default); an
     unwritable path is the user's input error (exit 2), not a bug."""
@@ -492,6 +503,7 @@ def diagnose(
     """
     from tracedx.job.discover import expand_inputs
 
+    _check_html_path(html_path)
     files = expand_inputs(trace_paths)
     if len(files) > 1:
         if max_step_ms is not None:
@@ -512,7 +524,7 @@ def diagnose(
     click.echo(render(doc, fmt, width=_width()), nl=False)
     if html_path:
         _write_html(diag, html_path)
-        _note(f"wrote {html_path}")
+        _note(f"tracedx: wrote {html_path}")
     if max_step_ms is not None:
         st = diag.step_time
         if st["ms"] is None:
@@ -543,7 +555,7 @@ def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
         from tracedx.report.job_html import write_job_html
 
         _write_html(jd, html_path, write_job_html)
-        _note(f"wrote {html_path}")
+        _note(f"tracedx: wrote {html_path}")
 
 
 def _job_options(analysis: dict) -> dict:
@@ -799,6 +811,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
 
     Exit status: 0; 1 when --fail-if-slower is exceeded; 2 for unusable input.
     """
+    _check_html_path(html_path)
     for path in (before_path, after_path):
         _one_trace(
             path,
@@ -819,7 +832,7 @@ def diff_command(before_path, after_path, fmt, fix, repair, html_path, no_cache,
         from tracedx.report.diff_html import write_diff_html
 
         _write_html(td, html_path, write_diff_html)
-        _note(f"wrote {html_path}")
+        _note(f"tracedx: wrote {html_path}")
     if fail_pct is not None:
         c = td.step_change
         if c["basis"] is None:

@@ -121,6 +121,8 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
     if not good:
         if len(bad) == 1:
             raise TraceError(bad[0][1])
+        if len({n for _, n in bad}) == 1:  # the same answer for every file: an option's, say
+            raise TraceError(f"{bad[0][1]} (each of the {len(bad)} traces)")
         raise TraceError(f"none of the {len(bad)} traces could be read (first: {bad[0][1]})")
     for path, note in bad:
         text = note if note and str(path) in note else f"{path}: {note}"
