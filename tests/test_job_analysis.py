@@ -859,3 +859,19 @@ def test_too_few_steps_for_the_straggler_test_says_how_many_it_needs():
         "0.01 / 2 ranks): the test needs at least 8 steps with matched collectives (record or "
         "analyse more steps)"
     )
+
+
+def test_cpu_only_compute_straggler_is_not_called_gpu_compute():
+    # two real CPU-only (gloo) ranks of different runs: rank 1's longer compute paces rank 0;
+    # with no GPU activity the cause is the host's compute, not "GPU compute"
+    from tests.conftest import SAMPLES
+
+    a = SAMPLES / "ddp_mlp-gloo-host-straggler" / "rank0.json.gz"
+    b = SAMPLES / "ddp_mlp-gloo-balanced" / "rank1.json.gz"
+    if not (a.exists() and b.exists()):
+        pytest.skip("sample jobs missing")
+    import tracedx
+
+    jd = diagnose_job(tracedx.load_job([a, b]))
+    assert jd.straggler is not None and jd.straggler.rank == 1
+    assert jd.straggler.cause == "compute", jd.straggler

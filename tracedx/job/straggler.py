@@ -18,8 +18,8 @@ tool or a textbook test):
 
 The cause compares the straggler with the median peer (per-rank medians over the steps, then
 the median over the other ranks): its op input shapes differ (``opsig``: data shapes); its
-compute ``U`` is at least 5 % longer (GPU compute); or its GPU idles longer before the
-collectives for a host-side reason (the idle causes of the single-rank timeline: host work,
+compute ``U`` is at least 5 % longer (GPU compute; "compute" in CPU-only traces); or its GPU
+idles longer before the collectives for a host-side reason (the idle causes of the single-rank timeline: host work,
 kernel launch, python, DataLoader, host syncs). Its excess, ``(U + idle)`` over the median
 peer's, is what it was doing while the others waited; without a GPU timeline (CPU-only
 traces) it is its time outside communication (step - comm) over the median peer's, and what
@@ -423,10 +423,12 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
             excess,
             True,
         )
-    gpu_compute = f"cause GPU compute: its compute per step is {peer_ms} ({ratio:.2f}x)"
+    # (without GPU activity the compute is the host's: ops on the CPU)
+    compute = "GPU compute" if gpu else "compute"
+    gpu_compute = f"cause {compute}: its compute per step is {peer_ms} ({ratio:.2f}x)"
     if ratio >= COMPUTE_RATIO and work >= top_dh:
         kernel = _kernel_excess(r, summaries)
-        return "GPU compute", [gpu_compute + (f"; {kernel}" if kernel else "")], excess, False
+        return compute, [gpu_compute + (f"; {kernel}" if kernel else "")], excess, False
     if top_host and top_dh > 0 and top_dh >= 0.5 * excess:
         line = (
             f"cause {top_host}: per step its GPU idles {top_dh / 1e3:.3f} ms longer than the "
@@ -434,7 +436,7 @@ def _cause(r: int, steps: pl.DataFrame, summaries: list) -> tuple[str, list[str]
         )
         return top_host, [line], excess, True
     if ratio >= COMPUTE_RATIO:
-        return "GPU compute", [gpu_compute], excess, False
+        return compute, [gpu_compute], excess, False
     idle = f"GPU idle {i_s / 1e3:.3f} vs {i_p / 1e3:.3f} ms" if gpu else "no GPU timeline"
     line = (
         f"cause unknown: per step it spends {excess / 1e3:.3f} ms more than the median peer "
