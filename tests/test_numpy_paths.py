@@ -75,6 +75,50 @@ def test_kahan_means_are_the_group_by_means():
         assert got.tolist() == want.to_list()
 
 
+def test_kahan_means_with_infinities_are_the_group_by_means():
+    """diagnosis._kahan_means with inf, -inf and NaN among the values gives polars' means (a
+    compensated sum over an inf is NaN: those take polars' path)."""
+    from tracedx.analysis.diagnosis import _kahan_means
+
+    rng = np.random.default_rng(12)
+    for lengths in ([1], [2, 3], [5, 1, 40, 7], [256, 3, 100]):
+        for bad in (np.inf, -np.inf, np.nan):
+            n = np.array(lengths)
+            v = rng.random(n.sum()) * 100.0
+            v[rng.random(len(v)) < 0.1] = bad
+            first = np.append(0, np.cumsum(n)[:-1])
+            g = np.repeat(np.arange(len(n)), n)
+            df = pl.DataFrame({"b": g, "v": v})
+            want = df.group_by("b", maintain_order=True).agg(pl.col("v").mean())["v"]
+            got = _kahan_means(v, first, n, lambda df=df: {"b": df["b"]})
+            assert np.array_equal(got, want.to_numpy(), equal_nan=True), (lengths, bad)
+
+
+def test_group_sums_are_the_group_by_sums():
+    """diagnosis._group_sums gives polars' group_by(key).agg(sum) per key on random values
+    with inf, -inf, NaN and nulls among them, for groups of 255, 256 and 257 rows (past 256:
+    polars' own path) and small ones."""
+    from tracedx.analysis.diagnosis import _group_sums
+
+    rng = np.random.default_rng(13)
+    specials = [np.inf, -np.inf, np.nan, None]
+    for sizes in ([1], [3, 7], [255], [256], [257], [255, 256, 2], [40, 257]):
+        for p_bad, bad in (
+            [(0.0, [])] + [(p, [x]) for p in (0.02, 0.2) for x in specials] + [(0.2, specials)]
+        ):
+            keys = [k for i, m in enumerate(sizes) for k in [f"k{i}"] * m]
+            rng.shuffle(keys)
+            values: list = (rng.random(len(keys)) * 10.0 ** rng.integers(0, 6, len(keys))).tolist()
+            for i in np.flatnonzero(rng.random(len(keys)) < p_bad):
+                values[i] = bad[int(rng.integers(0, len(bad)))]
+            df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+            want = dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+            got = _group_sums(keys, values)
+            assert got.keys() == want.keys()
+            for k, x in want.items():
+                assert got[k] == x or (np.isnan(got[k]) and np.isnan(x)), (sizes, p_bad, k)
+
+
 def _random_memcpys(rng, n):
     dirs = np.array(["HtoD", "DtoH", "DtoD", None], dtype=object)
     mems = np.array(["Pageable", "Pinned", "Device", None], dtype=object)

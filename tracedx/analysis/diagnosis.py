@@ -515,22 +515,28 @@ def _kahan_means(
     length) the mean a polars ``group_by`` gives: a compensated (Kahan) sum in row order
     over n (tests/test_numpy_paths.py checks it against polars), one pass per position in
     the groups, over the groups that long. Groups of over 256 values (where polars sums
-    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``."""
-    if len(n) and n.max() > 256:
+    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``, as are
+    values whose compensated sums are not all finite (an inf gives NaN there, inf in polars)."""
+
+    def by_polars() -> np.ndarray:
         df = pl.DataFrame({**keys(), "v": v})
         by = [c for c in df.columns if c != "v"]
         return df.group_by(by, maintain_order=True).agg(pl.col("v").mean())["v"].to_numpy()
+
+    if len(n) and n.max() > 256:
+        return by_polars()
     s = np.zeros(len(first))
     c = np.zeros(len(first))
     by_len = np.argsort(-n, kind="stable")  # the groups longest first
     sorted_n = n[by_len]
-    for j in range(int(n.max()) if len(n) else 0):
-        g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
-        y = v[first[g] + j] - c[g]
-        t = s[g] + y
-        c[g] = (t - s[g]) - y
-        s[g] = t
-    return s / n
+    with np.errstate(invalid="ignore", over="ignore"):  # an inf: NaN, then polars' path
+        for j in range(int(n.max()) if len(n) else 0):
+            g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
+            y = v[first[g] + j] - c[g]
+            t = s[g] + y
+            c[g] = (t - s[g]) - y
+            s[g] = t
+    return s / n if np.isfinite(s).all() else by_polars()
 
 
 def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
@@ -1104,13 +1110,18 @@ def _desc_key(x: float | None) -> tuple:
 def _group_sums(keys: list, values: list[float | None]) -> dict:
     """Per key, the sum of its values as a polars ``group_by(key).agg(col.sum())`` gives it:
     a compensated (Kahan) sum in row order, nulls left out (groups of up to 256 rows; polars
-    itself for larger ones)."""
+    itself for larger ones, and where a sum is not finite: an inf gives NaN there, inf in
+    polars)."""
+
+    def by_polars() -> dict:
+        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+
     by: dict = {}
     for k, v in zip(keys, values, strict=True):
         by.setdefault(k, []).append(v)
     if any(len(v) > 256 for v in by.values()):
-        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
-        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+        return by_polars()
     out = {}
     for k, vals in by.items():
         s = c = 0.0
@@ -1121,6 +1132,8 @@ def _group_sums(keys: list, values: list[float | None]) -> dict:
             t = s + y
             c = (t - s) - y
             s = t
+        if not math.isfinite(s):
+            return by_polars()
         out[k] = s
     return out
 
