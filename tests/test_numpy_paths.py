@@ -235,16 +235,33 @@ def test_is_in_matches_np_isin_on_integers():
 
 def test_small_table_paths_match_the_polars_paths(monkeypatch):
     """Each analysis that groups a few rows in Python or numpy (op groups, top-level ops, idle
-    time by cause, sync calls, annotation windows, steps per op) gives the frame its polars
-    path gives, on every sample trace."""
-    from tracedx.analysis import ops, timeline
+    time by cause, sync calls, annotation windows, steps per op), each loader step with a
+    small-table path (lanes, API kinds, value counts, stream rows, ids, steps) and the
+    diagnosis (its Kahan sums) gives what its polars path gives, on every sample trace."""
+    import json
+
+    import tracedx.trace as trace_mod
+    from tracedx.analysis import diagnosis, ops, timeline
+    from tracedx.trace import link
+    from tracedx.trace import tables as tables_mod
 
     def tables(path):
         t = tracedx.load(path)
         steps = sorted(t.steps["step"].to_list())
         w = timeline.step_windows(t)
         gaps = timeline.idle_gaps(t, w)
+        loaded = {
+            k: getattr(t, k)
+            for k in (
+                "kernels", "memcpys", "memsets", "syncs", "launches", "ops", "annotations",
+                "steps", "python_frames", "memory", "comm_args",
+            )
+        }  # fmt: skip
+        report = json.dumps(diagnosis.diagnose(t).to_dict(), sort_keys=True, default=str)
         return {
+            **loaded,
+            "warnings": pl.DataFrame({"w": [repr(x) for x in t.warnings]}, schema={"w": pl.Utf8}),
+            "diagnosis": pl.DataFrame({"json": [report]}),
             "op_groups": ops.op_groups(t, steps),
             "op_groups some": ops.op_groups(t, steps[1:3]),
             "top_level_ops": ops.top_level_ops(t, steps),
@@ -263,9 +280,26 @@ def test_small_table_paths_match_the_polars_paths(monkeypatch):
         ("ops._NUMPY_OPS", -1),
         ("timeline._NUMPY_GAPS", 0),
         ("timeline._FEW_NAMES", -1),
+        ("diagnosis._KAHAN_MAX", -1),
+        ("link._NUMPY_ROWS", -1),
+        ("tables._FEW", -1),
+        ("trace._FEW_LAUNCHES", -1),
+        ("trace._SHORT_RANGE", 0),
+        ("trace._ONE_KEY_MAX", 0),
     ):
         module, attr = name.split(".")
-        monkeypatch.setattr({"ops": ops, "timeline": timeline}[module], attr, value)
+        modules = {"ops": ops, "timeline": timeline, "diagnosis": diagnosis, "link": link}
+        modules.update(tables=tables_mod, trace=trace_mod)
+        monkeypatch.setattr(modules[module], attr, value)
+
+    def steps_by_polars(annotations, warnings):
+        marked = annotations.filter(
+            (pl.col("category") == "user_annotation")
+            & pl.col("name").str.starts_with("ProfilerStep#")
+        )
+        return link._extract_steps_polars(marked, warnings)
+
+    monkeypatch.setattr(trace_mod, "extract_steps", steps_by_polars)
     for p in paths:
         slow = tables(p)
         for k, df in fast[p.name].items():

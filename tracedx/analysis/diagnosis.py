@@ -508,6 +508,10 @@ def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | N
     }
 
 
+_KAHAN_MAX = 256
+"""Groups of up to this many values are summed in Python/numpy as polars sums them (Kahan)."""
+
+
 def _kahan_means(
     v: np.ndarray, first: np.ndarray, n: np.ndarray, keys: Callable[[], dict]
 ) -> np.ndarray:
@@ -523,7 +527,7 @@ def _kahan_means(
         by = [c for c in df.columns if c != "v"]
         return df.group_by(by, maintain_order=True).agg(pl.col("v").mean())["v"].to_numpy()
 
-    if len(n) and n.max() > 256:
+    if len(n) and n.max() > _KAHAN_MAX:
         return by_polars()
     s = np.zeros(len(first))
     c = np.zeros(len(first))
@@ -1120,7 +1124,7 @@ def _group_sums(keys: list, values: list[float | None]) -> dict:
     by: dict = {}
     for k, v in zip(keys, values, strict=True):
         by.setdefault(k, []).append(v)
-    if any(len(v) > 256 for v in by.values()):
+    if any(len(v) > _KAHAN_MAX for v in by.values()):
         return by_polars()
     out = {}
     for k, vals in by.items():

@@ -650,6 +650,7 @@ def _host_cols(evs: list[Event], args: list, dedup: bool = True) -> dict[str, pl
 
 
 _FEW = 256
+"""Up to this many GPU events, their lanes are worked out in Python, not by polars."""
 
 
 def _lane_col(vals: list, evs: list[Event], fallback: str) -> pl.Series:
