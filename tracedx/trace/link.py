@@ -70,20 +70,15 @@ def api_kind(name: str) -> str:
     return "other"
 
 
-def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Add ``op_id``, ``parent_id``, ``top_op_id`` and ``depth`` to the cpu_op table.
+def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
+    """Add ``op_id`` (the row number), ``parent_id``, ``top_op_id`` and ``depth`` to the
+    cpu_op table.
 
     Parents are found per (pid, tid) with a stack over ops sorted by start (longer first on
-    ties, then in table order). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
-    keeps that parent and is counted. Returns (ops, number of non-nesting ops).
-    """
-    ops, bad, _ = op_tree(ops)
-    return ops, bad
-
-
-def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
-    """:func:`build_op_tree`, and the :func:`thread_order` it used (None for no ops): what
-    :func:`link_launches_to_ops` would compute again for the same ops."""
+    ties, then in table order). An op that starts inside another but ends after it
+    (non-nesting ranges, seen in real traces) keeps that parent and is counted. Returns (ops,
+    number of non-nesting ops, the :func:`thread_order` it used: None for no ops), the order
+    being what :func:`link_launches_to_ops` would compute again for the same ops."""
     ops = ops.clone()  # a new frame (the columns are shared): the row number goes in front
     ops.insert_column(0, pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64))
     if ops.height == 0:
@@ -796,7 +791,8 @@ _LAUNCH_COLS = {
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
+    """What :func:`link_gpu_tables` adds to a GPU event, one row per correlation id of
+    ``launches``."""
     if launches["correlation"].null_count():
         launches = launches.filter(launches["correlation"].is_not_null())
     info = pl.DataFrame([launches[c].alias(a) for c, a in _LAUNCH_COLS.items()])
@@ -806,7 +802,7 @@ def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         and not op_id.null_count()
         and np.array_equal(op_id.to_numpy(), np.arange(ops.height))
     ):
-        # op_id is the row number (build_op_tree's): look the names up by position
+        # op_id is the row number (op_tree's): look the names up by position
         top = ops["top_op_id"].gather(info["op_id"])
         return info.hstack(
             [
@@ -822,21 +818,18 @@ def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def link_gpu(gpu: pl.DataFrame, launch_info: pl.DataFrame) -> pl.DataFrame:
-    """Add launch and op columns to a GPU table (kernels, memcpys, memsets, syncs) by correlation id.
+def link_gpu_tables(tables: list[pl.DataFrame], launch_info: pl.DataFrame) -> list[pl.DataFrame]:
+    """Add launch and op columns to each GPU table (kernels, memcpys, memsets, syncs) by
+    correlation id.
 
     ``launch_info`` is :func:`launch_table` (one row per correlation id). Adds
     ``launch_name``, ``launch_pid``, ``launch_tid``, ``launch_start_us``,
     ``launch_duration_us``, ``op_id``, ``step`` (the launch's step), ``op_name``,
     ``top_op_id``, ``top_op_name``: null where no launch has the event's correlation id. The
-    left join by correlation id, as lookups: the GPU table's own columns are not copied.
+    left join by correlation id, as lookups: the GPU tables' own columns are not copied, and
+    the rows of ``launch_info`` are gathered once for all of them (a gather of a frame costs
+    the same for 10 rows as for 10,000).
     """
-    return link_gpu_tables([gpu], launch_info)[0]
-
-
-def link_gpu_tables(tables: list[pl.DataFrame], launch_info: pl.DataFrame) -> list[pl.DataFrame]:
-    """:func:`link_gpu` of each of ``tables``, the rows of ``launch_info`` gathered once for
-    all of them (a gather of a frame costs the same for 10 rows as for 10,000)."""
     corr = [t["correlation"] for t in tables if t.height]
     if corr:  # one search for the events of all the tables
         at = _find(launch_info["correlation"], corr[0] if len(corr) == 1 else pl.concat(corr))
