@@ -407,40 +407,20 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
         _, first = np.unique(step, return_index=True)
         if len(first) < len(rows):
             first.sort()
-            warnings.append(
-                DataWarning(
-                    "repeated_step",
-                    len(rows) - len(first),
-                    f"{len(rows) - len(first)} ProfilerStep annotations repeat a step number; the first of each is kept",
-                )
-            )
+            _step_warning(warnings, "repeated_step", len(rows) - len(first))
             rows, step = rows[first], step[first]
         # Nested: a step that starts before the previous step's end and ends inside it.
         s, e = s_all[rows], e_all[rows]
         prev_end = np.maximum.accumulate(e)[:-1]
         nested = np.r_[False, (s[1:] < prev_end) & (e[1:] <= prev_end)]
         if nested.any():
-            k = int(np.count_nonzero(nested))
-            warnings.append(
-                DataWarning(
-                    "nested_step",
-                    k,
-                    f"{k} ProfilerStep annotations lie inside another step and were ignored",
-                )
-            )
+            _step_warning(warnings, "nested_step", int(np.count_nonzero(nested)))
             rows, step, s, e = rows[~nested], step[~nested], s[~nested], e[~nested]
         # Overlapping: a step that starts before the previous one ends (and ends after it).
         over = s[1:] - e[:-1]
         if (over < 0).any():
-            k = int(np.count_nonzero(over < 0))
-            warnings.append(
-                DataWarning(
-                    "overlapping_step",
-                    k,
-                    f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
-                    f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
-                )
-            )
+            n_over = int(np.count_nonzero(over < 0))
+            _step_warning(warnings, "overlapping_step", n_over, -float(over.min()))
     rows = marked[rows]
     return pl.DataFrame(
         [pl.Series("step", step, dtype=pl.Int64)]
@@ -459,6 +439,18 @@ def _step_number(name: str) -> int | None:
     match, as polars' ``^...$`` does: no trailing newline)."""
     m = _STEP_FULL.fullmatch(name)
     return int(m[1]) if m else None
+
+
+def _step_warning(warnings: list[DataWarning], rule: str, k: int, overlap_us: float = 0.0) -> None:
+    """The data-quality warning of a step rule (``repeated_step``, ``nested_step``,
+    ``overlapping_step``: by up to ``overlap_us``) that ``k`` step annotations broke."""
+    msg = {
+        "repeated_step": f"{k} ProfilerStep annotations repeat a step number; the first of each is kept",
+        "nested_step": f"{k} ProfilerStep annotations lie inside another step and were ignored",
+        "overlapping_step": f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
+        f"{overlap_us / 1e3:.3f} ms): events in the overlap count in both steps",
+    }[rule]
+    warnings.append(DataWarning(rule, k, msg))
 
 
 def _bad_step_warning(bad: list[str], warnings: list[DataWarning]) -> None:
@@ -492,39 +484,18 @@ def _extract_steps_polars(marked: pl.DataFrame, warnings: list[DataWarning]) -> 
     n0 = st.height
     st = st.unique(subset="step", keep="first", maintain_order=True)
     if st.height < n0:
-        warnings.append(
-            DataWarning(
-                "repeated_step",
-                n0 - st.height,
-                f"{n0 - st.height} ProfilerStep annotations repeat a step number; the first of each is kept",
-            )
-        )
+        _step_warning(warnings, "repeated_step", n0 - st.height)
     # Nested: a step that starts before the previous step's end and ends inside it.
     prev_end = st["end_us"].cum_max().shift(1)
     nested = (st["start_us"] < prev_end) & (st["end_us"] <= prev_end)
     nested = nested.fill_null(False)
     if nested.any():
-        k = int(nested.sum())
-        warnings.append(
-            DataWarning(
-                "nested_step",
-                k,
-                f"{k} ProfilerStep annotations lie inside another step and were ignored",
-            )
-        )
+        _step_warning(warnings, "nested_step", int(nested.sum()))
         st = st.filter(~nested)
     # Overlapping: a step that starts before the previous one ends (and ends after it).
     over = (st["start_us"] - st["end_us"].shift(1)).fill_null(0)
     if (over < 0).any():
-        k = int((over < 0).sum())
-        warnings.append(
-            DataWarning(
-                "overlapping_step",
-                k,
-                f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
-                f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
-            )
-        )
+        _step_warning(warnings, "overlapping_step", int((over < 0).sum()), -float(over.min()))
     return st.sort("start_us")
 
 
