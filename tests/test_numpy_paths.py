@@ -75,6 +75,50 @@ def test_kahan_means_are_the_group_by_means():
         assert got.tolist() == want.to_list()
 
 
+def test_kahan_means_with_infinities_are_the_group_by_means():
+    """diagnosis._kahan_means with inf, -inf and NaN among the values gives polars' means (a
+    compensated sum over an inf is NaN: those take polars' path)."""
+    from tracedx.analysis.diagnosis import _kahan_means
+
+    rng = np.random.default_rng(12)
+    for lengths in ([1], [2, 3], [5, 1, 40, 7], [256, 3, 100]):
+        for bad in (np.inf, -np.inf, np.nan):
+            n = np.array(lengths)
+            v = rng.random(n.sum()) * 100.0
+            v[rng.random(len(v)) < 0.1] = bad
+            first = np.append(0, np.cumsum(n)[:-1])
+            g = np.repeat(np.arange(len(n)), n)
+            df = pl.DataFrame({"b": g, "v": v})
+            want = df.group_by("b", maintain_order=True).agg(pl.col("v").mean())["v"]
+            got = _kahan_means(v, first, n, lambda df=df: {"b": df["b"]})
+            assert np.array_equal(got, want.to_numpy(), equal_nan=True), (lengths, bad)
+
+
+def test_group_sums_are_the_group_by_sums():
+    """diagnosis._group_sums gives polars' group_by(key).agg(sum) per key on random values
+    with inf, -inf, NaN and nulls among them, for groups of 255, 256 and 257 rows (past 256:
+    polars' own path) and small ones."""
+    from tracedx.analysis.diagnosis import _group_sums
+
+    rng = np.random.default_rng(13)
+    specials = [np.inf, -np.inf, np.nan, None]
+    for sizes in ([1], [3, 7], [255], [256], [257], [255, 256, 2], [40, 257]):
+        for p_bad, bad in (
+            [(0.0, [])] + [(p, [x]) for p in (0.02, 0.2) for x in specials] + [(0.2, specials)]
+        ):
+            keys = [k for i, m in enumerate(sizes) for k in [f"k{i}"] * m]
+            rng.shuffle(keys)
+            values: list = (rng.random(len(keys)) * 10.0 ** rng.integers(0, 6, len(keys))).tolist()
+            for i in np.flatnonzero(rng.random(len(keys)) < p_bad):
+                values[i] = bad[int(rng.integers(0, len(bad)))]
+            df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+            want = dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+            got = _group_sums(keys, values)
+            assert got.keys() == want.keys()
+            for k, x in want.items():
+                assert got[k] == x or (np.isnan(got[k]) and np.isnan(x)), (sizes, p_bad, k)
+
+
 def _random_memcpys(rng, n):
     dirs = np.array(["HtoD", "DtoH", "DtoD", None], dtype=object)
     mems = np.array(["Pageable", "Pinned", "Device", None], dtype=object)
@@ -191,16 +235,33 @@ def test_is_in_matches_np_isin_on_integers():
 
 def test_small_table_paths_match_the_polars_paths(monkeypatch):
     """Each analysis that groups a few rows in Python or numpy (op groups, top-level ops, idle
-    time by cause, sync calls, annotation windows, steps per op) gives the frame its polars
-    path gives, on every sample trace."""
-    from tracedx.analysis import ops, timeline
+    time by cause, sync calls, annotation windows, steps per op), each loader step with a
+    small-table path (lanes, API kinds, value counts, stream rows, ids, steps) and the
+    diagnosis (its Kahan sums) gives what its polars path gives, on every sample trace."""
+    import json
+
+    import tracedx.trace as trace_mod
+    from tracedx.analysis import diagnosis, ops, timeline
+    from tracedx.trace import link
+    from tracedx.trace import tables as tables_mod
 
     def tables(path):
         t = tracedx.load(path)
         steps = sorted(t.steps["step"].to_list())
         w = timeline.step_windows(t)
         gaps = timeline.idle_gaps(t, w)
+        loaded = {
+            k: getattr(t, k)
+            for k in (
+                "kernels", "memcpys", "memsets", "syncs", "launches", "ops", "annotations",
+                "steps", "python_frames", "memory", "comm_args",
+            )
+        }  # fmt: skip
+        report = json.dumps(diagnosis.diagnose(t).to_dict(), sort_keys=True, default=str)
         return {
+            **loaded,
+            "warnings": pl.DataFrame({"w": [repr(x) for x in t.warnings]}, schema={"w": pl.Utf8}),
+            "diagnosis": pl.DataFrame({"json": [report]}),
             "op_groups": ops.op_groups(t, steps),
             "op_groups some": ops.op_groups(t, steps[1:3]),
             "top_level_ops": ops.top_level_ops(t, steps),
@@ -219,9 +280,26 @@ def test_small_table_paths_match_the_polars_paths(monkeypatch):
         ("ops._NUMPY_OPS", -1),
         ("timeline._NUMPY_GAPS", 0),
         ("timeline._FEW_NAMES", -1),
+        ("diagnosis._KAHAN_MAX", -1),
+        ("link._NUMPY_ROWS", -1),
+        ("tables._FEW", -1),
+        ("trace._FEW_LAUNCHES", -1),
+        ("trace._SHORT_RANGE", 0),
+        ("trace._ONE_KEY_MAX", 0),
     ):
         module, attr = name.split(".")
-        monkeypatch.setattr({"ops": ops, "timeline": timeline}[module], attr, value)
+        modules = {"ops": ops, "timeline": timeline, "diagnosis": diagnosis, "link": link}
+        modules.update(tables=tables_mod, trace=trace_mod)
+        monkeypatch.setattr(modules[module], attr, value)
+
+    def steps_by_polars(annotations, warnings):
+        marked = annotations.filter(
+            (pl.col("category") == "user_annotation")
+            & pl.col("name").str.starts_with("ProfilerStep#")
+        )
+        return link._extract_steps_polars(marked, warnings)
+
+    monkeypatch.setattr(trace_mod, "extract_steps", steps_by_polars)
     for p in paths:
         slow = tables(p)
         for k, df in fast[p.name].items():

@@ -508,6 +508,10 @@ def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | N
     }
 
 
+_KAHAN_MAX = 256
+"""Groups of up to this many values are summed in Python/numpy as polars sums them (Kahan)."""
+
+
 def _kahan_means(
     v: np.ndarray, first: np.ndarray, n: np.ndarray, keys: Callable[[], dict]
 ) -> np.ndarray:
@@ -515,22 +519,28 @@ def _kahan_means(
     length) the mean a polars ``group_by`` gives: a compensated (Kahan) sum in row order
     over n (tests/test_numpy_paths.py checks it against polars), one pass per position in
     the groups, over the groups that long. Groups of over 256 values (where polars sums
-    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``."""
-    if len(n) and n.max() > 256:
+    otherwise) are left to polars: a group_by of the columns ``keys()`` and ``v``, as are
+    values whose compensated sums are not all finite (an inf gives NaN there, inf in polars)."""
+
+    def by_polars() -> np.ndarray:
         df = pl.DataFrame({**keys(), "v": v})
         by = [c for c in df.columns if c != "v"]
         return df.group_by(by, maintain_order=True).agg(pl.col("v").mean())["v"].to_numpy()
+
+    if len(n) and n.max() > _KAHAN_MAX:
+        return by_polars()
     s = np.zeros(len(first))
     c = np.zeros(len(first))
     by_len = np.argsort(-n, kind="stable")  # the groups longest first
     sorted_n = n[by_len]
-    for j in range(int(n.max()) if len(n) else 0):
-        g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
-        y = v[first[g] + j] - c[g]
-        t = s[g] + y
-        c[g] = (t - s[g]) - y
-        s[g] = t
-    return s / n
+    with np.errstate(invalid="ignore", over="ignore"):  # an inf: NaN, then polars' path
+        for j in range(int(n.max()) if len(n) else 0):
+            g = by_len[: int(np.searchsorted(-sorted_n, -j, side="left"))]
+            y = v[first[g] + j] - c[g]
+            t = s[g] + y
+            c[g] = (t - s[g]) - y
+            s[g] = t
+    return s / n if np.isfinite(s).all() else by_polars()
 
 
 def _host_per_kernel(trace: Trace, top: np.ndarray) -> np.ndarray:
@@ -1072,18 +1082,21 @@ def _float_sum(us: np.ndarray) -> float:
     return float(pl.Series(us, dtype=pl.Float64).sum())
 
 
-_last_rows: list = [None, None]  # (a weak reference to an op table, its rows)
+_rows_of: dict[int, list] = {}  # id(op table) -> its rows, kept while the table lives
 
 
 def _table_rows(tbl: pl.DataFrame) -> list[dict[str, Any]]:
     """The rows of a small table (the op groups: a few hundred at most) as dicts, made once
     per table for the verdict, the notes and the findings that read it (each of its polars
-    filters and sorts cost 0.1-0.3 ms). Read-only: the lists in them are the table's."""
-    ref, rows = _last_rows
-    if ref is None or ref() is not tbl:
+    filters and sorts cost 0.1-0.3 ms; making the rows 0.3-0.5 ms for the 10 MB benchmark
+    trace's 102 groups, read 4 times). The rows are copies (``to_list``), shared by those
+    readers: read-only. They are dropped with the table."""
+    rows = _rows_of.get(id(tbl))
+    if rows is None:
         cols = {c: tbl[c].to_list() for c in tbl.columns}
         rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
-        _last_rows[:] = [weakref.ref(tbl), rows]
+        _rows_of[id(tbl)] = rows
+        weakref.finalize(tbl, _rows_of.pop, id(tbl), None)
     return rows
 
 
@@ -1104,13 +1117,18 @@ def _desc_key(x: float | None) -> tuple:
 def _group_sums(keys: list, values: list[float | None]) -> dict:
     """Per key, the sum of its values as a polars ``group_by(key).agg(col.sum())`` gives it:
     a compensated (Kahan) sum in row order, nulls left out (groups of up to 256 rows; polars
-    itself for larger ones)."""
+    itself for larger ones, and where a sum is not finite: an inf gives NaN there, inf in
+    polars)."""
+
+    def by_polars() -> dict:
+        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
+        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+
     by: dict = {}
     for k, v in zip(keys, values, strict=True):
         by.setdefault(k, []).append(v)
-    if any(len(v) > 256 for v in by.values()):
-        df = pl.DataFrame({"k": keys, "v": values}, schema={"k": pl.Utf8, "v": pl.Float64})
-        return dict(df.group_by("k").agg(pl.col("v").sum()).rows())
+    if any(len(v) > _KAHAN_MAX for v in by.values()):
+        return by_polars()
     out = {}
     for k, vals in by.items():
         s = c = 0.0
@@ -1121,6 +1139,8 @@ def _group_sums(keys: list, values: list[float | None]) -> dict:
             t = s + y
             c = (t - s) - y
             s = t
+        if not math.isfinite(s):
+            return by_polars()
         out[k] = s
     return out
 

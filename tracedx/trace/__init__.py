@@ -270,6 +270,10 @@ _NS_START = 1e17
 _NS_MEDIAN_KERNEL = 1_000.0
 
 
+_SHORT_RANGE = 4096
+"""Integer values spanning fewer than this are counted by numpy's bincount, not polars."""
+
+
 def _value_counts(s: pl.Series) -> list[tuple[int, int]]:
     """(value, count) of each value of an integer column, nulls left out: counted by numpy
     where the values span a short range (device indices), else by polars."""
@@ -277,7 +281,7 @@ def _value_counts(s: pl.Series) -> list[tuple[int, int]]:
         return []
     v = _non_null(s).to_numpy()
     lo, hi = int(v.min()), int(v.max())
-    if hi - lo < 4096:
+    if hi - lo < _SHORT_RANGE:
         n = np.bincount(v - lo)
         return [(lo + int(i), int(n[i])) for i in np.flatnonzero(n)]
     return [(d, n) for d, n in s.drop_nulls().value_counts().rows()]
@@ -585,6 +589,10 @@ def _load(p: Path, repair: bool, progress) -> Trace:
     )
 
 
+_FEW_LAUNCHES = 500
+"""Up to this many launches, their API kinds come from a dict of the names in Python."""
+
+
 def _with_api_kind(launches: pl.DataFrame) -> pl.DataFrame:
     """``launches`` with ``api_kind``: the name rules (:func:`api_kind_expr`) once per distinct
     call name, not once per call, the names read as codes of an enum of the distinct ones."""
@@ -596,7 +604,7 @@ def _with_api_kind(launches: pl.DataFrame) -> pl.DataFrame:
         return launches.with_columns(
             api_kind=pl.col("name").replace_strict(kinds["name"], kinds["api_kind"])
         )
-    if len(name) <= 500:  # a few launches: a dict of the names in Python
+    if len(name) <= _FEW_LAUNCHES:  # a few launches: a dict of the names in Python
         kinds: dict[str, str] = {}
         out = [kinds.get(x) or kinds.setdefault(x, api_kind(x)) for x in name.to_list()]
         return launches.hstack([pl.Series("api_kind", out, dtype=pl.Utf8)])
@@ -814,6 +822,10 @@ def _stream_order_counts(
     return ov, ooo
 
 
+_ONE_KEY_MAX = 2**62
+"""(device, stream) pairs with fewer combinations than this sort as one int64 key."""
+
+
 def _stream_rows(tables: list[pl.DataFrame]) -> list[tuple[np.ndarray, bool]]:
     """The rows of each (device, stream) of the ``tables`` (numbered as :func:`_column` puts
     them), in row order, and whether both ids are there (not null). A stable sort of the
@@ -823,7 +835,7 @@ def _stream_rows(tables: list[pl.DataFrame]) -> list[tuple[np.ndarray, bool]]:
     if null_d is None and null_s is None and len(dev):
         d0, s0 = int(dev.min()), int(stream.min())
         span = int(stream.max()) - s0 + 1
-        if (int(dev.max()) - d0 + 1) * span < 2**62:
+        if (int(dev.max()) - d0 + 1) * span < _ONE_KEY_MAX:
             key = (dev - d0) * span + (stream - s0)
             order = np.argsort(key, kind="stable")
             k = key[order]

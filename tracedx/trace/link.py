@@ -70,20 +70,15 @@ def api_kind(name: str) -> str:
     return "other"
 
 
-def build_op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Add ``op_id``, ``parent_id``, ``top_op_id`` and ``depth`` to the cpu_op table.
+def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
+    """Add ``op_id`` (the row number), ``parent_id``, ``top_op_id`` and ``depth`` to the
+    cpu_op table.
 
     Parents are found per (pid, tid) with a stack over ops sorted by start (longer first on
-    ties, then in table order). An op that starts inside another but ends after it (non-nesting ranges, seen in real traces)
-    keeps that parent and is counted. Returns (ops, number of non-nesting ops).
-    """
-    ops, bad, _ = op_tree(ops)
-    return ops, bad
-
-
-def op_tree(ops: pl.DataFrame) -> tuple[pl.DataFrame, int, tuple | None]:
-    """:func:`build_op_tree`, and the :func:`thread_order` it used (None for no ops): what
-    :func:`link_launches_to_ops` would compute again for the same ops."""
+    ties, then in table order). An op that starts inside another but ends after it
+    (non-nesting ranges, seen in real traces) keeps that parent and is counted. Returns (ops,
+    number of non-nesting ops, the :func:`thread_order` it used: None for no ops), the order
+    being what :func:`link_launches_to_ops` would compute again for the same ops."""
     ops = ops.clone()  # a new frame (the columns are shared): the row number goes in front
     ops.insert_column(0, pl.Series("op_id", np.arange(ops.height), dtype=pl.Int64))
     if ops.height == 0:
@@ -412,40 +407,20 @@ def extract_steps(annotations: pl.DataFrame, warnings: list[DataWarning]) -> pl.
         _, first = np.unique(step, return_index=True)
         if len(first) < len(rows):
             first.sort()
-            warnings.append(
-                DataWarning(
-                    "repeated_step",
-                    len(rows) - len(first),
-                    f"{len(rows) - len(first)} ProfilerStep annotations repeat a step number; the first of each is kept",
-                )
-            )
+            _step_warning(warnings, "repeated_step", len(rows) - len(first))
             rows, step = rows[first], step[first]
         # Nested: a step that starts before the previous step's end and ends inside it.
         s, e = s_all[rows], e_all[rows]
         prev_end = np.maximum.accumulate(e)[:-1]
         nested = np.r_[False, (s[1:] < prev_end) & (e[1:] <= prev_end)]
         if nested.any():
-            k = int(np.count_nonzero(nested))
-            warnings.append(
-                DataWarning(
-                    "nested_step",
-                    k,
-                    f"{k} ProfilerStep annotations lie inside another step and were ignored",
-                )
-            )
+            _step_warning(warnings, "nested_step", int(np.count_nonzero(nested)))
             rows, step, s, e = rows[~nested], step[~nested], s[~nested], e[~nested]
         # Overlapping: a step that starts before the previous one ends (and ends after it).
         over = s[1:] - e[:-1]
         if (over < 0).any():
-            k = int(np.count_nonzero(over < 0))
-            warnings.append(
-                DataWarning(
-                    "overlapping_step",
-                    k,
-                    f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
-                    f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
-                )
-            )
+            n_over = int(np.count_nonzero(over < 0))
+            _step_warning(warnings, "overlapping_step", n_over, -float(over.min()))
     rows = marked[rows]
     return pl.DataFrame(
         [pl.Series("step", step, dtype=pl.Int64)]
@@ -464,6 +439,18 @@ def _step_number(name: str) -> int | None:
     match, as polars' ``^...$`` does: no trailing newline)."""
     m = _STEP_FULL.fullmatch(name)
     return int(m[1]) if m else None
+
+
+def _step_warning(warnings: list[DataWarning], rule: str, k: int, overlap_us: float = 0.0) -> None:
+    """The data-quality warning of a step rule (``repeated_step``, ``nested_step``,
+    ``overlapping_step``: by up to ``overlap_us``) that ``k`` step annotations broke."""
+    msg = {
+        "repeated_step": f"{k} ProfilerStep annotations repeat a step number; the first of each is kept",
+        "nested_step": f"{k} ProfilerStep annotations lie inside another step and were ignored",
+        "overlapping_step": f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
+        f"{overlap_us / 1e3:.3f} ms): events in the overlap count in both steps",
+    }[rule]
+    warnings.append(DataWarning(rule, k, msg))
 
 
 def _bad_step_warning(bad: list[str], warnings: list[DataWarning]) -> None:
@@ -497,39 +484,18 @@ def _extract_steps_polars(marked: pl.DataFrame, warnings: list[DataWarning]) -> 
     n0 = st.height
     st = st.unique(subset="step", keep="first", maintain_order=True)
     if st.height < n0:
-        warnings.append(
-            DataWarning(
-                "repeated_step",
-                n0 - st.height,
-                f"{n0 - st.height} ProfilerStep annotations repeat a step number; the first of each is kept",
-            )
-        )
+        _step_warning(warnings, "repeated_step", n0 - st.height)
     # Nested: a step that starts before the previous step's end and ends inside it.
     prev_end = st["end_us"].cum_max().shift(1)
     nested = (st["start_us"] < prev_end) & (st["end_us"] <= prev_end)
     nested = nested.fill_null(False)
     if nested.any():
-        k = int(nested.sum())
-        warnings.append(
-            DataWarning(
-                "nested_step",
-                k,
-                f"{k} ProfilerStep annotations lie inside another step and were ignored",
-            )
-        )
+        _step_warning(warnings, "nested_step", int(nested.sum()))
         st = st.filter(~nested)
     # Overlapping: a step that starts before the previous one ends (and ends after it).
     over = (st["start_us"] - st["end_us"].shift(1)).fill_null(0)
     if (over < 0).any():
-        k = int((over < 0).sum())
-        warnings.append(
-            DataWarning(
-                "overlapping_step",
-                k,
-                f"{k} ProfilerStep annotation(s) start inside the previous step (by up to "
-                f"{-float(over.min()) / 1e3:.3f} ms): events in the overlap count in both steps",
-            )
-        )
+        _step_warning(warnings, "overlapping_step", int((over < 0).sum()), -float(over.min()))
     return st.sort("start_us")
 
 
@@ -796,7 +762,8 @@ _LAUNCH_COLS = {
 
 
 def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """What :func:`link_gpu` adds to a GPU event, one row per correlation id of ``launches``."""
+    """What :func:`link_gpu_tables` adds to a GPU event, one row per correlation id of
+    ``launches``."""
     if launches["correlation"].null_count():
         launches = launches.filter(launches["correlation"].is_not_null())
     info = pl.DataFrame([launches[c].alias(a) for c, a in _LAUNCH_COLS.items()])
@@ -806,7 +773,7 @@ def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         and not op_id.null_count()
         and np.array_equal(op_id.to_numpy(), np.arange(ops.height))
     ):
-        # op_id is the row number (build_op_tree's): look the names up by position
+        # op_id is the row number (op_tree's): look the names up by position
         top = ops["top_op_id"].gather(info["op_id"])
         return info.hstack(
             [
@@ -822,21 +789,18 @@ def launch_table(launches: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def link_gpu(gpu: pl.DataFrame, launch_info: pl.DataFrame) -> pl.DataFrame:
-    """Add launch and op columns to a GPU table (kernels, memcpys, memsets, syncs) by correlation id.
+def link_gpu_tables(tables: list[pl.DataFrame], launch_info: pl.DataFrame) -> list[pl.DataFrame]:
+    """Add launch and op columns to each GPU table (kernels, memcpys, memsets, syncs) by
+    correlation id.
 
     ``launch_info`` is :func:`launch_table` (one row per correlation id). Adds
     ``launch_name``, ``launch_pid``, ``launch_tid``, ``launch_start_us``,
     ``launch_duration_us``, ``op_id``, ``step`` (the launch's step), ``op_name``,
     ``top_op_id``, ``top_op_name``: null where no launch has the event's correlation id. The
-    left join by correlation id, as lookups: the GPU table's own columns are not copied.
+    left join by correlation id, as lookups: the GPU tables' own columns are not copied, and
+    the rows of ``launch_info`` are gathered once for all of them (a gather of a frame costs
+    the same for 10 rows as for 10,000).
     """
-    return link_gpu_tables([gpu], launch_info)[0]
-
-
-def link_gpu_tables(tables: list[pl.DataFrame], launch_info: pl.DataFrame) -> list[pl.DataFrame]:
-    """:func:`link_gpu` of each of ``tables``, the rows of ``launch_info`` gathered once for
-    all of them (a gather of a frame costs the same for 10 rows as for 10,000)."""
     corr = [t["correlation"] for t in tables if t.height]
     if corr:  # one search for the events of all the tables
         at = _find(launch_info["correlation"], corr[0] if len(corr) == 1 else pl.concat(corr))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import mmap
 import os
 import queue
 import re
@@ -62,7 +61,7 @@ def _marker_search():
     n = len(COMM_MARKER)
 
     def search(data) -> bool:
-        if type(data) in _WRITABLE:  # a chunk read in place: searched, not copied
+        if type(data) is bytearray:  # a chunk the worker read in place: searched, not copied
             where = (ctypes.c_char * len(data)).from_buffer(data)
         else:
             where = bytes(data)
@@ -71,7 +70,6 @@ def _marker_search():
     return search
 
 
-_WRITABLE = (bytearray, mmap.mmap)  # (the reader's mmaps are anonymous, so writable)
 has_comms = _marker_search()
 
 
@@ -212,7 +210,7 @@ def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | 
     Raises ZeroFilled (a TraceFormatError) saying the file is zero-filled."""
     # JSON text holds no NUL byte at all, and one byte is searched (memchr) several times
     # faster than a run of them: about 1 against 4 ms for 8 MB, the GIL held
-    if data.find(b"\x00") < 0:  # (a bytes needle: an mmap's find takes no int)
+    if data.find(0) < 0:
         return None
     i = data.find(_ZEROS)
     if i < 0:
@@ -803,7 +801,7 @@ def _blank(block, chars: bytes | None = None) -> bool:
     ``bytes.strip`` makes (8 MB per block: about 5% of a 1 GB read)."""
     if bytes(block[:256]).strip(chars):
         return False
-    return not (block if hasattr(block, "strip") else bytes(block)).strip(chars)
+    return not block.strip(chars)
 
 
 def _squeeze(block):
@@ -836,21 +834,11 @@ def _find_cut(buf: bytes, lo: int) -> int:
 def _check_text(buf: bytes) -> None:
     """Refuse invalid UTF-8 (the reference reader's rule). Chunks are cut before ``{``, so a
     multi-byte character is never split between two chunks."""
-    if not _is_ascii(buf):
+    if not buf.isascii():
         try:
-            str(buf, "utf-8")
+            buf.decode("utf-8")
         except UnicodeDecodeError:
             raise _NotFast("invalid UTF-8") from None
-
-
-def _is_ascii(buf) -> bool:
-    """``buf.isascii()``, also for an mmap (numpy's maximum of its bytes: as fast, 0.37 ms for
-    10 MB)."""
-    if hasattr(buf, "isascii"):
-        return buf.isascii()
-    import numpy as np  # (imported with the tables already)
-
-    return not len(buf) or int(np.frombuffer(buf, np.uint8).max()) < 0x80
 
 
 def _is_sentinel(ev) -> bool:
@@ -1004,49 +992,17 @@ def _read_small(p: Path, progress=None) -> bytes | None:
         if f.read(2) == _GZIP_MAGIC:  # (before reading the rest: gzip is read in chunks)
             return None
         f.seek(0)
-        data = _read_huge(f, size) if size >= _HUGE_MIN else None
-        if data is None:
-            # the file's size and one byte more, not ``limit``: a buffer of ``limit`` bytes
-            # shrunk to the data took 2.5 ms for the 10 MB benchmark trace, against 0.75
-            data = f.read(size + 1)
-            if len(data) > size:  # it grew since: the rest, up to the limit
-                data += f.read(limit - len(data))
+        # the file's size and one byte more, not ``limit``: a buffer of ``limit`` bytes shrunk
+        # to the data took 2.5 ms for the 10 MB benchmark trace, against 0.75 (best of 30)
+        data = f.read(size + 1)
+        if len(data) > size:  # it grew since: the rest, up to the limit
+            data += f.read(limit - len(data))
     if len(data) >= limit:
         return None
     check_zeros(p, data, 0)
     if progress:
         progress(len(data))
     return data
-
-
-# A file of at least this many bytes is read into memory of its own, in huge pages.
-_HUGE_MIN = 4 << 20
-
-
-def _read_huge(f, size: int) -> mmap.mmap | None:
-    """The ``size`` bytes of the file ``f`` (at its start), read into an anonymous mapping of
-    that size in transparent huge pages (``madvise``); None when the file holds more or fewer
-    bytes now, or where there are no huge pages to ask for. In a process that has not yet used
-    that much memory, each fresh page costs: the first read of the 10 MB benchmark trace in a
-    process took 3.5 ms instead of 5.9-6.6 (4 processes each). (An mmap of the file itself
-    would cost no copy, but a file cut while it is mapped kills the process with SIGBUS.)"""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None or not hasattr(os, "preadv") or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return None
-    fd = f.fileno()
-    try:
-        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        buf.madvise(advice)
-        view = memoryview(buf)
-        got = 0
-        while got < size and (n := os.preadv(fd, [view[got:]], got)):
-            got += n
-        view.release()
-        if got != size or os.pread(fd, 1, size):  # cut or grown since: read the plain way
-            return None
-    except (OSError, ValueError):
-        return None
-    return buf
 
 
 def _decode_whole(data: bytes, sink: EventSink) -> TraceFile:

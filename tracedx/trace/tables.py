@@ -232,8 +232,9 @@ def _str_col(vals: list, dedup: bool = True) -> pl.Series:
     a kernel name repeated over thousands of launches takes 16 bytes a row, not its length.
     On the 107 MB benchmark trace the diagnosis peaked at 196 MB instead of 208 (3 runs each),
     for about 1 ms more per chunk of 8 MB (hashing each name). A few hundred values are
-    stored as they are: the saving is nothing, the extra polars calls are not; so are values
-    of at most 12 bytes (``dedup=False``), which polars keeps inside the view."""
+    stored as they are: the saving is nothing, the extra polars calls are not; so are all of
+    them with ``dedup=False``: short values (categories), which polars keeps inside the view,
+    and the names of a whole small document (:meth:`Converter.convert`)."""
     if not dedup or len(vals) < _DEDUP_MIN:
         s = pl.Series(vals, dtype=pl.Utf8)
         return s.fill_null("") if s.null_count() else s
@@ -650,6 +651,7 @@ def _host_cols(evs: list[Event], args: list, dedup: bool = True) -> dict[str, pl
 
 
 _FEW = 256
+"""Up to this many GPU events, their lanes are worked out in Python, not by polars."""
 
 
 def _lane_col(vals: list, evs: list[Event], fallback: str) -> pl.Series:
@@ -701,23 +703,23 @@ class Converter:
         self._type_codes = _Codes(lambda t, _: _type_code(t))
         self._cat_codes = _Codes(lambda cat, _: _cat_code(cat))
         self._memcpy_cache: dict = {}
-        self.dedup = True  # names stored once per distinct name (see convert)
 
     def convert(self, evs: list[Event], whole: bool = False) -> ChunkColumns:
         """The columns of ``evs``; ``whole``: they are all the events of a small document
         (read in one piece), whose names are stored as they are (see :func:`_str_col`: the
         saving is memory at scale, and hashing them took 0.6 ms of the 10 MB benchmark
         trace's read)."""
-        self.dedup = not whole
         out = ChunkColumns({}, {}, {}, {}, {}, {})
         interners = {"kernel": _Interner(2), "cpu_op": _Interner(3)}
         n = len(evs)
         if n:
-            self._convert(evs, n, out, interners)
+            self._convert(evs, n, out, interners, whole)
         out.keys = {k: list(it.codes) for k, it in interners.items()}
         return out
 
-    def _convert(self, evs: list[Event], n: int, out: ChunkColumns, interners: dict) -> None:
+    def _convert(
+        self, evs: list[Event], n: int, out: ChunkColumns, interners: dict, whole: bool
+    ) -> None:
         # the fast reader's events are tagged by ph: their type says it (-1: an untagged type)
         ph = np.fromiter(map(self._type_codes.__getitem__, map(type, evs)), np.int16, n)
         if ph.min() < 0:
@@ -747,9 +749,9 @@ class Converter:
             idx = np.flatnonzero(cand & (kind == code))
             if len(idx):
                 sub = list(map(evs.__getitem__, idx.tolist())) if len(idx) < n else evs
-                self._kind(name, sub, out, interners)
+                self._kind(name, sub, out, interners, whole)
 
-    def _kind(self, kind: str, evs: list[Event], out: ChunkColumns, it: dict) -> None:
+    def _kind(self, kind: str, evs: list[Event], out: ChunkColumns, it: dict, whole: bool) -> None:
         args = list(map(_GET_ARGS, evs))
         if None in args:
             # an event without args reads as one with empty args of the chunk's type (every
@@ -759,9 +761,9 @@ class Converter:
             empty = _EMPTY_COMM_ARGS if isinstance(first, CommArgs) else _EMPTY_ARGS
             args = [empty if a is None else a for a in args]
         if kind in ("kernel", "memcpy", "memset", "cuda_sync", "gpu_user_annotation"):
-            cols = _gpu_cols(evs, args, self.dedup)
+            cols = _gpu_cols(evs, args, not whole)
         else:
-            cols = _host_cols(evs, args, self.dedup)
+            cols = _host_cols(evs, args, not whole)
         if kind == "kernel":
             launch = it["kernel"].encode(args, ("grid", "block"))
             for axis in "xyz":
@@ -828,7 +830,7 @@ class Converter:
             cols["python_parent_id"] = _any_int_col(_get(args, "python_parent_id"))
         ts = cols["start_us"].to_numpy()
         dur = cols["duration_us"].to_numpy()
-        if not self.dedup:
+        if whole:
             # a whole small document: here, in numpy, for the one constructor below (for each
             # table a with_columns cost more); chunks get it at the end (_final), so that the
             # columns kept while a big trace is read are no larger (the 1 GB read peaked 12
@@ -931,7 +933,7 @@ class TableBuilder:
                 raise RuntimeError("a reserved chunk was never filled")
             for kind, df in c.frames.items():
                 if kind in _INTERNED:
-                    keep = [c for c in df.columns if not (several and c == "end_us")]
+                    keep = [col for col in df.columns if not (several and col == "end_us")]
                     self._columns.setdefault(kind, keep)
                     remaps[kind].append(self._interners[kind].remap(c.keys[kind]).to_numpy())
                     if several:  # (else not concatenated: _final replaces them in place)
@@ -1109,7 +1111,7 @@ class TableBuilder:
                 # the values of each distinct key, gathered by code (in parallel: one with_columns)
                 code = pl.col(next(iter(interned)))
                 df = df.with_columns(
-                    pl.lit(self._values(kind, col, field)).gather(code).alias(col)
+                    pl.lit(self._values(kind, col, field)[0]).gather(code).alias(col)
                     for col, field in interned.items()
                 ).select(self._columns[kind])
         if "end_us" not in df.columns:
@@ -1130,14 +1132,15 @@ class TableBuilder:
         the distinct keys' values are grouped once here (polars' own equality, as a group_by
         on the list columns) and each group numbered by its first key (first seen)."""
         cols = _INTERNED["cpu_op"]
-        self._plain: dict[str, list] = {}  # (filled by _values: the columns read plain)
-        vals = {c: self._values("cpu_op", c, f) for c, f in cols.items()}
-        if len(self._plain) == len(cols):
+        got = {c: self._values("cpu_op", c, f) for c, f in cols.items()}
+        vals = {c: v for c, (v, _) in got.items()}
+        plain = [p for _, p in got.values() if p is not None]  # the columns read plain
+        if len(plain) == len(cols):
             # every value as the typed decoder read it (ints and strings: equal exactly when
             # their JSON is): grouped in Python, 0.25 ms less than polars' group_by (354 keys)
             first: dict[bytes, int] = {}
             group = first.setdefault
-            keys = map(_ENCODE, zip(*(self._plain[c] for c in cols), strict=True))
+            keys = map(_ENCODE, zip(*plain, strict=True))
             canon = np.fromiter(
                 (group(k, len(first)) for k in keys), np.uint32, len(vals["input_shapes"])
             )
@@ -1148,7 +1151,6 @@ class TableBuilder:
             canon[keys["key"].explode().to_numpy()] = np.repeat(
                 np.arange(keys.height, dtype=np.uint32), keys["key"].list.len().to_numpy()
             )
-        self._plain = {}
         code = df["input_shapes"]
         out = {c: v.gather(code) for c, v in vals.items()}
         out["shape_code"] = pl.Series(canon[code.to_numpy()], dtype=pl.UInt32)
@@ -1156,8 +1158,9 @@ class TableBuilder:
         names += ["end_us"] if "end_us" in df.columns else []
         return pl.DataFrame({n: out[n] if n in out else df[n] for n in names})
 
-    def _values(self, kind: str, col: str, field: int) -> pl.Series:
-        """Column ``col``'s value for each distinct key of ``kind``, in code order."""
+    def _values(self, kind: str, col: str, field: int) -> tuple[pl.Series, list | None]:
+        """Column ``col``'s value for each distinct key of ``kind``, in code order, and those
+        values as the typed decoder read them where the column is read plain (else None)."""
         if kind not in self._raw:
             self._raw[kind] = self._interners[kind].fields()
         raws = self._raw[kind][field]
@@ -1165,13 +1168,13 @@ class TableBuilder:
             if (kind, field) not in self._decoded:  # a grid or block gives 3 columns
                 self._decoded[kind, field] = _decode_each(raws)
             i = "xyz".index(col[-1])
-            return pl.Series([_dim3(v, i) for v in self._decoded[kind, field]], dtype=pl.Int64)
+            dims = [_dim3(v, i) for v in self._decoded[kind, field]]
+            return pl.Series(dims, dtype=pl.Int64), None
         plain = _plain_column(raws, col)
         if plain is not None:
-            self._plain[col] = plain[1]
-            return plain[0]
+            return plain
         parse = _shapes if col == "input_shapes" else _strs
-        return _nested([parse(v) for v in _decode_each(raws)], _SCHEMAS[kind][col])
+        return _nested([parse(v) for v in _decode_each(raws)], _SCHEMAS[kind][col]), None
 
 
 _ENCODE = msgspec.json.encode
