@@ -63,8 +63,8 @@ def test_many_chunks_equal_the_reference(small_chunks, tmp_path, gzipped):
 
 
 def test_a_plain_file_under_two_chunks_is_decoded_whole(tmp_path, monkeypatch):
-    """Between one and two chunks, a plain file is decoded in one piece (read at once), gzip
-    is still cut into chunks; both give the reference tables."""
+    """Between one and two chunks, a plain file is decoded in one piece (read at once), and
+    so is a gzip file's document (gunzipped at once); both give the reference tables."""
     plain = tmp_path / "plain.json"
     plain.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
     size = plain.stat().st_size
@@ -75,10 +75,44 @@ def test_a_plain_file_under_two_chunks_is_decoded_whole(tmp_path, monkeypatch):
     assert chunks == 1
     _same(ref, fast)
     fast_gz, chunks_gz = _fast(SAMPLE)
-    assert chunks_gz == 2
+    assert chunks_gz == 1
     _same(ref, fast_gz)
     monkeypatch.setattr(source, "CHUNK_BYTES", size // 2)  # exactly two chunks: cut
     assert _fast(plain)[1] == 2
+
+
+def _outcome(path: Path):
+    """The tables of ``path`` read by the fast reader, or its error's message."""
+    try:
+        return _fast(path)[0]
+    except source.TraceFormatError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("case", ["one member", "two members", "trailing bytes", "truncated"])
+def test_a_small_gzip_gunzipped_at_once_equals_the_chunked_read(tmp_path, monkeypatch, case):
+    """A gzip file whose document is under two chunks is gunzipped at once; whatever the
+    stream (members one after the other, bytes after it, cut short) the tables or the error
+    are the chunked reader's."""
+    doc = gzip.decompress(SAMPLE.read_bytes())
+    half = doc.index(b"},", len(doc) // 2) + 2  # two members cut between events' bytes
+    data = {
+        "one member": gzip.compress(doc),
+        "two members": gzip.compress(doc[:half]) + gzip.compress(doc[half:]),
+        "trailing bytes": gzip.compress(doc) + b"garbage",
+        "truncated": gzip.compress(doc)[:-1000],
+    }[case]
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(data)
+    whole = _outcome(path)
+    monkeypatch.setattr(source, "_gunzip_small", lambda f, limit: None)
+    chunked = _outcome(path)
+    if isinstance(chunked, str):
+        assert whole == chunked
+    else:
+        _same(chunked, whole)
+    if case in ("one member", "two members"):
+        _same(_reference(path), whole)
 
 
 @pytest.fixture
