@@ -994,14 +994,16 @@ def _read_small(p: Path, progress=None) -> bytes | None:
             data = _gunzip_small(f, limit)
             if data is None:
                 return None
+            nbytes = size  # (progress counts the file's bytes, as the chunked reader does)
         else:
             f.seek(0)
             data = _read_plain(f, size, limit)
+            nbytes = len(data)
     if len(data) >= limit:
         return None
     check_zeros(p, data, 0)
     if progress:
-        progress(len(data))
+        progress(nbytes)
     return data
 
 
