@@ -185,6 +185,36 @@ def test_internal_error_is_one_line_exit_1(monkeypatch):
     assert isinstance(r.exception, ValueError)
 
 
+class PanicException(BaseException):
+    """Stands for pyo3's PanicException (a BaseException), what a Rust panic in polars raises."""
+
+
+@pytest.mark.parametrize(
+    "message, code, line",
+    [
+        # Ctrl-C while polars called back into Python: the interrupt is in the panic's message
+        (
+            "called `Result::unwrap()` on an `Err` value: PyErr { type: <class "
+            "'KeyboardInterrupt'>, value: KeyboardInterrupt() }",
+            130,
+            "tracedx: interrupted",
+        ),
+        ("index out of bounds", 1, "tracedx: internal error: PanicException: index out of"),
+    ],
+)
+def test_a_polars_panic_is_an_interrupt_or_one_line(monkeypatch, message, code, line):
+    import tracedx.analysis.diagnosis as dx
+
+    def boom(*a, **k):
+        raise PanicException(message)
+
+    monkeypatch.setattr(dx, "diagnose", boom)
+    monkeypatch.delenv("TRACEDX_DEBUG", raising=False)
+    r = CliRunner().invoke(main, ["diagnose", str(BAD.parent / "tiny.json"), "--no-cache"])
+    assert r.exit_code == code, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(line), r.stderr
+
+
 @pytest.mark.parametrize("name,path,words", CASES, ids=IDS)
 def test_bad_input_to_report_and_diff_exits_2(name, path, words, tmp_path):
     """The other commands that read traces refuse the same inputs the same way."""

@@ -148,15 +148,30 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
-            if os.environ.get("TRACEDX_DEBUG"):
+            _internal_error(ctx, e)
+        except BaseException as e:
+            # a Rust panic inside polars is pyo3's PanicException, a BaseException; Ctrl-C
+            # landing while polars calls back into Python panics there (the KeyboardInterrupt
+            # is in the panic's message) instead of raising KeyboardInterrupt
+            if type(e).__name__ != "PanicException":
                 raise
-            msg = term(" ".join(str(e).split()), 300)
-            _say(
-                f"tracedx: internal error: {type(e).__name__}: {msg} (a tracedx bug; please "
-                "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)",
-                error=True,
-            )
-            ctx.exit(1)
+            if "KeyboardInterrupt" in str(e):
+                _say("tracedx: interrupted")
+                ctx.exit(130)
+            _internal_error(ctx, e)
+
+
+def _internal_error(ctx: click.Context, e: BaseException) -> None:
+    """One line for a bug in tracedx (exit 1); ``TRACEDX_DEBUG`` re-raises it."""
+    if os.environ.get("TRACEDX_DEBUG"):
+        raise e
+    msg = term(" ".join(str(e).split()), 300)
+    _say(
+        f"tracedx: internal error: {type(e).__name__}: {msg} (a tracedx bug; please "
+        "report it with the trace; TRACEDX_DEBUG=1 shows the traceback)",
+        error=True,
+    )
+    ctx.exit(1)
 
 
 def _check_html_path(path) -> None:
