@@ -141,18 +141,12 @@ def test_memcpy_table_is_the_polars_table():
     those of polars' with_columns and sort of the group_by, for one group and for many."""
     from types import SimpleNamespace
 
-    from tracedx.analysis.diagnosis import _memcpy_table
+    from tracedx.analysis.diagnosis import _host_memory, _memcpy_table
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 5, 40, 300):
         m = _random_memcpys(rng, n)
-        host_mem = (
-            pl.when(pl.col("direction") == "HtoD")
-            .then(pl.col("src_memory"))
-            .when(pl.col("direction") == "DtoH")
-            .then(pl.col("dst_memory"))
-            .otherwise(pl.lit("Device"))
-        )
+        host_mem = _host_memory()  # (the grouping is shared: the Python bandwidths are tested)
         want = (
             m.filter(pl.col("step").is_in([1, 2, 3]))
             .group_by("device", "direction", host_memory=host_mem)

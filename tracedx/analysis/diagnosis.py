@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import numbers
 import re
-import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,6 +267,18 @@ _MEMCPY_SCHEMA = {
 }
 
 
+def _host_memory() -> pl.Expr:
+    """A copy's host memory: its source's for host to device, its destination's for device to
+    host (``Pageable``, ``Pinned``), ``Device`` otherwise."""
+    return (
+        pl.when(pl.col("direction") == "HtoD")
+        .then(pl.col("src_memory"))
+        .when(pl.col("direction") == "DtoH")
+        .then(pl.col("dst_memory"))
+        .otherwise(pl.lit("Device"))
+    )
+
+
 def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
     """The analysed steps' copies by device, direction and host memory (``Pageable``,
     ``Pinned``; ``Device`` for device-to-device): count, bytes, device time and bandwidth,
@@ -278,14 +289,7 @@ def _memcpy_table(trace: Trace, steps: list[int]) -> pl.DataFrame:
     if not on.any():
         return pl.DataFrame(schema=_MEMCPY_SCHEMA)
     m = m if on.all() else m.filter(pl.Series(on))
-    host_mem = (
-        pl.when(pl.col("direction") == "HtoD")
-        .then(pl.col("src_memory"))
-        .when(pl.col("direction") == "DtoH")
-        .then(pl.col("dst_memory"))
-        .otherwise(pl.lit("Device"))
-    )
-    g = m.group_by("device", "direction", host_memory=host_mem).agg(
+    g = m.group_by("device", "direction", host_memory=_host_memory()).agg(
         count=pl.len(), bytes=pl.col("bytes").sum(), device_time_us=sum_us("duration_us")
     )
     cols = {c: g[c].to_list() for c in ("device", "direction", "host_memory", "count", "bytes")}
@@ -1082,22 +1086,13 @@ def _float_sum(us: np.ndarray) -> float:
     return float(pl.Series(us, dtype=pl.Float64).sum())
 
 
-_rows_of: dict[int, list] = {}  # id(op table) -> its rows, kept while the table lives
-
-
 def _table_rows(tbl: pl.DataFrame) -> list[dict[str, Any]]:
-    """The rows of a small table (the op groups: a few hundred at most) as dicts, made once
-    per table for the verdict, the notes and the findings that read it (each of its polars
-    filters and sorts cost 0.1-0.3 ms; making the rows 0.3-0.5 ms for the 10 MB benchmark
-    trace's 102 groups, read 4 times). The rows are copies (``to_list``), shared by those
-    readers: read-only. They are dropped with the table."""
-    rows = _rows_of.get(id(tbl))
-    if rows is None:
-        cols = {c: tbl[c].to_list() for c in tbl.columns}
-        rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
-        _rows_of[id(tbl)] = rows
-        weakref.finalize(tbl, _rows_of.pop, id(tbl), None)
-    return rows
+    """The rows of a small table (the op groups: a few hundred at most) as dicts of Python
+    values, which the verdict, the notes and the findings filter and sort in Python (each
+    polars filter and sort cost 0.1-0.3 ms; the rows 0.3-0.5 ms for the 10 MB benchmark
+    trace's 102 groups)."""
+    cols = {c: tbl[c].to_list() for c in tbl.columns}
+    return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
 
 
 def _gt(x: float | None, y: float) -> bool:

@@ -661,14 +661,6 @@ def _null_mask(tables: list[pl.DataFrame], name: str) -> np.ndarray | None:
     return np.concatenate([t[name].is_null().to_numpy() for t in tables])
 
 
-def _is_in(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.isin(a, b)`` for integer arrays: a binary search in ``b`` sorted."""
-    if not len(b):
-        return np.zeros(len(a), bool)
-    b = np.sort(b)
-    return b[np.minimum(np.searchsorted(b, a), len(b) - 1)] == a
-
-
 def _is_kernel_launch(launches: pl.DataFrame) -> np.ndarray:
     """Which launches are kernel or graph launches (``api_kind``)."""
     kind = launches["api_kind"]
@@ -717,7 +709,9 @@ def _quality(
     if lk.null_count():
         is_k &= lk.is_not_null().to_numpy()
     lk = _filled(lk, 0)[is_k]
-    orphan = len(lk) - int(np.count_nonzero(_is_in(lk, corr)))  # launches whose GPU work is missing
+    orphan = len(lk) - int(
+        np.count_nonzero(np.isin(lk, corr))
+    )  # launches whose GPU work is missing
     if orphan:
         out.append(
             DataWarning(
