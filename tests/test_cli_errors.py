@@ -32,7 +32,11 @@ def cases() -> list[tuple[str, Path, list[str]]]:
         ("not-json", BAD / "not_json.json", ["not valid JSON", "line 1, column 1", "byte 0"]),
         # the file is 90 bytes, cut inside the first event
         ("truncated", BAD / "truncated.json", ["truncated", "90 bytes"]),
-        ("cut-gzip", BAD / "cut.json.gz", ["truncated gzip", "`--repair` loads"]),
+        (
+            "cut-gzip",
+            BAD / "cut.json.gz",
+            ["truncated gzip", "`--repair` (repair=True in Python) loads"],
+        ),
         ("no-traceEvents", BAD / "no_trace_events.json", ["traceEvents"]),
         # a JSON array of other objects (a results list) is not the legacy array format
         ("array-not-events", BAD / "not_events.json", ["not a chrome trace", "2 objects", "`ph`"]),
@@ -240,3 +244,100 @@ def test_an_unwritable_html_path_is_refused_before_the_trace_is_read(tmp_path):
         assert r.stderr.strip().splitlines() == [
             f"tracedx: error: cannot write the HTML report to {target}: No such file or directory"
         ]
+
+
+TINY = BAD.parent / "tiny.json"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["diagnose", "--nope", "x"],
+            "No such option '--nope'. Did you mean '--no-cache'? (see 'tracedx diagnose --help')",
+        ),
+        (["diagnose"], "Missing argument 'TRACE...' (see 'tracedx diagnose --help')"),
+        (
+            ["diagnose", "--format", "xml", str(TINY)],
+            "Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md' "
+            "(see 'tracedx diagnose --help')",
+        ),
+        (["nosuchcmd"], "No such command 'nosuchcmd' (see 'tracedx --help')"),
+        (["--nope"], "No such option '--nope' (see 'tracedx --help')"),
+        (["diff", str(TINY)], "Missing argument 'AFTER' (see 'tracedx diff --help')"),
+    ],
+    ids=["unknown-option", "missing-argument", "bad-choice", "no-command", "group-option", "diff"],
+)
+def test_a_usage_error_is_one_line_exit_2(args, line):
+    """click's usage block (Usage / Try / blank / Error) is one line, for every command."""
+    r = CliRunner().invoke(main, args, prog_name="tracedx")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == f"tracedx: error: {line}\n"
+
+
+def test_a_usage_error_is_one_line_in_a_real_process():
+    r = subprocess.run(
+        [sys.executable, "-m", "tracedx", "diagnose", "--format", "xml", str(TINY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (
+        "tracedx: error: Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md' "
+        "(see 'tracedx diagnose --help')\n"
+    )
+
+
+def test_help_and_no_command_still_print_the_help():
+    r = CliRunner().invoke(main, ["diagnose", "--help"], prog_name="tracedx")
+    assert r.exit_code == 0 and r.stdout.startswith("Usage: tracedx diagnose [OPTIONS] TRACE...")
+    r = CliRunner().invoke(main, [], prog_name="tracedx")
+    assert r.exit_code == 2 and r.stderr.startswith("Usage: tracedx [OPTIONS] COMMAND [ARGS]...")
+    assert "\nCommands:\n" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "content,what",
+    [
+        (None, "a chrome trace"),
+        ("{}", 'a JSON object with no "schema" key'),
+        ('{"schema": "tracedx.diagnosis/1"}', "a JSON object with schema 'tracedx.diagnosis/1'"),
+    ],
+    ids=["a-trace", "empty-object", "another-schema"],
+)
+def test_a_json_file_that_is_not_a_calibration_file_says_what_was_expected(content, what, tmp_path):
+    cal = TINY if content is None else tmp_path / "cal.json"
+    if content is not None:
+        cal.write_text(content)
+    r = CliRunner().invoke(main, ["diagnose", str(TINY), "--calibration", str(cal)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == (
+        f"tracedx: error: calibration file {str(cal)!r} is {what}, not a calibration file "
+        "(expected schema 'tracedx.calibration/1', as `tracedx calibrate` writes)\n"
+    )
+
+
+def test_plain_json_named_gz_is_read_with_a_note(tmp_path):
+    gz = tmp_path / "renamed.json.gz"
+    gz.write_bytes(TINY.read_bytes())
+    r = CliRunner().invoke(main, ["diagnose", "--no-cache", str(gz)])
+    assert r.exit_code == 0, r.stderr
+    assert "GPU busy       0.040 ms" in r.stdout  # the same answer as tiny.json's
+    # one note (fitted to stderr's width: continuation lines indented)
+    assert r.stderr.startswith("tracedx: ") and "\ntracedx" not in r.stderr
+    assert " ".join(r.stderr.split()) == (
+        f"tracedx: {gz} is named .gz but is not gzip: read it as plain JSON"
+    )
+
+
+@pytest.mark.parametrize("repair", [[], ["--repair"]], ids=["plain", "repair"])
+def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(repair, tmp_path):
+    gz = tmp_path / "noise.json.gz"
+    gz.write_bytes(bytes([0x06, 0xE7, 0xFF, 0x74, 0xC2, 0x22, 0xF1, 0x8A]) * 40)
+    r = CliRunner().invoke(main, ["diagnose", *repair, str(gz)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == (
+        f"tracedx: error: {gz}: named .gz but is not gzip (it does not start with the gzip "
+        "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a\n"
+    )

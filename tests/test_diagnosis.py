@@ -363,7 +363,7 @@ def test_a_compute_bound_op_over_its_roof_blames_the_peaks_not_the_cache():
     d = tracedx.diagnose(tracedx.load(SAMPLES / "matmul-fp32.json.gz"), device="A100")
     [note] = [n for n in d.notes if "faster than the roofline allows" in n]
     assert "aten::mm at 264% of its bound, compute-bound at 683 FLOP/B" in note
-    assert "L2" not in note and "are below this GPU's: check --device" in note
+    assert "L2" not in note and "are below this GPU's: check --device (device= in Python)" in note
 
 
 def test_torch_compile_of_a_replayed_graph_keeps_the_python_around_it():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,22 @@ def test_a_python_script_is_refused_by_load_and_the_command_alike():
         tracedx.load(script)
     r = CliRunner().invoke(main, ["diagnose", str(script)])
     assert r.exit_code == 2 and "is a Python script, not a trace" in r.stderr
+
+
+def test_errors_name_the_python_argument_as_well_as_the_flag():
+    """A notebook user has no --device or --repair: the message names both."""
+    tiny = tracedx.load(Path(__file__).parent / "data" / "tiny.json")
+    with pytest.raises(TraceError) as e:
+        tracedx.diagnose(tiny, peak_tflops=-1)
+    assert (
+        str(e.value) == "--peak-tflops (peak_tflops= in Python) must be a positive number, got -1"
+    )
+    with pytest.raises(TraceError) as e:
+        tracedx.diagnose(tiny, device="h20")
+    assert str(e.value).startswith(
+        "unknown device 'h20' for --device (device= in Python); closest: "
+    )
+    cut = Path(__file__).parent / "data" / "bad" / "cut.json.gz"
+    with pytest.raises(TraceError) as e:
+        tracedx.load(cut)
+    assert str(e.value).endswith("; `--repair` (repair=True in Python) loads what can be salvaged")

@@ -116,7 +116,10 @@ class _Group(click.Group):
             width = min(columns(sys.stdout), HELP_MAX_WIDTH)
             extra.setdefault("terminal_width", width)
             extra.setdefault("max_content_width", width)
-        return super().make_context(info_name, args, parent, **extra)
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:  # the group's own options, or no such command
+            _usage_error(e)
 
     def resolve_command(self, ctx, args):
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -145,6 +148,8 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _say("tracedx: interrupted")
             ctx.exit(130)
+        except click.UsageError as e:  # a subcommand's: unknown option, missing argument, ...
+            _usage_error(e)
         except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
@@ -159,6 +164,16 @@ class _Group(click.Group):
                 _say("tracedx: interrupted")
                 ctx.exit(130)
             _internal_error(ctx, e)
+
+
+def _usage_error(e: click.UsageError) -> None:
+    """A usage error (unknown option, missing argument, bad choice) as one line on stderr,
+    exit 2, instead of click's usage block; ``tracedx`` with no command still prints the help."""
+    if isinstance(e, click.exceptions.NoArgsIsHelpError):
+        raise e
+    where = e.ctx.command_path if e.ctx else "tracedx"
+    _say(f"tracedx: error: {e.format_message().rstrip('.')} (see '{where} --help')", error=True)
+    raise click.exceptions.Exit(e.exit_code)
 
 
 def _internal_error(ctx: click.Context, e: BaseException) -> None:
@@ -237,6 +252,7 @@ def _load(path, repair, no_cache, status=None):
     """Load a trace, through the cache of loaded traces unless ``no_cache``; the cache's notes
     go to stderr."""
     progress = status.reading(path) if status else None
+    _note_misnamed(path)
     if no_cache:
         from tracedx.trace import load
 
@@ -247,6 +263,14 @@ def _load(path, repair, no_cache, status=None):
     if hit:
         _CACHE_USED.append(("tables", str(path)))
     return trace
+
+
+def _note_misnamed(path) -> None:
+    """The note (stderr, after the answer) that a ``.gz`` file held plain JSON."""
+    from tracedx.trace.source import misnamed_gzip
+
+    if misnamed_gzip(path):
+        _NOTES.append(f"{path} is named .gz but is not gzip: read it as plain JSON")
 
 
 def _analysis_options(f):
@@ -449,6 +473,7 @@ def _load_and_diagnose(
         else:
             hit = cache.read_result(trace_path, key, repair=repair, on_note=_NOTES.append)
         if hit is not None:
+            _note_misnamed(trace_path)
             _CACHE_USED.append(("diagnosis", str(trace_path)))
             return hit
     trace = _load(trace_path, repair, no_cache, status)

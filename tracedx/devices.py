@@ -653,7 +653,7 @@ _PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
             rf"{_w('a100')}",
             "a100-sxm-80gb",
             "the name does not say which A100: assuming A100 SXM4 80GB (2039 GB/s); "
-            "pass --device a100-sxm-40gb / a100-pcie-80gb / ... if that is wrong",
+            "pass --device a100-sxm-40gb / a100-pcie-80gb / ... (device= in Python) if that is wrong",
         ),
         (rf"{_w('a10g')}", "a10g", ""),
         (rf"{_w('a10')}", "a10", ""),
@@ -722,7 +722,9 @@ def get_device(name: str) -> DeviceSpec:
     )
     listed = ", ".join(close) if close else ", ".join(keys)
     label = "closest" if close else "known"
-    raise DeviceSpecError(f"unknown device {name!r} for --device; {label}: {listed}")
+    raise DeviceSpecError(
+        f"unknown device {name!r} for --device (device= in Python); {label}: {listed}"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -780,10 +782,17 @@ def load_calibration(path: str | Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise DeviceSpecError(f"calibration file {str(p)!r}: expected a JSON object")
-    if data.get("schema") != CALIBRATION_SCHEMA:
+    schema = data.get("schema")
+    if schema != CALIBRATION_SCHEMA:
+        if "traceEvents" in data:
+            what = "a chrome trace"
+        elif schema is None:
+            what = 'a JSON object with no "schema" key'
+        else:
+            what = f"a JSON object with schema {schema!r}"
         raise DeviceSpecError(
-            f"calibration file {str(p)!r}: schema is {data.get('schema')!r}, "
-            f"expected {CALIBRATION_SCHEMA!r}"
+            f"calibration file {str(p)!r} is {what}, not a calibration file (expected schema "
+            f"{CALIBRATION_SCHEMA!r}, as `tracedx calibrate` writes)"
         )
     bw = data.get("copy_bandwidth_gbs")
     if bw is not None and not _positive(bw):
@@ -886,7 +895,10 @@ def resolve_device(
             that is not a positive finite number.
     """
     notes: list[str] = []
-    for label, v in (("--peak-tflops", peak_tflops), ("--bandwidth-gbs", bandwidth_gbs)):
+    for label, v in (
+        ("--peak-tflops (peak_tflops= in Python)", peak_tflops),
+        ("--bandwidth-gbs (bandwidth_gbs= in Python)", bandwidth_gbs),
+    ):
         if v is not None and not _positive(v):
             raise DeviceSpecError(f"{label} must be a positive number, got {v!r}")
 
@@ -930,7 +942,8 @@ def resolve_device(
             notes.append(
                 f"device {unknown!r} is not in the table and {missing} was not given: "
                 "analysis that needs peaks is skipped; pass both --peak-tflops and "
-                "--bandwidth-gbs, or --device NAME"
+                "--bandwidth-gbs, or --device NAME (peak_tflops=, bandwidth_gbs=, device= in "
+                "Python)"
             )
             return None, notes
         peaks = dict(spec.peak_tflops) if spec else {}
@@ -961,6 +974,7 @@ def resolve_device(
         what = repr(trace_device_name) if trace_device_name else "(the trace names no device)"
         notes.append(
             f"unknown device {what}: analysis that needs peaks is skipped; "
-            "pass --device NAME or --peak-tflops/--bandwidth-gbs"
+            "pass --device NAME or --peak-tflops/--bandwidth-gbs (device=, peak_tflops=, "
+            "bandwidth_gbs= in Python)"
         )
     return spec, notes

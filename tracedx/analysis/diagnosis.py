@@ -750,7 +750,7 @@ def _diagnose(
     if trace.metadata.get("device_mismatch") is not None and device is None:
         notes.append(
             f"deviceProperties lists no entry with id {trace.metadata['device_mismatch']}, the "
-            "GPU the kernels ran on: its peaks are unknown (give --device)"
+            "GPU the kernels ran on: its peaks are unknown (give --device; device= in Python)"
         )
     chosen = _analysed_steps(trace, steps, notes)
     n = len(chosen)
@@ -994,8 +994,8 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
             f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: "
             f"{worst['name']} at {worst['bound_fraction']:.0%} of its bound, compute-bound at "
             f"{worst['intensity']:.0f} FLOP/B): its roof is the compute peak, which no cache "
-            f"raises, so the peaks used ({peaks}) are below this GPU's: check --device, or "
-            "measure them with `tracedx calibrate`"
+            f"raises, so the peaks used ({peaks}) are below this GPU's: check --device (device= in Python), "
+            "or measure them with `tracedx calibrate`"
         ]
     return [
         f"{len(over)} op group(s) ran faster than the roofline allows (the farthest: {worst['name']} at "
@@ -1003,7 +1003,7 @@ def _roofline_notes(ops_tbl: pl.DataFrame, spec) -> list[str]:
         "still in the L2 cache from the kernel before (tens of MB on current GPUs) is read "
         "faster than device memory allows; when an op's data per call is well over the "
         f"L2 size, the peaks used ({peaks}) are below this "
-        "GPU's: check --device, or measure them with `tracedx calibrate`"
+        "GPU's: check --device (device= in Python), or measure them with `tracedx calibrate`"
     ]
 
 

@@ -1224,9 +1224,13 @@ def diff(
     given = None if fix is None else [x.strip() for x in re.split(r"[,+]", fix) if x.strip()]
     for x in given or []:
         if x not in fx.FIX_IDS:
-            raise TraceError(f"--fix {x!r}: not a fix id; one of {', '.join(fx.FIX_IDS)}")
+            raise TraceError(
+                f"--fix {x!r} (fix= in Python): not a fix id; one of {', '.join(fx.FIX_IDS)}"
+            )
     if given is not None and not given:
-        raise TraceError(f"--fix {fix!r}: no fix id given; one of {', '.join(fx.FIX_IDS)}")
+        raise TraceError(
+            f"--fix {fix!r} (fix= in Python): no fix id given; one of {', '.join(fx.FIX_IDS)}"
+        )
     before = _as_diagnosis(a, "BEFORE", **diagnose_kw)
     after = _as_diagnosis(b, "AFTER", **diagnose_kw)
     sa, sb = signals(before), signals(after)

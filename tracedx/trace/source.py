@@ -104,6 +104,11 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
     check_format(p, raw[:8])
+    if raw[:2] != _GZIP_MAGIC and p.name.lower().endswith(".gz") and not _json_start(raw):
+        raise TraceFormatError(
+            f"{p}: named .gz but is not gzip (it does not start with the gzip bytes 1f 8b) "
+            f"nor JSON: it starts with {raw[:8].hex(' ')}"
+        )
     if raw[:2] == _GZIP_MAGIC:
         raw = _gunzip(p, raw, repair_mode, limit)
         if not raw.strip():
@@ -114,6 +119,28 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
+
+
+def _json_start(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts like a JSON document: ``{`` or ``[``
+    after whitespace and a UTF-8 byte-order mark."""
+    head = head[:4096].lstrip(b" \t\r\n")
+    head = head[3:] if head[:3] == b"\xef\xbb\xbf" else head
+    return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
+
+
+def misnamed_gzip(path: str | Path) -> bool:
+    """Whether ``path`` is named ``.gz`` but holds plain JSON (no gzip magic bytes): such a
+    file is read as the JSON it is. False when it cannot be read (its reader says why)."""
+    p = Path(path)
+    if not p.name.lower().endswith(".gz"):
+        return False
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head[:2] != _GZIP_MAGIC and _json_start(head)
 
 
 # The whole-document reader (:func:`read_document`: a layout the fast reader cannot vouch for,
@@ -137,7 +164,7 @@ class TooLargeWhole(TraceFormatError):
     def __init__(self, p: Path, limit: int) -> None:
         super().__init__(
             f"{p}: over {limit:,} bytes of JSON that must be read whole (a layout the streaming "
-            "reader does not read, --repair, or B/E events): refused to bound memory (about 5 "
+            "reader does not read, repair mode, or B/E events): refused to bound memory (about 5 "
             f"bytes per JSON byte); set {WHOLE_MAX_ENV}=<bytes> to allow more"
         )
 
@@ -285,7 +312,7 @@ def _where(data: bytes, pos: int) -> str:
     return f"line {line}, column {col} (byte {pos})"
 
 
-_HINT = "; `--repair` loads what can be salvaged"
+_HINT = "; `--repair` (repair=True in Python) loads what can be salvaged"
 _LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # The start of the repair note for a file of which only the events before a break were kept.
 TRUNCATED_NOTE = "the JSON is truncated or broken"
