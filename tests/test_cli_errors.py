@@ -259,7 +259,8 @@ TINY = BAD.parent / "tiny.json"
         (["diagnose"], "Missing argument 'TRACE...' (see 'tracedx diagnose --help')"),
         (
             ["diagnose", "--format", "xml", str(TINY)],
-            "Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md' "
+            "Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md', "
+            "'markdown' "
             "(see 'tracedx diagnose --help')",
         ),
         (["nosuchcmd"], "No such command 'nosuchcmd' (see 'tracedx --help')"),
@@ -284,7 +285,8 @@ def test_a_usage_error_is_one_line_in_a_real_process():
     )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == (
-        "tracedx: error: Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md' "
+        "tracedx: error: Invalid value for '--format': 'xml' is not one of 'text', 'json', 'md', "
+        "'markdown' "
         "(see 'tracedx diagnose --help')\n"
     )
 
@@ -341,3 +343,11 @@ def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(repair, tmp_path):
         f"tracedx: error: {gz}: named .gz but is not gzip (it does not start with the gzip "
         "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a\n"
     )
+
+
+def test_format_markdown_is_md():
+    """``--format markdown`` is the markdown report ``--format md`` prints."""
+    md = CliRunner().invoke(main, ["diagnose", "--no-cache", "--format", "md", str(TINY)])
+    long = CliRunner().invoke(main, ["diagnose", "--no-cache", "--format", "markdown", str(TINY)])
+    assert md.exit_code == 0 and long.exit_code == 0
+    assert long.stdout == md.stdout and md.stdout.startswith("# tracedx diagnosis")

@@ -616,3 +616,20 @@ def test_diagnose_given_a_path_says_what_to_call_first():
         tracedx.diagnose(SAMPLES / "ddp_mlp-gloo-balanced")
     with pytest.raises(TypeError, match="not dict"):
         tracedx.diagnose({})
+
+
+def test_text_fixes_give_f_and_s_that_reproduce_each_speedup_and_number_every_fix():
+    """Each printed Amdahl line's f and s give its printed speedup by hand, to the printed
+    0.01x; recommended fixes past the third are numbered on, not hidden under another word."""
+    path = SAMPLES / "item_loop-sync-stack.json.gz"
+    if not path.exists():
+        pytest.skip("sample missing")
+    d = tracedx.diagnose(tracedx.load(path))
+    text = d.to_text()
+    heads = re.findall(r"^  (\d+)\. [\w-]+: ([\d.]+)x ", text, re.M)
+    pairs = re.findall(r"acts on f = ([\d.]+)% of the step, local speedup s = ([\d.]+)x", text)
+    assert len(pairs) == 3 and len(heads) == sum(f.recommended for f in d.findings) >= 4
+    assert [int(n) for n, _ in heads] == list(range(1, len(heads) + 1))
+    for (_, shown), (f, s) in zip(heads[:3], pairs, strict=True):
+        f = float(f) / 100
+        assert abs(1 / ((1 - f) + f / float(s)) - float(shown)) <= 0.011

@@ -220,10 +220,11 @@ def main() -> None:
 _format_option = click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "json", "md"]),
+    type=click.Choice(["text", "json", "md", "markdown"]),
     default="text",
     show_default=True,
-    help="Report format.",
+    callback=lambda ctx, param, value: "md" if value == "markdown" else value,
+    help="Report format (md and markdown are the same).",
 )
 
 

@@ -274,17 +274,17 @@ def _fix_lines(d: dict) -> list[str]:
     if not rec:
         out.append("  none worth 5% or more")
     for i, f in enumerate(rec[:3], 1):
-        s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.1f}x"
+        s = "∞" if f["local_speedup_unbounded"] else f"{f['local_speedup']:.2f}x"
         out.append(f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)}")
         out.append(f"     {f['title']}")
         out.append(
-            f"     acts on f = {f['fraction']:.0%} of the step, local speedup s = {s}: 1/((1-f)+f/s)"
+            f"     acts on f = {f['fraction']:.1%} of the step, local speedup s = {s}: 1/((1-f)+f/s)"
         )
         out.append(f"     how: {f['derivation']}")
         for e in f["evidence"][:3]:
             out.append(f"     - {e}")
-    if len(rec) > 3:
-        out.append("  more: " + ", ".join(f"{f['fix']} {speedup_label(f)}" for f in rec[3:]))
+    for i, f in enumerate(rec[3:], 4):
+        out.append(f"  {i}. {f['fix']}: {speedup_label(f)} -> {estimate_label(f)} ({f['title']})")
     low = [f for f in d["findings"] if not f["recommended"]]
     if low:
         out.append(
