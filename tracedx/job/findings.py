@@ -107,7 +107,8 @@ def overlap_communication(
         )
     deriv = (
         f"overlap: T' = max(T - H, U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
-        f"{_ms(comm_alone_us)}), set by {bound}"
+        f"{_ms(comm_alone_us)}), set by {bound} (T the job step, H the exposed transfer, U "
+        "compute alone, M communication alone, all per step)"
     )
     return amdahl_finding(
         "overlap-communication",
