@@ -7,6 +7,7 @@ path and a directory. Each is run twice: in-process through click's CliRunner, a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -329,20 +330,49 @@ def test_plain_json_named_gz_is_read_with_a_note(tmp_path):
     # one note (fitted to stderr's width: continuation lines indented)
     assert r.stderr.startswith("tracedx: ") and "\ntracedx" not in r.stderr
     assert " ".join(r.stderr.split()) == (
-        f"tracedx: {gz} is named .gz but is not gzip: read it as plain JSON"
+        f"tracedx: {gz} is not gzip-compressed (named .gz): it was read as plain JSON"
     )
 
 
-@pytest.mark.parametrize("repair", [[], ["--repair"]], ids=["plain", "repair"])
-def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(repair, tmp_path):
+def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(tmp_path):
     gz = tmp_path / "noise.json.gz"
     gz.write_bytes(bytes([0x06, 0xE7, 0xFF, 0x74, 0xC2, 0x22, 0xF1, 0x8A]) * 40)
-    r = CliRunner().invoke(main, ["diagnose", *repair, str(gz)])
+    r = CliRunner().invoke(main, ["diagnose", str(gz)])
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr == (
         f"tracedx: error: {gz}: named .gz but is not gzip (it does not start with the gzip "
-        "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a\n"
+        "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a; `--repair` "
+        "(repair=True in Python) loads what can be salvaged\n"
     )
+    r = CliRunner().invoke(main, ["diagnose", "--repair", str(gz)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == (
+        f"tracedx: error: {gz}: nothing to salvage: no `traceEvents` array before the break\n"
+    )
+
+
+def test_repair_still_salvages_plain_json_named_gz_behind_a_log_line(tmp_path):
+    """--repair skips junk before the JSON whether or not the file is named .gz."""
+    gz = tmp_path / "logged.json.gz"
+    gz.write_bytes(b"WARNING: log line\n" + TINY.read_bytes())
+    r = CliRunner().invoke(
+        main, ["diagnose", "--no-cache", "--repair", "--format", "json", str(gz)]
+    )
+    assert r.exit_code == 0, r.stderr
+    ref = CliRunner().invoke(main, ["diagnose", "--no-cache", "--format", "json", str(TINY)])
+    assert json.loads(r.stdout)["per_device"] == json.loads(ref.stdout)["per_device"]
+
+
+def test_a_usage_error_without_click_context_points_at_the_subcommand_help():
+    r = CliRunner().invoke(main, ["diagnose", "--steps"], prog_name="tracedx")
+    assert r.exit_code == 2 and r.stderr == (
+        "tracedx: error: Option '--steps' requires an argument (see 'tracedx diagnose --help')\n"
+    )
+
+
+def test_a_usage_error_escapes_what_the_user_typed():
+    r = CliRunner().invoke(main, ["diagnose", "--\x1b[31mred"], prog_name="tracedx")
+    assert r.exit_code == 2 and "\x1b" not in r.stderr and "\\x1b[31mred" in r.stderr
 
 
 def test_format_markdown_is_md():

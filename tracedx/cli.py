@@ -149,7 +149,8 @@ class _Group(click.Group):
             _say("tracedx: interrupted")
             ctx.exit(130)
         except click.UsageError as e:  # a subcommand's: unknown option, missing argument, ...
-            _usage_error(e)
+            sub = ctx.invoked_subcommand
+            _usage_error(e, f"{ctx.command_path} {sub}" if sub else None)
         except (click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in tracedx: still one line, never a traceback
@@ -166,12 +167,12 @@ class _Group(click.Group):
             _internal_error(ctx, e)
 
 
-def _usage_error(e: click.UsageError) -> None:
+def _usage_error(e: click.UsageError, sub: str | None = None) -> None:
     """A usage error (unknown option, missing argument, bad choice) as one line on stderr,
     exit 2, instead of click's usage block; ``tracedx`` with no command still prints the help."""
     if isinstance(e, click.exceptions.NoArgsIsHelpError):
         raise e
-    where = e.ctx.command_path if e.ctx else "tracedx"
+    where = e.ctx.command_path if e.ctx else sub or "tracedx"
     _say(f"tracedx: error: {e.format_message().rstrip('.')} (see '{where} --help')", error=True)
     raise click.exceptions.Exit(e.exit_code)
 
@@ -270,8 +271,9 @@ def _note_misnamed(path) -> None:
     """The note (stderr, after the answer) that a ``.gz`` file held plain JSON."""
     from tracedx.trace.source import misnamed_gzip
 
-    if misnamed_gzip(path):
-        _NOTES.append(f"{path} is named .gz but is not gzip: read it as plain JSON")
+    note = f"{path} is not gzip-compressed (named .gz): it was read as plain JSON"
+    if misnamed_gzip(path) and note not in _NOTES:
+        _NOTES.append(note)
 
 
 def _analysis_options(f):

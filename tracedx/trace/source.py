@@ -104,10 +104,15 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
     if not raw:
         raise TraceFormatError(f"{p}: trace is empty (0 bytes)")
     check_format(p, raw[:8])
-    if raw[:2] != _GZIP_MAGIC and p.name.lower().endswith(".gz") and not _json_start(raw):
+    if (
+        not repair_mode
+        and raw[:2] != _GZIP_MAGIC
+        and p.name.lower().endswith(".gz")
+        and not _json_start(raw)
+    ):
         raise TraceFormatError(
             f"{p}: named .gz but is not gzip (it does not start with the gzip bytes 1f 8b) "
-            f"nor JSON: it starts with {raw[:8].hex(' ')}"
+            f"nor JSON: it starts with {raw[:8].hex(' ')}" + _HINT
         )
     if raw[:2] == _GZIP_MAGIC:
         raw = _gunzip(p, raw, repair_mode, limit)
@@ -123,9 +128,8 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
 
 def _json_start(head: bytes) -> bool:
     """Whether ``head`` (a file's first bytes) starts like a JSON document: ``{`` or ``[``
-    after whitespace and a UTF-8 byte-order mark."""
-    head = head[:4096].lstrip(b" \t\r\n")
-    head = head[3:] if head[:3] == b"\xef\xbb\xbf" else head
+    after a UTF-8 byte-order mark, then whitespace (the order the reader takes them in)."""
+    head = head[3:4096] if head[:3] == b"\xef\xbb\xbf" else head[:4096]
     return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
