@@ -319,7 +319,7 @@ def test_busy_share_is_busy_over_step_and_a_gap_to_100_is_explained():
 def test_overhead_verdict_names_its_bottleneck_idle_time():
     """convnet_dataloader-main: host work, weighed by the GPU idle in the DataLoader's __next__
     (215.717 ms of a 223.781 ms step) and the DataLoader's host time, against the other
-    candidates' weights; a line the text verdict shows (the idle-by-cause line is only below
+    candidates' weights, each sum with its parts; a line the text verdict shows (the idle-by-cause line is only below
     it)."""
     from tests.conftest import SAMPLES
     from tracedx.report import render
@@ -328,12 +328,38 @@ def test_overhead_verdict_names_its_bottleneck_idle_time():
     want = (
         "host work weighs most: GPU idle in dataloader 215.717 ms + the DataLoader's host time "
         "217.432 ms = 433.149 ms per step (medians; a weight: the GPU idle and the host time "
-        "overlap), against host synchronization 0.740 ms, host-device transfer 2.245 ms, kernel "
-        "launch 3.420 ms"
+        "overlap), against host synchronization 0.740 ms (a weight: GPU idle in host sync "
+        "0.718 ms + host blocked in syncs 0.022 ms), host-device transfer 2.245 ms, kernel "
+        "launch 3.420 ms (GPU idle in kernel launch 2.462 ms + GPU idle in python 0.885 ms + "
+        "GPU idle in kernel wait 0.073 ms)"
     )
     assert d.bottleneck == "host work" and want in d.evidence
     verdict = render(d, "text").split("WHERE THE TIME GOES")[0]
     assert want in " ".join(verdict.split())
+
+
+def test_bottleneck_line_names_the_parts_of_every_summed_weight():
+    """item_loop-sync-stack: kernel launch (3.596 + 0.077 = 3.673 ms) against host
+    synchronization 2.644 ms, a weight summed from the GPU idle after syncs (2.010 ms, the
+    idle-by-cause line) and the host time blocked in them (0.634 ms, the host-blocked line):
+    the line names both, in the text, markdown and HTML reports alike."""
+    from tests.conftest import SAMPLES
+    from tracedx.report import render
+    from tracedx.report.html import render_html
+
+    d = tracedx.diagnose(tracedx.load(SAMPLES / "item_loop-sync-stack.json.gz"))
+    want = (
+        "kernel launch weighs most: GPU idle in kernel launch 3.596 ms + GPU idle in python "
+        "0.077 ms = 3.673 ms per step (medians), against host synchronization 2.644 ms (a "
+        "weight: GPU idle in host sync 2.010 ms + host blocked in syncs 0.634 ms), host-device "
+        "transfer 0.000 ms, host work 0.000 ms"
+    )
+    assert d.bottleneck == "kernel launch" and want in d.evidence
+    assert "host sync 2.010 ms" in " ".join(render(d, "text").split())
+    assert any("host sync 2.010 ms" in e and e.startswith("idle by cause") for e in d.evidence)
+    assert any("host blocked in syncs 0.634 ms and" in e for e in d.evidence)
+    assert want in render(d, "md")
+    assert want.replace("'", "&#x27;") in render_html(d)
 
 
 def test_a_cost_per_host_event_beyond_the_usual_says_where_it_comes_from():

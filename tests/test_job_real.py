@@ -79,6 +79,52 @@ def test_ranks_of_two_runs_are_said_to_be_so():
     assert "WARNING" not in render_text(one)
 
 
+def test_ranks_of_two_runs_get_no_shares_of_a_step_they_never_shared():
+    """rank 0 of the straggler run (31.427 ms exposed wait per step, for its own slow peer)
+    and rank 1 of the balanced run: they never ran together, so the job's step (18.671 ms,
+    medians over the two) is no step either ran; shares of it (wait 84%, effect 168.3% before)
+    are not printed: the parts are in ms with their range over ranks, said once why, and the
+    JSON's straggler effect and efficiencies are null. The balanced run keeps its shares."""
+    import json
+
+    from tracedx.report.job import render_json, render_text
+    from tracedx.report.job_html import render_job_html
+
+    runs = ROOT / "sample_traces"
+    files = [
+        str(runs / "ddp_mlp-gloo-host-straggler" / "rank0.json.gz"),
+        str(runs / "ddp_mlp-gloo-balanced" / "rank1.json.gz"),
+    ]
+    mixed = diagnose_job(load_job(files, progress=False))
+    assert mixed.clock.runs_apart and mixed.straggler is not None
+    ev = mixed.evidence
+    assert ev[2] == (
+        "step 18.671 ms: per step the median over ranks, then the median over steps; the ranks' "
+        "own median steps 2.937 to 34.349 ms"
+    )
+    assert ev[3] == (
+        "the median rank's step (per figure, the median over ranks of each rank's median over "
+        "its steps): compute 1.597 ms (1.377-1.817 ms over ranks), exposed wait 15.714 ms "
+        "(0.001-31.427 ms over ranks), exposed transfer 0.292 ms (0.266-0.317 ms over ranks), "
+        "other 0.972 ms (0.881-1.062 ms over ranks) per step; no shares of the job's step: the "
+        "ranks never ran at the same time, so they share no step to divide"
+    )
+    assert (
+        "effect: the other ranks wait 31.427 ms per step exposed (median over them of each "
+        "one's median per step)"
+    ) in ev
+    assert not any("of the step" in x for x in ev)
+    doc = json.loads(render_json(mixed))
+    assert doc["straggler"]["effect"] is None
+    assert doc["steps"]["parallel_efficiency"] is None
+    assert doc["steps"]["communication_efficiency"] is None
+    assert "168" not in render_text(mixed).split("FIXES")[0]
+    assert "no share of a step" in render_job_html(mixed)
+    one = diagnose_job(load_job([str(runs / "ddp_mlp-gloo-balanced")], progress=False))
+    assert any(x.endswith("of the step") for x in one.evidence)
+    assert json.loads(render_json(one))["steps"]["parallel_efficiency"] is not None
+
+
 def test_c16_nccl_pair_one_verdict():
     """C16a/b: two ranks of one NCCL job whose single-rank verdicts differ (compute-bound on
     rank 0, bandwidth-bound on rank 1): the job gets one, compute-bound, and the all-reduce is

@@ -277,10 +277,10 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     steps = rank_step_metrics(ss, members)
     notes += _rank_notes(ss) + matched.notes + clock.notes + _past_window_notes(steps)
     ranks = _ranks_table(job, steps, clock)
-    typical = _typical(steps, ranks)
+    typical = _typical(steps, ranks, clock.runs_apart)
     T = typical["step_us"]
     st = (
-        find_straggler(colls, members, steps, ss, T)
+        find_straggler(colls, members, steps, ss, T, clock.runs_apart)
         if colls.height and T
         else StragglerResult(None, pl.DataFrame(), None, "no matched collectives")
     )
@@ -308,10 +308,11 @@ def diagnose_job(job: Job) -> JobDiagnosis:
     )
 
 
-def _typical(steps: pl.DataFrame, ranks: pl.DataFrame) -> dict[str, Any]:
+def _typical(steps: pl.DataFrame, ranks: pl.DataFrame, apart: bool = False) -> dict[str, Any]:
     """The typical rank's step (:attr:`JobDiagnosis.typical`, us). T: per step the median
     over ranks, then the median over steps; the other figures: the median over ranks of each
-    rank's median over its steps (:func:`_ranks_table`)."""
+    rank's median over its steps (:func:`_ranks_table`). ``apart``: the ranks never ran at the
+    same time, so the efficiencies (shares of T) are None."""
     T = None
     if steps.height:
         per_step = steps.group_by("step").agg(pl.col("step_time_us").median())
@@ -323,6 +324,7 @@ def _typical(steps: pl.DataFrame, ranks: pl.DataFrame) -> dict[str, Any]:
     us = ranks["compute_us"].to_list() if "compute_us" in ranks.columns else []
     lb = load_balance(us)
     umax = max((u for u in us if u is not None), default=None)
+    T_share = None if apart else T
     return {
         "step_us": T,
         "compute_us": typ("compute_us"),
@@ -333,8 +335,10 @@ def _typical(steps: pl.DataFrame, ranks: pl.DataFrame) -> dict[str, Any]:
         "other_us": typ("other_us"),
         "transfer_us": typ("transfer_us"),
         "load_balance": lb,
-        "communication_efficiency": umax / T if umax is not None and T else None,
-        "parallel_efficiency": lb * umax / T if lb is not None and umax is not None and T else None,
+        "communication_efficiency": umax / T_share if umax is not None and T_share else None,
+        "parallel_efficiency": (
+            lb * umax / T_share if lb is not None and umax is not None and T_share else None
+        ),
     }
 
 
@@ -515,7 +519,8 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
     if not T or not job.summaries:
         return None, None, ["no analysed steps: no verdict"]
     gpu = has_gpu_activity(job.summaries)
-    ev = [_layout_line(job, groups, clock), *_step_lines(ranks, typ, gpu)]
+    apart = clock.runs_apart
+    ev = [_layout_line(job, groups, clock), *_step_lines(ranks, typ, gpu, apart)]
     if not gpu:
         ev.insert(0, NO_GPU_EVIDENCE)
     if strag is not None:
@@ -523,13 +528,13 @@ def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str
         return _cause_regime(strag, job), "load imbalance", ev
     if st.reason and len(job.summaries) > 1:
         ev.append(f"no straggler: {st.reason}")
-    regime, bott, line = _rule(job, typ, gpu)
+    regime, bott, line = _rule(job, typ, gpu, apart)
     ev.append(line)
     E, lb = typ["exposed_wait_us"], typ["load_balance"]
     if E is not None and E / T >= MIN_EFFECT and lb is not None and lb < LB_DIFFUSE:
         bott = "load imbalance"
         ev.append(
-            f"diffuse imbalance: exposed wait {E / T:.0%} of the step and load balance "
+            f"diffuse imbalance: exposed wait {_of_step(E, T, apart)} and load balance "
             f"{lb:.2f} < {LB_DIFFUSE}, but no single rank paces the others"
         )
     return regime, bott, ev
@@ -558,9 +563,18 @@ def has_gpu_activity(summaries: list) -> bool:
     return not summaries or not all(gpu_free(s) for s in summaries)
 
 
-def _rule(job: Job, typ: dict[str, Any], gpu: bool) -> tuple[str | None, str, str]:
+def _of_step(us: float, T: float, apart: bool) -> str:
+    """``us`` as a share of the job's step T (``84% of the step``), or in ms (``15.714 ms per
+    step``) when the ranks never ran together (``apart``): they share no step to divide."""
+    return f"{us / 1e3:.3f} ms per step" if apart else f"{us / T:.0%} of the step"
+
+
+def _rule(
+    job: Job, typ: dict[str, Any], gpu: bool, apart: bool = False
+) -> tuple[str | None, str, str]:
     """Rules 2-4 of the module docstring (no straggler): ``(regime, bottleneck, evidence)``;
-    without GPU activity no regime, the bottleneck by the same rules on the host timeline."""
+    without GPU activity no regime, the bottleneck by the same rules on the host timeline;
+    ``apart``: the evidence in ms, not shares of the step (:func:`_of_step`)."""
     T = typ["step_us"]
     U, E, X, gi = (
         typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
@@ -573,7 +587,7 @@ def _rule(job: Job, typ: dict[str, Any], gpu: bool) -> tuple[str | None, str, st
         return (
             "overhead-bound" if gpu else None,
             _idle_bottleneck(_idle_medians(job)),
-            f"{what} {wait_idle / T:.0%} of the step: the host side binds",
+            f"{what} {_of_step(wait_idle, T, apart)}: the host side binds",
         )
     if comm_x > 0 and 0.5 * ((U or 0.0) + comm_x) <= comm_x:
         return (
@@ -620,29 +634,38 @@ def _layout_line(job: Job, groups: pl.DataFrame, clock: ClockEstimate) -> str:
     return f"{n} rank{'s' if n != 1 else ''} {where}" + (f"; process groups: {pgs}" if pgs else "")
 
 
-def _step_lines(ranks: pl.DataFrame, typ: dict[str, Any], gpu: bool) -> list[str]:
+def _step_lines(
+    ranks: pl.DataFrame, typ: dict[str, Any], gpu: bool, apart: bool = False
+) -> list[str]:
     """The typical step and what it is made of, each figure with its scope (over which ranks
     and steps it is a median): T is per step the median over ranks, then the median over
     steps (:func:`_typical`); the parts, the median rank: the median over ranks of each rank's
-    median over its steps."""
+    median over its steps. ``apart``: the ranks never ran at the same time, so a step of the
+    job is undefined: the parts in ms, no shares of T, and the line says why."""
     T = typ["step_us"]
     st_col = ranks["step_time_us"].drop_nulls() if "step_time_us" in ranks.columns else []
     step = f"step {T / 1e3:.3f} ms: per step the median over ranks, then the median over steps"
     if len(st_col) > 1:
         lo, hi = min(st_col), max(st_col)
-        step += (
-            f"; the ranks' own median steps {lo / 1e3:.3f} to {hi / 1e3:.3f} ms (spread "
-            f"{(hi - lo) / T:.1%} of the step)"
-        )
+        spread = "" if apart else f" (spread {(hi - lo) / T:.1%} of the step)"
+        step += f"; the ranks' own median steps {lo / 1e3:.3f} to {hi / 1e3:.3f} ms{spread}"
     names = {"compute_us": "compute", "exposed_wait_us": "exposed wait"}
     names |= {"exposed_transfer_us": "exposed transfer"}
     names |= {"idle_us": "GPU idle"} if gpu else {}
     names |= {"other_us": "other"}
-    parts = ", ".join(f"{n} {_pct(typ[c], T)}{_spread(ranks, c, T)}" for c, n in names.items())
+    if apart:
+        parts = ", ".join(f"{n} {_ms_text(typ[c])}{_spread_ms(ranks, c)}" for c, n in names.items())
+        tail = (
+            " per step; no shares of the job's step: the ranks never ran at the same time, so "
+            "they share no step to divide"
+        )
+    else:
+        parts = ", ".join(f"{n} {_pct(typ[c], T)}{_spread(ranks, c, T)}" for c, n in names.items())
+        tail = " of the step"
     out = [
         step,
         "the median rank's step (per figure, the median over ranks of each rank's median "
-        f"over its steps): {parts} of the step",
+        f"over its steps): {parts}{tail}",
     ]
     if typ["load_balance"] is not None:
         out.append(
@@ -664,6 +687,19 @@ def _spread(ranks: pl.DataFrame, c: str, T: float | None) -> str:
     if len(v) < 2 or not T or (max(v) - min(v)) / T < SPREAD_SHOWN:
         return ""
     return f" ({100 * min(v) / T:.0f}-{100 * max(v) / T:.0f}% over ranks)"
+
+
+def _ms_text(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1e3:.3f} ms"
+
+
+def _spread_ms(ranks: pl.DataFrame, c: str) -> str:
+    """`` (A-B ms over ranks)`` when column ``c``'s medians differ over ranks (:func:`_spread`
+    for ranks that share no step)."""
+    v = ranks[c].drop_nulls().to_list() if c in ranks.columns else []
+    if len(v) < 2 or max(v) == min(v):
+        return ""
+    return f" ({min(v) / 1e3:.3f}-{max(v) / 1e3:.3f} ms over ranks)"
 
 
 def _idle_medians(job: Job) -> dict[str, float]:

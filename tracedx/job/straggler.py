@@ -92,7 +92,7 @@ class Straggler:
     last: int
     chance: float
     p_value: float
-    effect: float
+    effect: float | None
     consistency: float
     excess_us: float
     host_side: bool
@@ -210,10 +210,14 @@ def find_straggler(
     steps: pl.DataFrame,
     summaries: list,
     step_us: float | None,
+    runs_apart: bool = False,
 ) -> StragglerResult:
     """Run the three tests and, for a named rank, find its cause (module docstring).
 
-    ``steps``: :func:`tracedx.job.metrics.rank_step_metrics`; ``step_us``: the job's step time T.
+    ``steps``: :func:`tracedx.job.metrics.rank_step_metrics`; ``step_us``: the job's step time T;
+    ``runs_apart``: the ranks never ran at the same time (:class:`tracedx.job.clock.ClockEstimate`),
+    so they share no step to take a share of: the evidence gives the effect in ms per step and
+    a named straggler's ``effect`` is None (the test still compares it with MIN_EFFECT).
     """
     arr = arrival_table(collectives, members)
     alpha = P_VALUE / max(arr.height, 1)
@@ -227,6 +231,11 @@ def find_straggler(
     wait = _per_rank_median(steps, "exposed_wait_us")
     peers = [w for q, w in wait.items() if q != r]
     effect = median(peers) / step_us if peers and step_us else None
+    wait_text = (
+        f"{median(peers) / 1e3:.3f} ms per step"
+        if runs_apart and effect is not None
+        else f"{0 if effect is None else effect:.1%} of the step"
+    )
     # the evidence of a named straggler, one line each: who and how often with the p-value,
     # the effect, then (from _cause) the cause
     ev = [
@@ -236,7 +245,7 @@ def find_straggler(
     ]
     if effect is not None:
         ev.append(
-            f"effect: the other ranks wait {effect:.1%} of the step exposed (median over them of "
+            f"effect: the other ranks wait {wait_text} exposed (median over them of "
             "each one's median per step)"
         )
     reason = None
@@ -263,7 +272,7 @@ def find_straggler(
     elif effect is None or effect < MIN_EFFECT:
         reason = (
             f"rank {r} paces the steps more often than chance, but the others' exposed wait is "
-            f"{0 if effect is None else effect:.1%} of the step (< {MIN_EFFECT:.0%}): no material effect"
+            f"{wait_text} (< {MIN_EFFECT:.0%} of the step): no material effect"
         )
     elif best["consistency"] is None or best["consistency"] < MIN_CONSISTENCY:
         reason = (
@@ -284,7 +293,7 @@ def find_straggler(
         last=int(best["last"]),
         chance=float(best["chance"]),
         p_value=float(best["p_value"]),
-        effect=float(effect),
+        effect=None if runs_apart else float(effect),
         consistency=float(best["consistency"]),
         excess_us=excess,
         host_side=host_side,

@@ -180,12 +180,17 @@ def _verdict(d: dict, jd) -> str:
     ev = "".join(f"<li>{e(x)}</li>" for x in d["evidence"])
     s = d["straggler"]
     if s:  # its evidence lines are in the verdict's evidence above: the test's figures here
+        # no effect: the ranks never ran together, so the wait is no share of a step of theirs
+        wait = (
+            "is no share of a step (the ranks never ran at the same time)"
+            if s["effect"] is None
+            else f"is {s['effect']:.1%} of the step"
+        )
         strag = (
             f"<h3>Straggler: rank {e(s['rank'])} ({e(s['cause'])})</h3><p>It paced (waited "
             f"least in) {s['last_in_steps']} of {s['steps']} steps (chance "
             f"{s['chance']:.0%} per step, binomial p = {s['p_value']:.2g}); the others' exposed "
-            f"wait is {s['effect']:.1%} of the step; {s['excess_ms']:.3f} ms per step more than "
-            "the median peer.</p>"
+            f"wait {wait}; {s['excess_ms']:.3f} ms per step more than the median peer.</p>"
         )
     else:
         strag = (
