@@ -510,8 +510,12 @@ def _cause_regime(s: Straggler, job: Job) -> str | None:
     return _device_verdict(sm)[0]
 
 
-def _pct(v: float | None, t: float | None) -> str:
-    return "n/a" if v is None or not t else f"{v / t:.0%}"
+def _part(v: float | None, t: float | None, apart: bool = False) -> str:
+    """A part ``v`` (us) of the step ``t`` (us) as its share (``84%``), or in ms (``15.714
+    ms``) when the ranks never ran together (``apart``: they share no step to divide)."""
+    if v is None or (not apart and not t):
+        return "n/a"
+    return f"{v / 1e3:.3f} ms" if apart else f"{v / t:.0%}"
 
 
 def _verdict(job, ranks, typ, strag, st, groups, clock) -> tuple[str | None, str | None, list[str]]:
@@ -653,15 +657,15 @@ def _step_lines(
     names |= {"exposed_transfer_us": "exposed transfer"}
     names |= {"idle_us": "GPU idle"} if gpu else {}
     names |= {"other_us": "other"}
-    if apart:
-        parts = ", ".join(f"{n} {_ms_text(typ[c])}{_spread_ms(ranks, c)}" for c, n in names.items())
-        tail = (
-            " per step; no shares of the job's step: the ranks never ran at the same time, so "
-            "they share no step to divide"
-        )
-    else:
-        parts = ", ".join(f"{n} {_pct(typ[c], T)}{_spread(ranks, c, T)}" for c, n in names.items())
-        tail = " of the step"
+    parts = ", ".join(
+        f"{n} {_part(typ[c], T, apart)}{_spread(ranks, c, T, apart)}" for c, n in names.items()
+    )
+    tail = (
+        " per step; no shares of the job's step: the ranks never ran at the same time, so they "
+        "share no step to divide"
+        if apart
+        else " of the step"
+    )
     out = [
         step,
         "the median rank's step (per figure, the median over ranks of each rank's median "
@@ -681,25 +685,16 @@ its range over ranks beside it: with two ranks, a straggler's 0% wait and its pe
 a median of 45% that no rank has."""
 
 
-def _spread(ranks: pl.DataFrame, c: str, T: float | None) -> str:
-    """`` (A-B% over ranks)`` when column ``c``'s medians span at least SPREAD_SHOWN of ``T``."""
+def _spread(ranks: pl.DataFrame, c: str, T: float | None, apart: bool = False) -> str:
+    """`` (A-B% over ranks)`` when column ``c``'s medians span at least SPREAD_SHOWN of ``T``;
+    when the ranks never ran together (``apart``: T is no step of theirs to measure a span
+    by), `` (A-B ms over ranks)`` whenever the medians differ."""
     v = ranks[c].drop_nulls().to_list() if c in ranks.columns else []
-    if len(v) < 2 or not T or (max(v) - min(v)) / T < SPREAD_SHOWN:
+    if apart and len(v) > 1 and max(v) > min(v):
+        return f" ({min(v) / 1e3:.3f}-{max(v) / 1e3:.3f} ms over ranks)"
+    if apart or len(v) < 2 or not T or (max(v) - min(v)) / T < SPREAD_SHOWN:
         return ""
     return f" ({100 * min(v) / T:.0f}-{100 * max(v) / T:.0f}% over ranks)"
-
-
-def _ms_text(us: float | None) -> str:
-    return "n/a" if us is None else f"{us / 1e3:.3f} ms"
-
-
-def _spread_ms(ranks: pl.DataFrame, c: str) -> str:
-    """`` (A-B ms over ranks)`` when column ``c``'s medians differ over ranks (:func:`_spread`
-    for ranks that share no step)."""
-    v = ranks[c].drop_nulls().to_list() if c in ranks.columns else []
-    if len(v) < 2 or max(v) == min(v):
-        return ""
-    return f" ({min(v) / 1e3:.3f}-{max(v) / 1e3:.3f} ms over ranks)"
 
 
 def _idle_medians(job: Job) -> dict[str, float]:
