@@ -4,10 +4,10 @@
 #
 #   bash capture/run_all.sh OUTDIR [PART] [NAME...]
 #
-# PART is 1, 2 or all (the list is split in two so each half fits a 10-minute run); NAMEs,
+# PART is 1, 2, 3, 4 or all (each part fits a 10-minute run; "all" is all four); NAMEs,
 # when given, pick captures by name instead. Each capture goes to OUTDIR/traces/<name>.json.gz
 # and its output to OUTDIR/log-<part>.txt; the traces are then bundled into
-# OUTDIR/traces-<part>.tar. Each capture is limited to 150 s; once BUDGET_S (default 540)
+# OUTDIR/traces-<part>.tar. Each capture is limited to CAP_TIMEOUT (default 150) s; once BUDGET_S (default 540)
 # seconds have passed, the remaining captures are skipped (and listed in the log).
 set -u
 OUTDIR=${1:?usage: run_all.sh OUTDIR [PART] [NAME...]}

@@ -1037,7 +1037,8 @@ def _estimates_basis(
         notes.append(
             f"the GPU holds the host back: launch calls waited {_ms(model.launch_held_us)} per "
             "step (median) for room in a full launch queue, time taken out of the host side "
-            "(a launch call twice its name's median or more, its GPU work queued)"
+            "(a launch call over twice its name's median whose GPU work then waited longer than "
+            "the call was held)"
         )
     if model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
         notes.append(

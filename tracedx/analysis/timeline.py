@@ -177,10 +177,12 @@ def launch_queue_waits(trace: Trace) -> pl.DataFrame:
     full, the call blocks until a slot frees (CUDA C++ Programming Guide, "Asynchronous
     Concurrent Execution": launches return before the work completes, and the host may block
     when it cannot queue more). That time is the GPU holding the host back, not host work.
-    A call counts as held when its GPU work started after the call returned (it was queued
-    behind earlier work) and the call took over :data:`QUEUE_HELD_FACTOR` times the median
-    duration of the calls of its name in the trace; ``held_us`` is its duration beyond that
-    median. Host syncs and synchronous or pageable copies are :func:`sync_calls`', not here.
+    A call counts as held when it took over :data:`QUEUE_HELD_FACTOR` times the median
+    duration of the calls of its name in the trace, and its GPU work still waited in the queue
+    after the call returned, longer than the call was held (a full queue: the work ahead of it
+    takes longer than one slot took to free); ``held_us`` is its duration beyond that median.
+    A call slow for another reason (a first launch loading its module) finds its work started
+    soon after it returns. Host syncs and synchronous or pageable copies are :func:`sync_calls`', not here.
     Columns: ``step``, ``held_us``. Computed once per set of tables.
     """
     tables = (trace.launches, trace.kernels, trace.memcpys, trace.memsets)
@@ -218,12 +220,13 @@ def _launch_queue_waits(trace: Trace) -> pl.DataFrame:
     held = (
         calls.join(typical, on="name")
         .join(gpu, on="correlation")
+        .with_columns(held_us=pl.col("duration_us") - pl.col("typical_us"))
         .filter(
-            (pl.col("gpu_start_us") > pl.col("end_us"))
-            & (pl.col("duration_us") > QUEUE_HELD_FACTOR * pl.col("typical_us"))
+            (pl.col("duration_us") > QUEUE_HELD_FACTOR * pl.col("typical_us"))
+            & (pl.col("gpu_start_us") - pl.col("end_us") > pl.col("held_us"))
         )
     )
-    return held.select("step", held_us=pl.col("duration_us") - pl.col("typical_us"))
+    return held.select("step", "held_us")
 
 
 def _sync_correlations(trace: Trace) -> np.ndarray:
