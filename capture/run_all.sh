@@ -4,10 +4,10 @@
 #
 #   bash capture/run_all.sh OUTDIR [PART] [NAME...]
 #
-# PART is 1, 2 or all (the list is split in two so each half fits a 10-minute run); NAMEs,
+# PART is 1, 2, 3, 4 or all (each part fits a 10-minute run; "all" is all four); NAMEs,
 # when given, pick captures by name instead. Each capture goes to OUTDIR/traces/<name>.json.gz
 # and its output to OUTDIR/log-<part>.txt; the traces are then bundled into
-# OUTDIR/traces-<part>.tar. Each capture is limited to 150 s; once BUDGET_S (default 540)
+# OUTDIR/traces-<part>.tar. Each capture is limited to CAP_TIMEOUT (default 150) s; once BUDGET_S (default 540)
 # seconds have passed, the remaining captures are skipped (and listed in the log).
 set -u
 OUTDIR=${1:?usage: run_all.sh OUTDIR [PART] [NAME...]}
@@ -41,7 +41,7 @@ cap() {
   rm -rf "$tmp"
   say "== $name: tracedx capture --wait $wait --warmup $warmup --steps $active --time-unprofiled $k $*"
   local t0=$SECONDS
-  timeout -s INT 150 $PY -m tracedx.cli capture --out "$tmp" --wait "$wait" --warmup "$warmup" \
+  timeout -s INT "${CAP_TIMEOUT:-150}" $PY -m tracedx.cli capture --out "$tmp" --wait "$wait" --warmup "$warmup" \
     --steps "$active" --time-unprofiled "$k" "$@" 2>&1 | grep -v '^USDT:' | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local f
@@ -102,6 +102,16 @@ cap mlp_large-b2048          3 2 1 3 10 --profile-memory -- capture/mlp_train.py
 cap mlp_large-b4096          3 2 1 3 10 --profile-memory -- capture/mlp_train.py --width 8192 --batch 4096 --bf16 --steps 14
 cap mlp_mid-b512             3 2 1 5 30 --profile-memory -- capture/mlp_train.py --width 4096 --batch 512 --bf16 --steps 40
 cap gpt2_train-eager-b16     3 2 1 3 10 --profile-memory -- capture/gpt2_train.py --batch 16 --steps 16
+
+# part 4 (session 12): library models the estimates were not made on (torchvision, transformers)
+cap vit_train-fp32           4 2 1 3 10 -- capture/vision_train.py --model vit_b_16 --steps 16
+cap vit_train-bf16           4 2 1 3 10 -- capture/vision_train.py --model vit_b_16 --bf16 --steps 16
+cap vit_train-tf32           4 2 1 3 10 -- capture/vision_train.py --model vit_b_16 --tf32 --steps 16
+cap resnet50_train-fp32      4 2 1 3 10 -- capture/vision_train.py --model resnet50 --steps 16
+cap resnet50_train-bf16-cl   4 2 1 3 10 -- capture/vision_train.py --model resnet50 --bf16 --channels-last --steps 16
+cap llama_train-eager        4 2 1 3 10 --profile-memory -- capture/llama_train.py --steps 16
+cap llama_train-b8           4 2 1 3 10 --profile-memory -- capture/llama_train.py --batch 8 --steps 16
+cap llama_train-compile      4 2 1 3 10 -- capture/llama_train.py --compile --steps 16
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   if [ "$ONLY" = "  " ] || [[ "$ONLY" == *" calibrate "* ]]; then

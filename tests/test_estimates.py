@@ -217,3 +217,51 @@ def test_pairs_steady_state_figures_are_the_measurements():
         assert s["speedup_of_means"] == round(s["before_mean_ms"] / s["after_mean_ms"], 2)
         checked += 1
     assert checked == 3
+
+
+def _held_trace(b: TraceBuilder, held: tuple[float, ...]) -> None:
+    """One 1000 us step: five ops each launching one 200 us kernel, the kernels back to back
+    from T0 + 300 (each queued: kernel i starts 299 - d_i us after its launch returned, d_i its
+    duration); the launch calls last ``held`` (us)."""
+    b.step(1, T0, 1000)
+    for i, dur in enumerate(held):
+        ext = b.op("aten::mm", T0 + 200 * i, 150)
+        corr = b.launch(T0 + 200 * i + 1, dur, ext=ext)
+        b.kernel(T0 + 300 + 200 * i, 200, corr, ext=ext)
+
+
+def test_launches_held_by_a_full_queue_are_not_host_time(tmp_path):
+    # median launch 5 us; two calls held 105 and 55 us: 100 + 50 us beyond it, 15% of the step,
+    # their kernels queued 194 and 244 us after they returned (longer than they were held)
+    b = TraceBuilder()
+    _held_trace(b, (5, 5, 5, 105, 55))
+    d = tracedx.diagnose(_load(b, tmp_path))
+    m = d.model
+    assert m.launch_held_us == 150.0
+    assert m.host_us == m.cpu_us - 150.0
+    assert not m.tax_assumed and m.tax_us == 0.0  # no unprofiled timing: nothing assumed
+    assert any("launch calls waited 0.150 ms per step" in n for n in d.notes)
+    # under 5% of the step (one call held 45 us beyond the median): a slow call, not counted
+    b = TraceBuilder()
+    _held_trace(b, (5, 5, 5, 50, 5))
+    m = tracedx.diagnose(tracedx.load(b.write(tmp_path / "few.json"))).model
+    assert m.launch_held_us == 0.0 and m.host_us == m.cpu_us
+    # a slow call whose kernel starts soon after it returns (a first launch loading its module,
+    # not a full queue): 250 us held, its kernel 44 us after: not counted
+    b = TraceBuilder()
+    _held_trace(b, (5, 5, 5, 255, 5))
+    m = tracedx.diagnose(tracedx.load(b.write(tmp_path / "slow.json"))).model
+    assert m.launch_held_us == 0.0
+
+
+def test_profiler_cost_is_assumed_when_the_gpu_holds_the_host(tmp_path):
+    from tracedx.analysis.diagnosis import TAX_ASSUMED_US
+
+    b = TraceBuilder()
+    _held_trace(b, (5, 5, 5, 105, 55))
+    b.top["tracedx"] = {"unprofiled_step_ms": {"median": 1.0, "min": 1.0, "max": 1.0, "n": 5}}
+    d = tracedx.diagnose(_load(b, tmp_path))
+    m = d.model
+    # the traced and unprofiled steps are both the GPU's (1.0 ms): the cost is assumed
+    assert m.tax_assumed and m.tax_us == TAX_ASSUMED_US == 3.6
+    assert any("assumed, not solved" in n for n in d.notes)

@@ -45,6 +45,7 @@ from tracedx.analysis.timeline import (
     gpu_tree_tops,
     idle_by_cause,
     idle_gaps,
+    launch_queue_waits,
     optimizer_windows,
     step_windows,
     sync_calls,
@@ -1032,6 +1033,13 @@ def _estimates_basis(
     if trace.inconsistent_timestamps and found:
         notes.append("no fix estimates: the trace's timestamps are inconsistent (see the verdict)")
         return []
+    if model is not None and model.launch_held_us:
+        notes.append(
+            f"the GPU holds the host back: launch calls waited {_ms(model.launch_held_us)} per "
+            "step (median) for room in a full launch queue, time taken out of the host side "
+            "(a launch call over twice its name's median whose GPU work then waited longer than "
+            "the call was held)"
+        )
     if model is None and isinstance(unprof, dict) and unprof.get("median") and not implausible:
         notes.append(
             f"the step also took {unprof['median']:.3f} ms unprofiled (timed by tracedx "
@@ -1042,7 +1050,7 @@ def _estimates_basis(
             f"the step took {model.step_us / 1e3:.3f} ms profiled and {model.unprofiled_step_us / 1e3:.3f} ms "
             f"unprofiled (timed by tracedx capture): estimates are against the unprofiled step, "
             f"with {model.tax_us:.1f} us of profiler cost per host event taken out"
-            + _tax_caveat(model)
+            + (_TAX_ASSUMED_NOTE if model.tax_assumed else _tax_caveat(model))
         )
     elif not implausible:
         world = (trace.distributed_info or {}).get("world_size")
@@ -1149,6 +1157,24 @@ def _per_step_sums_us(step: np.ndarray, us: np.ndarray) -> dict[int, float]:
     return dict(zip(keys.tolist(), ps_to_us(ps).tolist(), strict=True))
 
 
+LAUNCH_HELD_MIN_SHARE = 0.05
+"""Launch calls held by a full queue (:func:`~tracedx.analysis.timeline.launch_queue_waits`)
+are taken out of the host time when they add up to at least this share of the median step
+(the share under which a fix is not worth it): below it they are a few slow calls."""
+
+TAX_ASSUMED_US = 3.6
+"""The profiler's cost per host event assumed where it cannot be solved (the GPU held the host
+back: traced and unprofiled steps are both the GPU's): the median of the costs solved on the
+H200 sample traces with an unprofiled timing and no CUDA graph (27 traces, 0.6 to 14.6 us;
+README, "Estimates against measurements")."""
+
+_TAX_ASSUMED_NOTE = (
+    " (assumed, not solved: the GPU held the host back in launches, so the traced and "
+    "unprofiled steps are both the GPU's and do not tell the profiler's cost; the median solved "
+    "on tracedx's H200 sample traces, 0.6 to 14.6 us over 27 of them, so estimates of fixes "
+    "that speed up the GPU past the host are uncertain)"
+)
+
 # A step with this many of the program's own host syncs or more is a loop of syncs (an
 # .item() per iteration): see StepModel.sync_serial.
 SERIAL_SYNCS_PER_STEP = 2
@@ -1198,6 +1224,13 @@ def _step_model(
         _float_sum(o["duration_us"][in_steps][is_in(o["op_id"][in_steps], sync_tops)]) / n
     )
     page_us = per_step_median(sc_step[pageable], sc_us[pageable])
+    held = launch_queue_waits(trace)
+    held_step = held["step"].cast(pl.Float64).to_numpy()
+    mine = is_in(held_step, np.asarray(steps))
+    held_us = per_step_median(held_step[mine], held["held_us"].to_numpy()[mine])
+    step_us = float(w["step_time_us"].median())
+    if held_us < LAUNCH_HELD_MIN_SHARE * step_us:
+        held_us = 0.0  # a few slow calls, not a step held back by its GPU
     # DataLoader __next__ windows inside the analysed steps
     dl = dataloader_windows(trace)
     if dl.height:
@@ -1233,16 +1266,18 @@ def _step_model(
         int((gpu_side & ~ops_dl).sum()) / n
         + int((~np.isnan(la["op_id"].cast(pl.Float64).to_numpy()[la_mine])).sum()) / n
     )
-    # host time per kernel: launching threads can overlap (autograd), so never more than H / K
-    h_total = max(cpu - sync_us - page_us, 0.0)
-    per_k = min(gpu_top_host, h_total) / kernels if kernels else None
+    # host time per kernel: launching threads can overlap (autograd), so never more than H / K;
+    # the launches held by a full queue are inside the launching ops, and are not host work
+    h_total = max(cpu - sync_us - page_us - held_us, 0.0)
+    per_k = min(max(gpu_top_host - held_us, 0.0), h_total) / kernels if kernels else None
     model = fx.StepModel(
-        step_us=float(w["step_time_us"].median()),
+        step_us=step_us,
         mean_step_us=float(w["step_time_us"].mean()),
         busy_us=float(w["gpu_busy_us"].median() or 0.0),
         cpu_us=cpu,
         sync_us=sync_us,
         pageable_block_us=page_us,
+        launch_held_us=held_us,
         idle_us=idle,
         kernels=kernels,
         host_no_gpu_us=host_no_gpu,
@@ -1265,7 +1300,12 @@ def _step_model(
     if unprof is not None and bad is None and not trace.steps_synthetic:
         t_u = float(unprof["median"]) * 1e3
         model.unprofiled_step_us = t_u
-        if host_events > 0:
+        if host_events > 0 and held_us:
+            # the GPU held the host back, so the traced and unprofiled steps are both the
+            # GPU's: they say nothing of the profiler's cost, which is assumed
+            model.tax_us = min(TAX_ASSUMED_US, model.host_us / host_events)
+            model.tax_assumed = True
+        elif host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
             model.tax_us = min(max(model.step_us - t_u, 0.0), model.host_us) / host_events
             if own_sync_count >= SERIAL_SYNCS_PER_STEP and model.gpu_us > 0:
@@ -1469,6 +1509,12 @@ def _overhead_verdict(w: pl.DataFrame, model: fx.StepModel, host_op, ev: list[st
     ev.append(
         f"{fx.kernels_label(float(w['kernels'].median() or 0.0))} per step, host busy {_ms(model.host_us)}, "
         f"host blocked in syncs {_ms(model.sync_us)} and pageable copies {_ms(model.pageable_block_us)}"
+        + (
+            f", launches held by a full launch queue {_ms(model.launch_held_us)} (the GPU holds "
+            "the host back)"
+            if model.launch_held_us
+            else ""
+        )
     )
     # One top-level op holding most of the host time is host work inside that op (e.g.
     # cuDNN re-planning), not per-kernel launch cost: name it (its idle gaps count as

@@ -7,7 +7,8 @@ time, made s times faster, speeds the whole up ``1 / ((1 - f) + f / s)``.
 The estimates respect what else binds the step. They are computed on a two-sided model of
 the typical step (:class:`StepModel`):
 
-- ``H`` host time that is not waiting on the GPU (CPU window minus blocking calls),
+- ``H`` host time that is not waiting on the GPU (CPU window minus blocking calls: host syncs,
+  pageable copies, and launch calls held by a full launch queue),
 - ``G`` GPU-side time (busy time plus GPU-side gaps between queued kernels),
 - ``E`` serialization the trace shows beyond max(H, G) (host syncs, blocking copies),
 
@@ -110,6 +111,10 @@ class StepModel:
     unprofiled_step_us: float | None = None
     # the DataLoader runs worker processes (_MultiProcessingDataLoaderIter in its annotation)
     dataloader_multiprocess: bool = False
+    # launch calls held by a full launch queue (the GPU far behind: timeline.launch_queue_waits)
+    launch_held_us: float = 0.0
+    # tax_us is assumed (diagnosis.TAX_ASSUMED_US), not solved: the GPU held the host back
+    tax_assumed: bool = False
     # the program syncs the host with the GPU several times per step (an .item() per loop
     # iteration): unprofiled, the GPU work between two syncs cannot overlap the host's, so the
     # step is H + G (see :attr:`serial_us`)
@@ -117,7 +122,7 @@ class StepModel:
 
     @property
     def host_us(self) -> float:
-        return max(self.cpu_us - self.sync_us - self.pageable_block_us, 0.0)
+        return max(self.cpu_us - self.sync_us - self.pageable_block_us - self.launch_held_us, 0.0)
 
     @property
     def host_effective_us(self) -> float:
