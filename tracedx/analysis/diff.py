@@ -256,8 +256,9 @@ def batch_scale(before: Diagnosis, after: Diagnosis) -> tuple[float | None, str]
     """The factor by which the batch grew, read from the shapes of the ops with device time.
 
     For each op name among BEFORE's 20 costliest, the dominant input shapes of BEFORE and AFTER
-    are compared; when every dimension that changed grew by one same factor k > 1 the op votes
-    k, weighted by its device time. Returns (k, evidence) when votes covering at least half of
+    are compared (ops whose inputs record no dimension, such as the foreach optimizer ops'
+    TensorLists, are left out); when every dimension that changed grew by one same factor k > 1
+    the op votes k, weighted by its device time. Returns (k, evidence) when votes covering at least half of
     the compared device time agree, else (None, "").
     """
     a, b = before.op_table, after.op_table
@@ -280,6 +281,9 @@ def batch_scale(before: Diagnosis, after: Diagnosis) -> tuple[float | None, str]
             continue
         sa, w = da[nm]
         sb = db[nm][0]
+        if not any(sa) and not any(sb):
+            # no dimension recorded (TensorList inputs: foreach optimizer ops): no vote either way
+            continue
         compared += w
         if len(sa) != len(sb) or any(
             len(x or []) != len(y or []) for x, y in zip(sa, sb, strict=True)
