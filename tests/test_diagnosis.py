@@ -333,9 +333,42 @@ def test_overhead_verdict_names_its_bottleneck_idle_time():
         "launch 3.420 ms (GPU idle in kernel launch 2.462 ms + GPU idle in python 0.885 ms + "
         "GPU idle in kernel wait 0.073 ms)"
     )
-    assert d.bottleneck == "host work" and want in d.evidence
+    # the weight is all the DataLoader's (215.717 + 217.432 of 433.149 ms): the verdict names it
+    # (before: "bottleneck: host work", beside a first fix dataloader-workers)
+    assert d.bottleneck == "host work (the DataLoader)" and want in d.evidence
     verdict = render(d, "text").split("WHERE THE TIME GOES")[0]
     assert want in " ".join(verdict.split())
+    assert "VERDICT: OVERHEAD-BOUND, bottleneck: host work (the DataLoader)\n" in verdict
+    assert d.findings[0].fix == "dataloader-workers"
+
+
+@pytest.mark.parametrize(
+    "dataloader_idle, other_idle, dataloader_host, host_op, named",
+    [
+        (60.0, 40.0, 0.0, None, "host work (the DataLoader)"),  # 60 of 100: more than half
+        (50.0, 50.0, 0.0, None, "host work"),  # exactly half: not most
+        (10.0, 50.0, 45.0, None, "host work (the DataLoader)"),  # 10 + 45 of 105: its host time
+        (10.0, 60.0, 40.0, None, "host work"),  # 10 + 40 of 110
+        (0.0, 90.0, 0.0, None, "host work"),
+        (60.0, 40.0, 0.0, {"name": "aten::slow"}, "host work"),  # won for one op, not by weight
+    ],
+)
+def test_host_work_is_named_the_dataloader_only_when_most_of_its_weight_is(
+    dataloader_idle, other_idle, dataloader_host, host_op, named
+):
+    """The host-work weight's parts: GPU idle in dataloader, GPU idle in host work, the
+    DataLoader's host time; the DataLoader's share is the first and the last (us)."""
+    from tracedx.analysis.diagnosis import _dataloader_named
+
+    parts = {
+        "host work": [
+            ("GPU idle in dataloader", dataloader_idle),
+            ("GPU idle in host work", other_idle),
+            ("the DataLoader's host time", dataloader_host),
+        ]
+    }
+    assert _dataloader_named("host work", parts, host_op) == named
+    assert _dataloader_named("kernel launch", parts, None) == "kernel launch"
 
 
 def test_bottleneck_line_names_the_parts_of_every_summed_weight():

@@ -626,3 +626,56 @@ def test_copy_sizes_in_the_diff_table_read_in_a_unit_that_fits():
 
     got = [_num(v, "MiB, median") for v in (0.0, 1000 / 2**20, 0.5, 3.25)]
     assert got == ["0.0 MiB", "1,000 bytes", "512.0 KiB", "3.2 MiB"]
+
+
+@pytest.mark.parametrize(
+    "before, after, want",
+    [
+        # item_loop-sync -> nosync: 1,000 bytes per step, then none (before: "1,000 bytes" beside
+        # "0.0 MiB" in a row labelled MiB)
+        (1000, 0, ("bytes, median", "1,000 bytes", "0 bytes", "-1,000 bytes (0.00x)")),
+        (0, 0, ("MiB, median", "0.0 MiB", "0.0 MiB", "+0.0 MiB")),
+        (512 * 1024, 3000, ("KiB, median", "512.0 KiB", "2.9 KiB", "-509.1 KiB (0.01x)")),
+        (2**20, 3 * 2**20, ("MiB, median", "1.0 MiB", "3.0 MiB", "+2.0 MiB (3.00x)")),
+        (1000, 2**20, ("MiB, median", "0.0 MiB", "1.0 MiB", "+1.0 MiB (1048.58x)")),
+    ],
+)
+def test_a_size_row_reads_in_one_unit_on_both_sides(before, after, want):
+    """A size row's unit is the largest (MiB, KiB, bytes) that its larger side reaches, and
+    BEFORE, AFTER, the change and the label all use it (bytes in, MiB in the table)."""
+    from tracedx.report.diff_report import metric_cells
+
+    b, a = before / 2**20, after / 2**20
+    m = {
+        "metric": "memcpy bytes",
+        "unit": "MiB, median",
+        "before": b,
+        "after": a,
+        "change": a - b,
+        "ratio": a / b if b else None,
+    }
+    assert metric_cells(m) == want
+    ms = {"metric": "step time", "unit": "ms, median", "before": 2.0, "after": 1.0}
+    assert metric_cells({**ms, "change": -1.0, "ratio": 0.5}) == (
+        "ms, median",
+        "2.000 ms",
+        "1.000 ms",
+        "-1.000 ms (0.50x)",
+    )
+
+
+def test_item_loop_diff_memcpy_row_is_in_bytes_in_text_and_markdown():
+    from tracedx.report.diff_report import render_markdown, render_text
+
+    d = tracedx.diff(
+        tracedx.load(SAMPLES / "item_loop-sync.json.gz"),
+        tracedx.load(SAMPLES / "item_loop-nosync.json.gz"),
+    )
+    row = next(x for x in render_text(d).splitlines() if "memcpy bytes" in x)
+    assert row.split() == [
+        *("memcpy", "bytes", "(bytes,", "median)", "1,000", "bytes", "0", "bytes"),
+        *("-1,000", "bytes", "(0.00x)"),
+    ]
+    assert "| memcpy bytes (bytes, median) | 1,000 bytes | 0 bytes | -1,000 bytes (0.00x) |" in (
+        render_markdown(d)
+    )

@@ -304,6 +304,64 @@ def test_link_straggler():
     # extra per step: TP [2, 3] 200 - 100 and DP [1, 3] 200 - 100
     assert s.excess_us == 200.0 and s.effect == pytest.approx(200 / 1400)
     assert jd.regime == "bandwidth-bound"
+    line = (
+        "arrival is even, but the collectives of the 2 group(s) with rank 3 take 0.200 ms longer "
+        "per step than the same collectives of the other groups (>= 1.25x their median transfer "
+        "time)"
+    )
+    assert s.evidence == [line + ": 14.3% of the step"]  # 200 / 1400
+    # 4 ranks: the median over ranks is the mean of the middle two, and the report says so
+    assert "over its steps; with 4 ranks, the mean of the middle two): " in jd.evidence[2]
+
+
+def test_link_straggler_of_ranks_that_never_ran_together_has_no_share_of_a_step():
+    """The same mesh, the ranks said never to have run at the same time (runs_apart): the test
+    still compares 200 us with 2% of T, but T is no step of theirs, so the evidence gives the
+    extra time in ms only and the effect is None (before: '14.3% of the step')."""
+    from tracedx.job.straggler import _link_straggler
+
+    ss = []
+    for r in range(4):
+        tp, dp = ("[0, 1]", "[2, 3]")[r // 2], ("[0, 2]", "[1, 3]")[r % 2]
+        st, cl = [], []
+        for k in range(5):
+            t0 = k * 5000.0
+            a = 200.0 if "3" in tp else 100.0
+            b = 200.0 if "3" in dp else 100.0
+            cl.append(sb.coll(k, t0 + 1000, a, pg="tp", desc="mesh_tp", ranks=tp, seq=k))
+            cl.append(sb.coll(k, t0 + 1000 + a, b, pg="dp", desc="mesh_dp", ranks=dp, seq=k))
+            st.append(sb.step(k, start=t0, time=1400, compute=1000, comm=a + b, python=400 - a - b))
+        ss.append(sb.summary(r, st, cl))
+    jd = diagnose_job(Job(ss))
+    s = _link_straggler(jd.collectives, jd.steps, 1400.0, runs_apart=True)
+    assert (s.rank, s.excess_us, s.effect) == (3, 200.0, None)
+    assert s.evidence == [
+        "arrival is even, but the collectives of the 2 group(s) with rank 3 take 0.200 ms longer "
+        "per step than the same collectives of the other groups (>= 1.25x their median transfer "
+        "time)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "n, note, who",
+    [
+        (1, "", "median rank"),
+        (2, "; with 2 ranks, their mean", "mean of the 2 ranks"),
+        (3, "", "median rank"),
+        (
+            8,
+            "; with 8 ranks, the mean of the middle two",
+            "median rank, the mean of the middle two",
+        ),
+    ],
+)
+def test_median_rank_says_what_it_is_with_an_even_count(n, note, who):
+    """With an even number of ranks the median over ranks is the mean of the middle two (of
+    both, with 2): a figure no rank need have, said where the median rank is defined and
+    where a fix quotes it."""
+    from tracedx.job.diagnosis import even_ranks_note, typical_rank
+
+    assert (even_ranks_note(n), typical_rank(n)) == (note, who)
 
 
 def test_balanced_ranks_get_one_verdict():
@@ -711,8 +769,11 @@ def test_step_line_says_how_each_figure_is_a_median():
     """T is, per step, the median over ranks, then the median over steps: with step times
     rank 0 (1000, 1000, 4000) and rank 1 (3000, 1200, 1000) us the per-step medians (2 ranks:
     the mean) are 2000, 1100, 2500, so T = 2000 us, outside both ranks' own medians (1000 and
-    1200 us): the line must say which median it is. Compute: rank medians 500 and 700 us, the
-    median rank's 600 us = 30% of T; load balance mean / max = 600 / 700 = 0.86."""
+    1200 us): the line must say which median it is, and that it lies above them. Compute:
+    rank medians 500 and 700 us, the median rank's (2 ranks: their mean) 600 us = 30% of T;
+    load balance mean / max = 600 / 700 = 0.86. The step less exposed communication (100 us
+    per step): rank 0 (900, 900, 3900), median 900; rank 1 (2900, 1100, 900), median 1100: the
+    same ratio 1000 / 1100 = 0.91. Parallel efficiency mean compute / T = 600 / 2000 = 0.30."""
     times = {0: (1000, 1000, 4000), 1: (3000, 1200, 1000)}
     comp = {0: (500, 500, 800), 1: (600, 700, 900)}
     ss = []
@@ -729,15 +790,25 @@ def test_step_line_says_how_each_figure_is_a_median():
     ev = jd.evidence
     assert ev[1] == (
         "step 2.000 ms: per step the median over ranks, then the median over steps; the ranks' "
-        "own median steps 1.000 to 1.200 ms (spread 10.0% of the step)"
+        "own median steps 1.000 to 1.200 ms (spread 10.0% of the step; the job step is above "
+        "them: a median of per-step medians need not lie between the ranks' own medians)"
     )
     assert ev[2].startswith(
         "the median rank's step (per figure, the median over ranks of each rank's median over "
-        "its steps): compute 30% (25-35% over ranks), "  # 500 and 700 of T: a 10% spread
+        "its steps; with 2 ranks, their mean): compute 30% (25-35% over ranks), "  # 500, 700 of T
     )
-    assert (
-        ev[3] == "load balance 0.86: mean / max over ranks of each rank's median compute per step"
+    assert ev[3] == (
+        "load balance 0.86 of compute (POP's: mean / max over ranks of each rank's median per "
+        "step, 0.600 / 0.700 ms); 0.91 of step time less exposed communication (the same ratio, "
+        "1.000 / 1.100 ms)"
     )
+    assert jd.typical["load_balance_outside_comm"] == 1000 / 1100
+    assert jd.ranks["outside_comm_us"].to_list() == [900.0, 1100.0]
+    assert ev[4] == (
+        "parallel efficiency 0.30 (POP's: load balance x communication efficiency = mean "
+        "compute / T = 0.600 / 2.000 ms)"
+    )
+    assert jd.typical["parallel_efficiency"] == 600 / 2000
     assert not any("median over ranks;" in e for e in ev)
     t = jd.to_text()
     assert "RANKS (each rank's median per step; last in: of all its collectives, those it" in t
@@ -762,14 +833,14 @@ def _cpu_only(ss: list) -> list:
             200,
             "CPU compute",
             "compute on the CPU 0.800 ms is longer than the exposed "
-            "communication 0.200 ms (median rank)",
+            "communication 0.200 ms (mean of the 2 ranks)",
         ),
         (
             300,
             700,
             "communication",
             "exposed communication 0.700 ms (transfer 0.700 + wait "
-            "0.000 ms) is at least as long as compute 0.300 ms (median rank)",
+            "0.000 ms) is at least as long as compute 0.300 ms (mean of the 2 ranks)",
         ),
     ],
 )

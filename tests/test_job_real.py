@@ -48,6 +48,14 @@ def test_gloo_balanced_sample_is_bound_by_cpu_compute():
     assert jd.regime is None and jd.bottleneck == "CPU compute"
     assert jd.evidence[0].startswith("no GPU activity in the ranks' traces")
     assert not any("device work" in e for e in jd.evidence)
+    # the job step (2.935 ms: per step the mean of the 2 ranks, then the median over 10 steps)
+    # is below both ranks' own median steps (2.937 and 2.956 ms): the line says it can be
+    assert round(t["step_us"] / 1e3, 3) == 2.935
+    assert jd.ranks["step_time_us"].round(0).to_list() == [2956.0, 2937.0]
+    assert jd.evidence[2].endswith(
+        "the ranks' own median steps 2.937 to 2.956 ms (spread 0.6% of the step; the job step is "
+        "below them: a median of per-step medians need not lie between the ranks' own medians)"
+    )
 
 
 def test_ranks_of_two_runs_are_said_to_be_so():
@@ -104,7 +112,8 @@ def test_ranks_of_two_runs_get_no_shares_of_a_step_they_never_shared():
     )
     assert ev[3] == (
         "the median rank's step (per figure, the median over ranks of each rank's median over "
-        "its steps): compute 1.597 ms (1.377-1.817 ms over ranks), exposed wait 15.714 ms "
+        "its steps; with 2 ranks, their mean): compute 1.597 ms (1.377-1.817 ms over ranks), "
+        "exposed wait 15.714 ms "
         "(0.001-31.427 ms over ranks), exposed transfer 0.292 ms (0.266-0.317 ms over ranks), "
         "other 0.972 ms (0.881-1.062 ms over ranks) per step; no shares of the job's step: the "
         "ranks never ran at the same time, so they share no step to divide"
@@ -119,6 +128,18 @@ def test_ranks_of_two_runs_get_no_shares_of_a_step_they_never_shared():
     assert doc["steps"]["parallel_efficiency"] is None
     assert doc["steps"]["communication_efficiency"] is None
     assert "168" not in render_text(mixed).split("FIXES")[0]
+    # nor an Amdahl estimate against the 18.671 ms that no rank ran: the fixes are withheld
+    # (before: "FIXES (Amdahl against the job's step T = 18.671 ms)" and overlap-communication
+    # 1.02x against it)
+    assert mixed.findings == [] and doc["findings"] == []
+    text = " ".join(render_text(mixed).split())
+    assert (
+        "FIXES: none estimated: the ranks never ran at the same time, so they share no job step "
+        "T to price a fix against (Amdahl); each rank's trace diagnosed alone estimates its "
+        "fixes against its own step"
+    ) in text
+    assert "Amdahl against" not in text and "18.671 ms)" not in text
+    assert "top fixes: none estimated (the ranks never ran at the same time" in repr(mixed)
     assert "no share of a step" in render_job_html(mixed)
     one = diagnose_job(load_job([str(runs / "ddp_mlp-gloo-balanced")], progress=False))
     assert any(x.endswith("of the step") for x in one.evidence)
@@ -185,6 +206,39 @@ def test_gloo_host_straggler_sample_names_rank_1_for_host_work():
     other = dict(zip(jd.ranks["rank"], jd.ranks["other_us"], strict=True))
     assert other[1] > 30_000 > 2_000 > other[0]
     assert "other 47% (3-92% over ranks)" in " ".join(jd.evidence)
+    # POP's load balance over compute reads mild (0.79 = 1.881 / 2.385 ms) while 30 of rank 1's
+    # 31 ms excess is outside compute: beside it, the same ratio over the step less exposed
+    # communication (per rank the median over steps: 18.167 / 33.921 ms mean / max = 0.54)
+    w = dict(zip(jd.ranks["rank"], jd.ranks["outside_comm_us"], strict=True))
+    assert jd.typical["load_balance_outside_comm"] == (w[0] + w[1]) / 2 / w[1]
+    doc = jd.to_dict()
+    assert doc["steps"]["load_balance_outside_comm"] == jd.typical["load_balance_outside_comm"]
+    assert doc["steps"]["outside_comm_ms"] == round((w[0] + w[1]) / 2 / 1e3, 6)
+    assert [r["outside_comm_ms"] for r in doc["ranks"]] == [
+        round(w[0] / 1e3, 6),
+        round(w[1] / 1e3, 6),
+    ]
+    assert round(w[0] / 1e3, 3) == 2.412 and round(w[1] / 1e3, 3) == 33.921
+    assert (
+        "load balance 0.79 of compute (POP's: mean / max over ranks of each rank's median per "
+        "step, 1.881 / 2.385 ms); 0.54 of step time less exposed communication (the same ratio, "
+        "18.167 / 33.921 ms)"
+    ) in jd.evidence
+    assert (
+        "parallel efficiency 0.05 (POP's: load balance x communication efficiency = mean compute "
+        "/ T = 1.881 / 34.322 ms)"
+    ) in jd.evidence
+    # with 2 ranks the 'median rank' figures are the mean of both: the repr and the overlap fix
+    # say so, and the repr's parallel efficiency (1.881 / 34.322 = 5%) says what it is
+    assert (
+        "compute 1.881 ms (mean of the 2 ranks); exposed wait 15.583 ms, transfer 0.597 ms (mean "
+        "of the 2 ranks); parallel efficiency 5% (POP's: mean compute over ranks / step)"
+    ) in " ".join(repr(jd).split())
+    ov = next(f for f in jd.findings if f.fix == "overlap-communication")
+    assert ov.evidence[0] == (
+        "exposed transfer 0.597 ms per step (mean of the 2 ranks); exposed waiting 15.583 ms is "
+        "not transfer and stays"
+    )
 
 
 def test_folder_of_two_jobs_and_a_single_trace_is_refused(tmp_path, monkeypatch):

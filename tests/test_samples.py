@@ -141,7 +141,7 @@ def test_pageable_copy_is_a_transfer_problem():
 
 def test_dataloader_in_main_process_is_found():
     d = diag("convnet_dataloader-main.json.gz")
-    assert (d.regime, d.bottleneck) == ("overhead-bound", "host work")
+    assert (d.regime, d.bottleneck) == ("overhead-bound", "host work (the DataLoader)")
     assert d.findings[0].fix == "dataloader-workers"
 
 

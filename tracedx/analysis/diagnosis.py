@@ -1534,7 +1534,24 @@ def _overhead_verdict(w: pl.DataFrame, model: fx.StepModel, host_op, ev: list[st
             f"against {model.busy_us / max(model.kernels, 1):.1f} us of GPU time per kernel"
         )
     ev.append(_bottleneck_line(bott, parts, cand))
-    return "overhead-bound", bott, ev
+    return "overhead-bound", _dataloader_named(bott, parts, host_op), ev
+
+
+DATALOADER_PARTS = ("GPU idle in dataloader", "the DataLoader's host time")
+"""The parts of the ``host work`` weight (:func:`_bottleneck_parts`) that are the DataLoader's."""
+
+
+def _dataloader_named(bott: str, parts: dict[str, list[tuple[str, float]]], host_op) -> str:
+    """``host work (the DataLoader)`` when host work won on its weight and more than half of
+    that weight is the DataLoader's (its GPU idle and its host time; the weight and its parts
+    are the bottleneck line's), so that the verdict names what the evidence and the first fix
+    (dataloader-workers) are about; else ``bott`` as it is. Not when host work was named
+    for one op holding the host time (``host_op``): the DataLoader is not why it won."""
+    if bott != "host work" or host_op is not None:
+        return bott
+    total = sum(v for _, v in parts[bott])
+    dl = sum(v for k, v in parts[bott] if k in DATALOADER_PARTS)
+    return "host work (the DataLoader)" if total > 0 and dl > total / 2 else bott
 
 
 def _bottleneck_parts(model: fx.StepModel) -> dict[str, list[tuple[str, float]]]:

@@ -28,7 +28,12 @@ timelines (rule 4 becomes ``CPU compute``).
 
 Scopes: the job's step T is, per step, the median over ranks, then the median over steps; every
 other typical figure is the median rank's: the median over ranks of each rank's median over its
-steps (the ``ranks`` table).
+steps (the ``ranks`` table); with an even number of ranks that median is the mean of the middle
+two (of both, with 2 ranks), which the report says where it defines the median rank and where a
+fix quotes it. T can lie outside the ranks' own median steps (a median of per-step medians);
+the report says so when it does. Ranks that never ran at the same time
+(:attr:`tracedx.job.clock.ClockEstimate.runs_apart`) share no step: no shares of T and no job
+fixes (Amdahl against T) are given.
 """
 
 from __future__ import annotations
@@ -91,8 +96,9 @@ class JobDiagnosis(Presentable):
         ranks: one row per rank: ``rank``, ``host``, ``device_name``, ``steps``, medians over
             its steps of ``step_time_us``, ``compute_us``, ``comm_us``, ``exposed_comm_us``,
             ``exposed_wait_us``, ``exposed_transfer_us``, ``exposed_unsplit_us``, ``overlap_ratio``,
-            ``idle_us``, ``transfer_us``; totals over the steps ``wait_total_us``, ``collectives``, ``unsplit``,
-            ``last_arrivals``; its
+            ``idle_us``, ``transfer_us``, ``outside_comm_us`` (the step less its exposed
+            communication, at least 0: compute, GPU idle and other host time); totals over
+            the steps ``wait_total_us``, ``collectives``, ``unsplit``, ``last_arrivals``; its
             verdict ``regime``, ``bottleneck`` and the one-rank ``single_rank_regime``,
             ``single_rank_bottleneck``.
         steps: one row per (rank, step) (:func:`tracedx.job.metrics.rank_step_metrics`).
@@ -106,7 +112,10 @@ class JobDiagnosis(Presentable):
     ``typical``: the typical rank's step (us): ``step_us`` (T), ``compute_us`` (U),
     ``exposed_wait_us`` (E), ``exposed_transfer_us``, ``exposed_unsplit_us`` (exposed time of
     collectives not fully matched: not split), ``idle_us``, ``transfer_us`` (M),
-    ``load_balance``, ``communication_efficiency``, ``parallel_efficiency``.
+    ``load_balance``, ``communication_efficiency``, ``parallel_efficiency`` (POP's, over the
+    ranks' median compute U_r: mean U / max U, max U / T, mean U / T), ``outside_comm_us`` and
+    ``load_balance_outside_comm`` (the same mean / max over the ranks' median time outside
+    exposed communication W_r, which holds host work that U leaves out).
     """
 
     job: Job
@@ -224,6 +233,17 @@ def _ranks_table(job: Job, steps: pl.DataFrame, clock: ClockEstimate) -> pl.Data
         .agg(
             pl.len().alias("steps"),
             *[pl.col(c).drop_nulls().median() for c in have],
+            *(
+                [
+                    (pl.col("step_time_us") - pl.col("exposed_comm_us").fill_null(0.0))
+                    .clip(lower_bound=0.0)
+                    .drop_nulls()
+                    .median()
+                    .alias("outside_comm_us")
+                ]
+                if {"step_time_us", "exposed_comm_us"} <= set(steps.columns)
+                else []
+            ),
             pl.col("wait_us").sum().alias("wait_total_us"),
             pl.col("collectives").sum(),
             pl.col("unsplit").sum(),
@@ -285,7 +305,8 @@ def diagnose_job(job: Job) -> JobDiagnosis:
         else StragglerResult(None, pl.DataFrame(), None, "no matched collectives")
     )
     strag = st.straggler
-    found = _job_findings(typical, ranks, colls, strag)
+    # ranks that never ran at the same time share no step T: no Amdahl estimate against it
+    found = [] if clock.runs_apart else _job_findings(typical, ranks, colls, strag)
     regime, bott, ev = _verdict(job, ranks, typical, strag, st, matched.groups, clock)
     ranks = _with_rank_verdicts(ranks, job, regime, bott, strag)
     notes += _single_rank_notes(ss, ranks)
@@ -324,6 +345,7 @@ def _typical(steps: pl.DataFrame, ranks: pl.DataFrame, apart: bool = False) -> d
     us = ranks["compute_us"].to_list() if "compute_us" in ranks.columns else []
     lb = load_balance(us)
     umax = max((u for u in us if u is not None), default=None)
+    ws = ranks["outside_comm_us"].to_list() if "outside_comm_us" in ranks.columns else []
     T_share = None if apart else T
     return {
         "step_us": T,
@@ -335,6 +357,8 @@ def _typical(steps: pl.DataFrame, ranks: pl.DataFrame, apart: bool = False) -> d
         "other_us": typ("other_us"),
         "transfer_us": typ("transfer_us"),
         "load_balance": lb,
+        "outside_comm_us": typ("outside_comm_us"),
+        "load_balance_outside_comm": load_balance(ws),
         "communication_efficiency": umax / T_share if umax is not None and T_share else None,
         "parallel_efficiency": (
             lb * umax / T_share if lb is not None and umax is not None and T_share else None
@@ -367,7 +391,14 @@ def _job_findings(
     if T and X:
         n_unsplit = int(colls.filter(pl.col("status") != "ok").height) if colls.height else 0
         f = jf.overlap_communication(
-            T, X, U or 0.0, M or 0.0, E or 0.0, unsplit=n_unsplit, unsplit_us=Z or 0.0
+            T,
+            X,
+            U or 0.0,
+            M or 0.0,
+            E or 0.0,
+            unsplit=n_unsplit,
+            unsplit_us=Z or 0.0,
+            who=typical_rank(ranks.height),
         )
         if f:
             found.append(f)
@@ -584,6 +615,7 @@ def _rule(
         typ[k] for k in ("compute_us", "exposed_wait_us", "exposed_transfer_us", "idle_us")
     )
     Z = typ.get("exposed_unsplit_us")
+    who = typical_rank(len(job.summaries))
     comm_x = (X or 0.0) + (E or 0.0) + (Z or 0.0)
     wait_idle = (gi or 0.0) + (E or 0.0)
     if wait_idle / T >= IDLE_BOUND:
@@ -600,14 +632,14 @@ def _rule(
             f"exposed communication {comm_x / 1e3:.3f} ms (transfer {(X or 0) / 1e3:.3f} + wait "
             f"{(E or 0) / 1e3:.3f}"
             + (f" + not split {Z / 1e3:.3f}" if Z else "")
-            + f" ms) is at least as long as compute {(U or 0) / 1e3:.3f} ms (median rank)",
+            + f" ms) is at least as long as compute {(U or 0) / 1e3:.3f} ms ({who})",
         )
     if not gpu:
         return (
             None,
             "CPU compute",
             f"compute on the CPU {(U or 0) / 1e3:.3f} ms is longer than the exposed "
-            f"communication {comm_x / 1e3:.3f} ms (median rank)",
+            f"communication {comm_x / 1e3:.3f} ms ({who})",
         )
     verdicts = [_device_verdict(s) for s in job.summaries]
     (regime, bott), _ = Counter(verdicts).most_common(1)[0]
@@ -651,7 +683,15 @@ def _step_lines(
     step = f"step {T / 1e3:.3f} ms: per step the median over ranks, then the median over steps"
     if len(st_col) > 1:
         lo, hi = min(st_col), max(st_col)
-        spread = "" if apart else f" (spread {(hi - lo) / T:.1%} of the step)"
+        spread = "" if apart else f"spread {(hi - lo) / T:.1%} of the step"
+        # the printed figures: a T that rounds into the ranks' range is not said to be outside
+        t_ms, lo_ms, hi_ms = (round(x / 1e3, 3) for x in (T, lo, hi))
+        if not lo_ms <= t_ms <= hi_ms:
+            spread += (
+                f"{'; ' if spread else ''}the job step is {'below' if t_ms < lo_ms else 'above'} "
+                "them: a median of per-step medians need not lie between the ranks' own medians"
+            )
+        spread = f" ({spread})" if spread else ""
         step += f"; the ranks' own median steps {lo / 1e3:.3f} to {hi / 1e3:.3f} ms{spread}"
     names = {"compute_us": "compute", "exposed_wait_us": "exposed wait"}
     names |= {"exposed_transfer_us": "exposed transfer"}
@@ -669,14 +709,64 @@ def _step_lines(
     out = [
         step,
         "the median rank's step (per figure, the median over ranks of each rank's median "
-        f"over its steps): {parts}{tail}",
+        f"over its steps{even_ranks_note(ranks.height)}): {parts}{tail}",
     ]
-    if typ["load_balance"] is not None:
+    lb = _balance_line(ranks, typ)
+    if lb:
+        out.append(lb)
+    pe = typ.get("parallel_efficiency")
+    us = [
+        u for u in (ranks["compute_us"] if "compute_us" in ranks.columns else []) if u is not None
+    ]
+    if pe is not None and us:
         out.append(
-            f"load balance {typ['load_balance']:.2f}: mean / max over ranks of each rank's "
-            "median compute per step"
+            f"parallel efficiency {pe:.2f} (POP's: load balance x communication efficiency = "
+            f"mean compute / T = {sum(us) / len(us) / 1e3:.3f} / {T / 1e3:.3f} ms)"
         )
     return out
+
+
+def even_ranks_note(n: int) -> str:
+    """What "the median over ranks" is with an even number ``n`` of ranks (the mean of the
+    middle two; with 2 ranks, of both: a figure no rank need have), for the line that defines
+    the median rank; ``""`` for an odd number."""
+    if n == 2:
+        return "; with 2 ranks, their mean"
+    return f"; with {n} ranks, the mean of the middle two" if n and n % 2 == 0 else ""
+
+
+def typical_rank(n: int) -> str:
+    """The scope of a typical figure of a job of ``n`` ranks, as the fixes and the verdict's
+    evidence name it: ``median rank``, with an even count what that median is
+    (:func:`even_ranks_note`)."""
+    if n == 2:
+        return "mean of the 2 ranks"
+    return "median rank, the mean of the middle two" if n and n % 2 == 0 else "median rank"
+
+
+def _balance_line(ranks: pl.DataFrame, typ: dict[str, Any]) -> str | None:
+    """POP's load balance over compute, and the same ratio over the time outside exposed
+    communication, with the mean and max each is the ratio of (ms, so the line checks by
+    hand): a rank that is late for host work outside its ops (a CPU-side straggler) leaves
+    compute balanced but not the rest of its step."""
+    lb, lbw = typ["load_balance"], typ.get("load_balance_outside_comm")
+    if lb is None:
+        return None
+
+    def mm(c: str) -> str:
+        v = [x for x in (ranks[c] if c in ranks.columns else []) if x is not None]
+        return f"{sum(v) / len(v) / 1e3:.3f} / {max(v) / 1e3:.3f} ms"
+
+    line = (
+        f"load balance {lb:.2f} of compute (POP's: mean / max over ranks of each rank's median "
+        f"per step, {mm('compute_us')})"
+    )
+    if lbw is not None:
+        line += (
+            f"; {lbw:.2f} of step time less exposed communication (the same ratio, "
+            f"{mm('outside_comm_us')})"
+        )
+    return line
 
 
 SPREAD_SHOWN = 0.10

@@ -18,6 +18,9 @@ speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
   ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its communication
   alone per step: the union of its kernels' transfer parts ``[end - tau_c, end]`` (collectives
   running concurrently count once).
+
+Neither is estimated for ranks that never ran at the same time (``runs_apart``): T is then no
+step of theirs (:func:`tracedx.job.diagnosis.diagnose_job`).
 """
 
 from __future__ import annotations
@@ -74,13 +77,16 @@ def overlap_communication(
     *,
     unsplit: int = 0,
     unsplit_us: float = 0.0,
+    who: str = "median rank",
 ) -> Finding | None:
     """Hide the exposed transfer under compute (bucketing, FSDP prefetch, async TP).
 
     ``hideable_us`` H (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
     rank's union of transfer parts), ``wait_us`` (median exposed wait, which this fix cannot
     remove); ``unsplit``: how many collectives are not fully matched (their exposed time ``unsplit_us``, median rank per step,
-    mixes waiting and transfer and is not counted in H).
+    mixes waiting and transfer and is not counted in H); ``who``: the scope of the typical
+    figures as the evidence names it (:func:`tracedx.job.diagnosis.typical_rank`: with 2
+    ranks, their mean).
     """
     if hideable_us <= 0 or t_us <= 0:
         return None
@@ -93,7 +99,7 @@ def overlap_communication(
         else "the exposed transfer"
     )
     ev = [
-        f"exposed transfer {_ms(hideable_us)} per step (median rank); exposed waiting "
+        f"exposed transfer {_ms(hideable_us)} per step ({who}); exposed waiting "
         f"{_ms(wait_us)} is not transfer and stays",
         f"bounded by compute alone {_ms(compute_us)} and communication alone "
         f"{_ms(comm_alone_us)} per step",
@@ -102,7 +108,7 @@ def overlap_communication(
         ev.append(
             f"{unsplit} collective{'s' if unsplit != 1 else ''} could not be split into waiting "
             f"and transfer (mismatched, unmatched or partial): their exposed "
-            f"{_ms(unsplit_us)} per step (median rank) is not counted in H; the part of it "
+            f"{_ms(unsplit_us)} per step ({who}) is not counted in H; the part of it "
             "that is transfer would add to this estimate"
         )
     deriv = (

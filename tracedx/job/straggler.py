@@ -222,7 +222,7 @@ def find_straggler(
     arr = arrival_table(collectives, members)
     alpha = P_VALUE / max(arr.height, 1)
     if arr.height == 0:
-        link = _link_straggler(collectives, steps, step_us)
+        link = _link_straggler(collectives, steps, step_us, runs_apart)
         if link is not None:
             return StragglerResult(link, arr, link.effect, None, link.evidence)
         return StragglerResult(None, arr, None, "no matched collective with a known last arriver")
@@ -280,7 +280,7 @@ def find_straggler(
             f"{best['last']} of {best['steps']} steps (< {MIN_CONSISTENCY:.0%})"
         )
     if reason is not None:
-        link = _link_straggler(collectives, steps, step_us)
+        link = _link_straggler(collectives, steps, step_us, runs_apart)
         if link is not None:
             return StragglerResult(link, arr, link.effect, None, link.evidence, alpha)
         return StragglerResult(None, arr, effect, reason, ev, alpha)
@@ -302,7 +302,10 @@ def find_straggler(
 
 
 def _link_straggler(
-    collectives: pl.DataFrame, steps: pl.DataFrame, step_us: float | None
+    collectives: pl.DataFrame,
+    steps: pl.DataFrame,
+    step_us: float | None,
+    runs_apart: bool = False,
 ) -> Straggler | None:
     """A rank on a slow link: arrival is even, but collectives of the groups it is in move the
     same bytes slower than the same collectives of groups without it.
@@ -310,7 +313,9 @@ def _link_straggler(
     Groups are compared within one signature (type, bytes, group size, description); a group
     is slow when its median transfer time is >= ``LINK_RATIO`` times the median of the other
     groups'. The rank in every slow group and in no fast one is named when its groups' extra
-    transfer time per step is >= 2 % of the step.
+    transfer time per step is >= 2 % of the step. ``runs_apart``: the ranks never ran at the
+    same time, so T is no step of theirs: the test still compares with 2 % of it, but the
+    evidence gives the extra time in ms only and ``effect`` is None (as :func:`find_straggler`).
     """
     if not step_us or collectives.height == 0 or "transfer_us" not in collectives.columns:
         return None
@@ -341,7 +346,8 @@ def _link_straggler(
     ev = [
         f"arrival is even, but the collectives of the {len(slow)} group(s) with rank {r} take "
         f"{extra / 1e3:.3f} ms longer per step than the same collectives of the other groups "
-        f"(>= {LINK_RATIO}x their median transfer time): {extra / step_us:.1%} of the step"
+        f"(>= {LINK_RATIO}x their median transfer time)"
+        + ("" if runs_apart else f": {extra / step_us:.1%} of the step")
     ]
     return Straggler(
         rank=r,
@@ -351,7 +357,7 @@ def _link_straggler(
         last=0,
         chance=0.0,
         p_value=1.0,
-        effect=extra / step_us,
+        effect=None if runs_apart else extra / step_us,
         consistency=1.0,
         excess_us=extra,
         host_side=False,

@@ -273,20 +273,36 @@ def _job_head(d: dict) -> str:
 
 
 def _job_rows(d: dict) -> list[tuple[str, str]]:
+    from tracedx.job.diagnosis import typical_rank
+
     st = d["steps"]
     pe = st["parallel_efficiency"]
+    # the median rank's figures; with an even number of ranks what that median is
+    n = len(d["ranks"])
+    scope = f" ({typical_rank(n)})" if n % 2 == 0 else ""
     rows = [
         ("step", f"{_ms(st['step_time_ms'])} (per step the median over ranks, then over steps)"),
-        ("compute", _ms(st["compute_ms"])),
+        ("compute", f"{_ms(st['compute_ms'])}{scope}"),
         (
             "exposed wait",
-            f"{_ms(st['exposed_wait_ms'])}, transfer {_ms(st['exposed_transfer_ms'])}",
+            f"{_ms(st['exposed_wait_ms'])}, transfer {_ms(st['exposed_transfer_ms'])}{scope}",
         ),
-        ("parallel efficiency", "n/a" if pe is None else f"{pe:.0%}"),
+        (
+            "parallel efficiency",
+            "n/a" if pe is None else f"{pe:.0%} (POP's: mean compute over ranks / step)",
+        ),
     ]
     if d["notes"]:
         rows.append(("notes", f"{len(d['notes'])} (see .to_text())"))
     return rows
+
+
+def _no_fixes(d: dict) -> str:
+    """Why a job's repr lists no fix: none worth 5%, or none estimated (ranks that never ran
+    at the same time share no step to estimate against)."""
+    if d["collectives"]["clock"].get("runs_apart"):
+        return "none estimated (the ranks never ran at the same time: no job step T)"
+    return "none worth 5% or more"
 
 
 def job_repr(jd) -> str:
@@ -298,7 +314,7 @@ def job_repr(jd) -> str:
     rows = "; ".join(f"{k} {v}" for k, v in _job_rows(d))
     return _fit(
         f"<JobDiagnosis: {_job_head(d)}>\n  {_t(_job_verdict(d))}\n  {rows}\n"
-        f"  top fixes: {fixes or 'none worth 5% or more'}\n"
+        f"  top fixes: {fixes or _no_fixes(d)}\n"
         "  (.to_text() for the full report, .figures() for plots, .write_html(path) for the job page)"
     )
 

@@ -19,14 +19,13 @@ import polars as pl
 from tracedx.analysis.timeline import CAUSES
 from tracedx.report.diff_report import (
     TOP,
-    _chg,
     _estimate,
-    _num,
     _ratio,
     _weak,
     _x,
     diff_dict,
     graph_note,
+    metric_cells,
 )
 from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
@@ -196,11 +195,12 @@ def _metrics_table(d: dict) -> str:
             continue
         c = m["change"]
         cls = "" if not c else (" class='up'" if c > 0 else " class='down'")
+        unit, b_s, a_s, chg = metric_cells(m)
         rows.append(
-            f"<tr><td>{e(m['metric'])} <span class='dim'>({e(m['unit'])})</span></td>"
-            f"<td class='n'>{e(_num(m['before'], m['unit']))}</td>"
-            f"<td class='n'>{e(_num(m['after'], m['unit']))}</td>"
-            f"<td class='n'{cls}>{e(_chg(m))}</td></tr>"
+            f"<tr><td>{e(m['metric'])} <span class='dim'>({e(unit)})</span></td>"
+            f"<td class='n'>{e(b_s)}</td>"
+            f"<td class='n'>{e(a_s)}</td>"
+            f"<td class='n'{cls}>{e(chg)}</td></tr>"
         )
     for k, v in d["verdicts"].items():
         rows.append(

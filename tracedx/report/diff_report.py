@@ -85,6 +85,47 @@ def _num(v, unit: str) -> str:
     return f"{v:.1f}" if v != int(v) else f"{v:.0f}"
 
 
+BYTE_UNITS = (("MiB", 1.0, ".1f"), ("KiB", 1 / 1024, ".1f"), ("bytes", 1 / 2**20, ",.0f"))
+"""A size row's units (name, its size in MiB, format), largest first."""
+
+
+def _row_unit(m: dict) -> tuple[str, float, str] | None:
+    """The one unit of a size row (unit ``MiB...``, values in MiB): the largest of
+    :data:`BYTE_UNITS` that the larger side reaches (MiB when both are 0), so that BEFORE, AFTER
+    and the change read in it (before: each cell its own, "1,000 bytes" beside "0.0 MiB");
+    None for any other row."""
+    if "MiB" not in m["unit"]:
+        return None
+    top = max((abs(v) for v in (m["before"], m["after"]) if _finite(v)), default=0.0)
+    return next(
+        (u for u in BYTE_UNITS if top >= u[1]), BYTE_UNITS[0] if top == 0 else BYTE_UNITS[-1]
+    )
+
+
+def _finite(v) -> bool:
+    return v is not None and not (isinstance(v, float) and not math.isfinite(v))
+
+
+def metric_cells(m: dict) -> tuple[str, str, str, str]:
+    """A SIDE BY SIDE row as it is shown: its unit (``MiB, median``), BEFORE, AFTER and the
+    change, all in that one unit (a size row's from :func:`_row_unit`)."""
+    u = _row_unit(m)
+    if u is None:
+        return m["unit"], _num(m["before"], m["unit"]), _num(m["after"], m["unit"]), _chg(m)
+    name, size, fmt = u
+
+    def cell(v) -> str:
+        return f"{v / size:{fmt}} {name}" if _finite(v) else "n/a"
+
+    c, r = m["change"], m["ratio"]
+    chg = ""
+    if c is not None:
+        chg = ("+" if c >= 0 else "-") + cell(abs(c))
+        if r is not None and m["before"] and r != 1:
+            chg += f" ({r:.2f}x)"
+    return m["unit"].replace("MiB", name, 1), cell(m["before"]), cell(m["after"]), chg
+
+
 def _chg(m: dict) -> str:
     c, r, u = m["change"], m["ratio"], m["unit"]
     if c is None:
@@ -205,13 +246,13 @@ def render_text(td, width: int = WIDTH) -> str:
     out += _prediction_lines(d)
     out.append("")
     shown = [m for m in d["metrics"] if not (m["before"] in (None, 0) and m["after"] in (None, 0))]
-    w = max([30, *(len(f"{m['metric']} ({m['unit']})") for m in shown)])
+    cells = [
+        (f"{m['metric']} ({u})", b_s, a_s, c) for m in shown for u, b_s, a_s, c in [metric_cells(m)]
+    ]
+    w = max([30, *(len(c[0]) for c in cells)])
     out.append(f"{'SIDE BY SIDE':<{w + 2}} {'BEFORE':>12} {'AFTER':>12}  change")
-    for m in shown:
-        label = f"{m['metric']} ({m['unit']})"
-        out.append(
-            f"  {label:<{w}} {_num(m['before'], m['unit']):>12} {_num(m['after'], m['unit']):>12}  {_chg(m)}"
-        )
+    for label, b_s, a_s, chg in cells:
+        out.append(f"  {label:<{w}} {b_s:>12} {a_s:>12}  {chg}")
     for k, v in d["verdicts"].items():
         same = "" if v["before"] != v["after"] else "  (same)"
         out.append(f"  {k:<{w}} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
@@ -311,10 +352,8 @@ def render_markdown(td) -> str:
     for m in d["metrics"]:
         if m["before"] in (None, 0) and m["after"] in (None, 0):
             continue
-        out.append(
-            f"| {m['metric']} ({m['unit']}) | {_num(m['before'], m['unit'])} | "
-            f"{_num(m['after'], m['unit'])} | {_chg(m)} |"
-        )
+        unit, b_s, a_s, chg = metric_cells(m)
+        out.append(f"| {m['metric']} ({unit}) | {b_s} | {a_s} | {chg} |")
     for k, v in d["verdicts"].items():
         out.append(
             f"| {md_text(k)} | {md_text(v['before'] or 'n/a')} | {md_text(v['after'] or 'n/a')} | |"

@@ -85,6 +85,12 @@ RUNS_APART_WARNING = (
 )
 
 
+APART_FIXES = (
+    "the ranks never ran at the same time, so they share no job step T to price a fix against "
+    "(Amdahl); each rank's trace diagnosed alone estimates its fixes against its own step"
+)
+
+
 def job_dict(jd) -> dict[str, Any]:
     """The ``tracedx.job/1`` document (keys: schema, ranks, steps, regime, bottleneck, evidence,
     straggler, collectives, findings, notes)."""
@@ -110,6 +116,8 @@ def job_dict(jd) -> dict[str, Any]:
             "load_balance": t["load_balance"],
             "communication_efficiency": t["communication_efficiency"],
             "parallel_efficiency": t["parallel_efficiency"],
+            "outside_comm_ms": _ms(t.get("outside_comm_us")),
+            "load_balance_outside_comm": t.get("load_balance_outside_comm"),
             "per_rank": _rows(jd.steps),
         },
         "regime": jd.regime,
@@ -253,9 +261,12 @@ def _text(jd) -> str:
                     f"{' applied' if h['applied'] else ''}"
                 )
     out.append("")
-    out.append(f"FIXES (Amdahl against the job's step T = {_f(st['step_time_ms'])})")
-    if not d["findings"]:
-        out.append("  none")
+    if d["collectives"]["clock"].get("runs_apart"):
+        out.append(f"FIXES: none estimated: {APART_FIXES}")
+    else:
+        out.append(f"FIXES (Amdahl against the job's step T = {_f(st['step_time_ms'])})")
+        if not d["findings"]:
+            out.append("  none")
     for i, f in enumerate(d["findings"], 1):
         s = "∞" if f["local_speedup"] is None else f"{f['local_speedup']:.1f}x"  # as one trace's
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
@@ -318,7 +329,9 @@ def render_markdown(jd) -> str:
             f"- **{f['fix']}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%}): "
             f"{f['title']}; {f['derivation']}"
         )
-    if not d["findings"]:
+    if d["collectives"]["clock"].get("runs_apart"):
+        out.append(f"none estimated: {APART_FIXES}")
+    elif not d["findings"]:
         out.append("none")
     if d["notes"]:
         out += ["", "## Notes", ""] + [f"- {x}" for x in d["notes"]]

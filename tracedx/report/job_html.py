@@ -25,7 +25,13 @@ from tracedx.report.html import (
     regime_head,
     write_page,
 )
-from tracedx.report.job import RUNS_APART_WARNING, collective_groups, group_label, job_dict
+from tracedx.report.job import (
+    APART_FIXES,
+    RUNS_APART_WARNING,
+    collective_groups,
+    group_label,
+    job_dict,
+)
 
 CSS = """
 tr.straggler td{background:#fde8ec}
@@ -173,7 +179,10 @@ def _verdict(d: dict, jd) -> str:
             if st["exposed_transfer_ms"] is not None
             else "n/a",
         ),
-        ("load balance", "n/a" if st["load_balance"] is None else f"{st['load_balance']:.2f}"),
+        (
+            "load balance of compute",
+            "n/a" if st["load_balance"] is None else f"{st['load_balance']:.2f}",
+        ),
         ("parallel efficiency", _pct(st["parallel_efficiency"])),
     ]
     kpi = "".join(f"<div class='kpi'><span>{k}</span><b>{e(v)}</b></div>" for k, v in kpis)
@@ -209,7 +218,8 @@ def _verdict(d: dict, jd) -> str:
         "<thead><tr><th>fix</th><th>whole step</th><th>step after</th><th>f</th>"
         f"<th>evidence</th></tr></thead><tbody>{rows}</tbody></table>"
         if rows
-        else "<h3>Fixes</h3><p>No job-level fix is estimated.</p>"
+        else "<h3>Fixes</h3><p>No job-level fix is estimated"
+        + (f": {e(APART_FIXES)}.</p>" if d["collectives"]["clock"].get("runs_apart") else ".</p>")
     )
     return (
         f"<section id='verdict' class='card'><h2>Verdict</h2><p class='verdict'>{head}</p>"
