@@ -59,3 +59,29 @@ def test_lazy_names_still_resolve():
 
     assert tracedx.load is load and tracedx.Trace is Trace
     assert _loaded("import tracedx; tracedx.load") == ["numpy", "polars"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "md"])
+@pytest.mark.parametrize("misnamed", [False, True])
+def test_cached_diagnose_is_light(tmp_path, monkeypatch, fmt, misnamed):
+    # the second diagnose of a trace renders its cached diagnosis: no polars nor numpy (the
+    # check that a .gz name holds plain JSON included)
+    import gzip
+    import os
+    from pathlib import Path
+
+    sample = Path(__file__).parent.parent / "sample_traces" / "elementwise-compile.json.gz"
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(gzip.decompress(sample.read_bytes()) if misnamed else sample.read_bytes())
+    monkeypatch.setenv("TRACEDX_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["diagnose", "--format", fmt, str(trace)]
+    setup = (
+        "from tracedx.cli import main\n"
+        "try:\n"
+        f"    main({argv!r}, standalone_mode=True)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+    )
+    assert _loaded(setup)[:2] == ["numpy", "polars"]  # the first run reads the trace
+    assert os.listdir(tmp_path / "cache")
+    assert _loaded(setup) == []

@@ -269,7 +269,7 @@ def _load(path, repair, no_cache, status=None):
 
 def _note_misnamed(path) -> None:
     """The note (stderr, after the answer) that a ``.gz`` file held plain JSON."""
-    from tracedx.trace.source import misnamed_gzip
+    from tracedx.files import misnamed_gzip
 
     note = f"{path} is not gzip-compressed (named .gz): it was read as plain JSON"
     if misnamed_gzip(path) and note not in _NOTES:

@@ -88,3 +88,28 @@ def read_capped(path: str | Path, what: str, error: type[TraceError], limit: int
     if len(data) > limit:
         raise error(f"{path}: the {what} is larger than {limit:,} bytes: not a {what}")
     return data
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of every gzip member (RFC 1952, section 2.3.1)."""
+
+
+def json_start(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts like a JSON document: ``{`` or ``[``
+    after a UTF-8 byte-order mark, then whitespace (the order the reader takes them in)."""
+    head = head[3:4096] if head[:3] == b"\xef\xbb\xbf" else head[:4096]
+    return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
+
+
+def misnamed_gzip(path: str | Path) -> bool:
+    """Whether ``path`` is named ``.gz`` but holds plain JSON (no gzip magic bytes): such a
+    file is read as the JSON it is. False when it cannot be read (its reader says why)."""
+    p = Path(path)
+    if not p.name.lower().endswith(".gz"):
+        return False
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head[:2] != GZIP_MAGIC and json_start(head)

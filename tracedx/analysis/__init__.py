@@ -6,3 +6,6 @@ CAUSES = ("kernel wait", "host sync", "dataloader", "kernel launch", "host work"
 HOST_DEVICE_COPY = "host-device copy"
 """The ``kernel_kind`` of an op group whose device time is mostly host-device memcpys
 (:func:`tracedx.analysis.ops.op_groups`)."""
+UNDERFILLED_FRACTION = 0.1
+"""An op runs *under-filled* below this fraction of its roofline bound with fewer thread blocks
+than SMs (:func:`tracedx.analysis.roofline.place_on_roofline`)."""

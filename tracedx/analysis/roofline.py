@@ -23,11 +23,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracedx.analysis import UNDERFILLED_FRACTION
 from tracedx.devices import DeviceSpec
-
-UNDERFILLED_FRACTION = 0.1
-"""An op achieving less than this fraction of its roofline bound is far below both roofs;
-with fewer thread blocks than SMs (when known) it is called under-filled."""
 
 _REQUIRED = ("flops", "bytes", "compute_dtype", "tensor_core", "device_time_us")
 _ADDED = (

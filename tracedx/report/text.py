@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tracedx.analysis import HOST_DEVICE_COPY
-from tracedx.analysis.roofline import UNDERFILLED_FRACTION
+from tracedx.analysis import HOST_DEVICE_COPY, UNDERFILLED_FRACTION
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, safe_strings, term

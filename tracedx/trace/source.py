@@ -30,6 +30,8 @@ from typing import Protocol
 import msgspec
 
 from tracedx.errors import TraceFormatError
+from tracedx.files import GZIP_MAGIC as _GZIP_MAGIC
+from tracedx.files import json_start as _json_start
 from tracedx.files import regular_file
 from tracedx.trace.events import (
     COMM_MARKER,
@@ -78,9 +80,6 @@ def _with_comms(decoder, comm_decoder, data) -> msgspec.json.Decoder:
     return comm_decoder if has_comms(data) else decoder
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
 def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = None) -> bytes:
     """Return the JSON bytes of ``path``, gunzipped when it starts with the gzip magic bytes.
 
@@ -124,27 +123,6 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
         if not raw.strip():
             raise TraceFormatError(f"{p}: trace is empty (only whitespace)")
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw
-
-
-def _json_start(head: bytes) -> bool:
-    """Whether ``head`` (a file's first bytes) starts like a JSON document: ``{`` or ``[``
-    after a UTF-8 byte-order mark, then whitespace (the order the reader takes them in)."""
-    head = head[3:4096] if head[:3] == b"\xef\xbb\xbf" else head[:4096]
-    return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
-
-
-def misnamed_gzip(path: str | Path) -> bool:
-    """Whether ``path`` is named ``.gz`` but holds plain JSON (no gzip magic bytes): such a
-    file is read as the JSON it is. False when it cannot be read (its reader says why)."""
-    p = Path(path)
-    if not p.name.lower().endswith(".gz"):
-        return False
-    try:
-        with open(p, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return head[:2] != _GZIP_MAGIC and _json_start(head)
 
 
 # The whole-document reader (:func:`read_document`: a layout the fast reader cannot vouch for,
