@@ -4,7 +4,7 @@
 #
 #   bash capture/run_all.sh OUTDIR [PART] [NAME...]
 #
-# PART is 1, 2, 3, 4 or all (each part fits a 10-minute run; "all" is all four); NAMEs,
+# PART is 1 to 5 or all (each part fits a 10-minute run; "all" is all five); NAMEs,
 # when given, pick captures by name instead. Each capture goes to OUTDIR/traces/<name>.json.gz
 # and its output to OUTDIR/log-<part>.txt; the traces are then bundled into
 # OUTDIR/traces-<part>.tar. Each capture is limited to CAP_TIMEOUT (default 150) s; once BUDGET_S (default 540)
@@ -112,6 +112,13 @@ cap resnet50_train-bf16-cl   4 2 1 3 10 -- capture/vision_train.py --model resne
 cap llama_train-eager        4 2 1 3 10 --profile-memory -- capture/llama_train.py --steps 16
 cap llama_train-b8           4 2 1 3 10 --profile-memory -- capture/llama_train.py --batch 8 --steps 16
 cap llama_train-compile      4 2 1 3 10 -- capture/llama_train.py --compile --steps 16
+# part 5 (session 13): more held-out library models (transformers BERT; torchvision ResNet-50 batch)
+cap bert_train-fp32          5 2 1 3 10 -- capture/bert_train.py --steps 16
+cap bert_train-tf32          5 2 1 3 10 -- capture/bert_train.py --tf32 --steps 16
+cap bert_train-bf16          5 2 1 3 10 --profile-memory -- capture/bert_train.py --bf16 --steps 16
+cap bert_train-bf16-b64      5 2 1 3 10 --profile-memory -- capture/bert_train.py --bf16 --batch 64 --steps 16
+cap resnet50_train-bf16-b32  5 2 1 3 10 --profile-memory -- capture/vision_train.py --model resnet50 --bf16 --channels-last --steps 16
+cap resnet50_train-bf16-b64  5 2 1 3 10 --profile-memory -- capture/vision_train.py --model resnet50 --bf16 --channels-last --batch 64 --steps 16
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   if [ "$ONLY" = "  " ] || [[ "$ONLY" == *" calibrate "* ]]; then

@@ -7,7 +7,7 @@ from tracebuilder import T0, TraceBuilder
 
 import tracedx
 from tracedx.analysis import findings as fx
-from tracedx.analysis.diagnosis import autocast_cast_bytes, compile_region_host
+from tracedx.analysis.diagnosis import autocast_casts, compile_region_host
 
 
 def _load(b: TraceBuilder, tmp_path):
@@ -39,11 +39,13 @@ def test_autocast_casts_count_fp32_weights_of_forward_gemms(tmp_path):
     )
     t = _load(b, tmp_path)
     # no backward in the step (inference): the forward cast only, 6 bytes per element
-    assert autocast_cast_bytes(t, [1]) == 6 * (32 + 8) + 6 * 16 * 27
+    # three operands cast (W and bias of the linear, W of the convolution): 3 cast kernels
+    assert autocast_casts(t, [1]) == (6 * (32 + 8) + 6 * 16 * 27, 3)
     # a backward node in the step: the gradients are cast back too, 12 bytes per element
     b.op("autograd::engine::evaluate_function: AddmmBackward0", T0 + 50, 5, tid=2)
     t = tracedx.load(b.write(tmp_path / "train.json"))
-    assert autocast_cast_bytes(t, [1]) == 12 * (32 + 8) + 12 * 16 * 27
+    # and 3 more for the gradients
+    assert autocast_casts(t, [1]) == (12 * (32 + 8) + 12 * 16 * 27, 6)
 
 
 def test_compile_region_host_by_hand(tmp_path):

@@ -1163,14 +1163,15 @@ are taken out of the host time when they add up to at least this share of the me
 (the share under which a fix is not worth it): below it they are a few slow calls."""
 
 TAX_ASSUMED_US = 3.6
-"""The profiler's cost per host event assumed where it cannot be solved (the GPU held the host
-back: traced and unprofiled steps are both the GPU's): the median of the costs solved on the
+"""The profiler's cost per host event assumed where it cannot be solved (the GPU side is longer
+than the host's or held the host back: traced and unprofiled steps are both the GPU's): the median of the costs solved on the
 H200 sample traces with an unprofiled timing and no CUDA graph (27 traces, 0.6 to 14.6 us;
 README, "Estimates against measurements")."""
 
 _TAX_ASSUMED_NOTE = (
-    " (assumed, not solved: the GPU held the host back in launches, so the traced and "
-    "unprofiled steps are both the GPU's and do not tell the profiler's cost; the median solved "
+    " (assumed, not solved: the GPU side is longer than the host's, or held the host back in "
+    "launches, so the traced and unprofiled steps are both the GPU's and do not tell the "
+    "profiler's cost; the median solved "
     "on tracedx's H200 sample traces, 0.6 to 14.6 us over 27 of them, so estimates of fixes "
     "that speed up the GPU past the host are uncertain)"
 )
@@ -1300,19 +1301,21 @@ def _step_model(
     if unprof is not None and bad is None and not trace.steps_synthetic:
         t_u = float(unprof["median"]) * 1e3
         model.unprofiled_step_us = t_u
-        if host_events > 0 and held_us:
-            # the GPU held the host back, so the traced and unprofiled steps are both the
-            # GPU's: they say nothing of the profiler's cost, which is assumed
+        serial = own_sync_count >= SERIAL_SYNCS_PER_STEP and model.gpu_us > 0
+        if host_events > 0 and serial and not held_us:
+            # host and GPU serialised by the syncs: t_u = (H - tax x events) + G
+            model.sync_serial = True
+            h_eff = min(max(t_u - model.gpu_us, 0.0), model.host_us)
+            model.tax_us = (model.host_us - h_eff) / host_events
+        elif host_events > 0 and (held_us or model.host_us < model.gpu_us):
+            # the GPU held the host back, or its side alone is the traced step: the traced and
+            # unprofiled steps are both the GPU's and say nothing of the profiler's cost, which
+            # is assumed
             model.tax_us = min(TAX_ASSUMED_US, model.host_us / host_events)
             model.tax_assumed = True
         elif host_events > 0:
             # cost per host event that makes the host side match the unprofiled step
             model.tax_us = min(max(model.step_us - t_u, 0.0), model.host_us) / host_events
-            if own_sync_count >= SERIAL_SYNCS_PER_STEP and model.gpu_us > 0:
-                # host and GPU serialised by the syncs: t_u = (H - tax x events) + G
-                model.sync_serial = True
-                h_eff = min(max(t_u - model.gpu_us, 0.0), model.host_us)
-                model.tax_us = (model.host_us - h_eff) / host_events
     return model
 
 
@@ -1924,7 +1927,9 @@ def _findings(
         )
     # math-mode fixes need peaks and FLOP models
     if spec is not None and "family" in ops_tbl.columns:
-        out += _math_findings(m, ops_tbl, spec, n, lambda: autocast_cast_bytes(trace, steps) / n)
+        out += _math_findings(
+            m, ops_tbl, spec, n, lambda: tuple(x / n for x in autocast_casts(trace, steps))
+        )
     comm_us = _kind_time(kinds, "communication")
     if comm_us is not None and comm_by_step is not None:
         exposed = float(comm_by_step["exposed_comm_us"].sum())
@@ -1983,8 +1988,9 @@ _CAST_GEMM_WEIGHT = {"aten::linear": (1, 2), "aten::convolution": (1, 2)}
 """Module-level GEMM and convolution ops and their (weight, bias) operand indices."""
 
 
-def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
-    """Device bytes per analysed window that bf16 autocast adds by casting fp32 weights (bytes).
+def autocast_casts(trace: Trace, steps: list[int]) -> tuple[float, float]:
+    """The device bytes and the cast kernels per analysed window that bf16 autocast adds by
+    casting fp32 weights: ``(bytes, kernels)``.
 
     Under ``torch.autocast``, every fp32 weight (and bias) a forward ``aten::linear`` or
     ``aten::convolution`` uses is cast to bf16 on each call (a cast kernel reading 4 and writing
@@ -2011,16 +2017,17 @@ def autocast_cast_bytes(trace: Trace, steps: list[int]) -> float:
     )
     has_backward = bool(names["backward"][0]) if names.height else False
     rows = trace.ops[["name", "input_shapes", "input_dtypes"]].filter(names["cast"]).rows()
-    per_element = (2 if has_backward else 1) * CAST_BYTES_PER_ELEMENT
-    total = 0.0
+    per_operand = 2 if has_backward else 1  # the forward cast, and the gradient's back
+    total, kernels = 0.0, 0
     for name, shapes, dtypes in rows:
         for i in _CAST_GEMM_WEIGHT[name]:
             if not shapes or i >= len(shapes) or not shapes[i]:
                 continue
             if not dtypes or i >= len(dtypes) or dtypes[i] != "float":
                 continue
-            total += per_element * float(np.prod(shapes[i]))
-    return total
+            total += per_operand * CAST_BYTES_PER_ELEMENT * float(np.prod(shapes[i]))
+            kernels += per_operand
+    return total, float(kernels)
 
 
 _MATH_COLUMNS = (
@@ -2041,8 +2048,8 @@ def _math_findings(
     m: fx.StepModel, ops_tbl: pl.DataFrame, spec, n: int, cast_bytes: Callable[[], float]
 ) -> list[fx.Finding | None]:
     """The faster-math findings (TF32, bf16 autocast, fused attention) of the op groups
-    ``ops_tbl``. ``cast_bytes()`` gives autocast's weight-cast bytes per step
-    (:func:`autocast_cast_bytes`), asked for only when the bf16 finding has fp32 ops to move:
+    ``ops_tbl``. ``cast_bytes()`` gives autocast's weight-cast bytes and cast kernels per
+    step (:func:`autocast_casts`), asked for only when the bf16 finding has fp32 ops to move:
     it reads every GEMM op's shapes, 0.23 s of a 1 GB trace's diagnosis whose ops are bf16
     already."""
     out: list[fx.Finding | None] = []
@@ -2098,7 +2105,7 @@ def _math_findings(
                     continue
                 t += ti
                 new += max(ti * cur / peaks["bf16"], (r["bytes"] or 0) / 2 / n / bw)
-            cast = cast_bytes()
+            cast, cast_kernels = cast_bytes()
             cast_us = cast / bw
             new += cast_us
             ev = [
@@ -2106,8 +2113,14 @@ def _math_findings(
             ]
             if cast_us > 0:
                 ev.append(
-                    f"autocast adds weight casts: {cast / 1e9:.2f} GB per step "
-                    f"({_ms(cast_us)} at {spec.bandwidth_gbs:.0f} GB/s)"
+                    f"autocast adds weight casts: {cast_kernels:.0f} kernels, "
+                    f"{cast / 1e9:.2f} GB per step ({_ms(cast_us)} at {spec.bandwidth_gbs:.0f} GB/s)"
+                    + (
+                        f", each launched at the step's {m.per_kernel_host_us:.1f} us of host "
+                        "time per kernel"
+                        if m.per_kernel_host_us
+                        else ""
+                    )
                 )
             out.append(
                 fx.faster_math(
@@ -2119,8 +2132,9 @@ def _math_findings(
                     "roofline ceiling ratio to the bf16 tensor-core peak; bytes halve; plus "
                     "autocast's casts of the fp32 weights (read 4 + write 2 bytes per element, "
                     "forward, and the gradient's cast back when the step runs a backward), at "
-                    "device bandwidth",
+                    "device bandwidth, each cast a kernel launched from the host",
                     ev,
+                    added_kernels=cast_kernels,
                 )
             )
     # fused attention: softmax over square score matrices outside SDPA

@@ -22,7 +22,9 @@ The profiler slows the host (:data:`PROFILER_SLOWDOWN`), by a roughly fixed cost
 time. When the trace carries the unprofiled step time (``tracedx capture --time-unprofiled``),
 that cost per event is solved from the two (``tax_us``) and taken out of the host side, so
 estimates are against the unprofiled step: a fix that removes host events also removes their
-profiler cost, never more than their traced time (:func:`profiled_events`).
+profiler cost, never more than their traced time (:func:`profiled_events`). Where the GPU side
+binds the traced step (it is longer than the host's, or the launch queue held the host), both
+timings are the GPU's and the cost is assumed instead (``tax_assumed``).
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class StepModel:
     dataloader_multiprocess: bool = False
     # launch calls held by a full launch queue (the GPU far behind: timeline.launch_queue_waits)
     launch_held_us: float = 0.0
-    # tax_us is assumed (diagnosis.TAX_ASSUMED_US), not solved: the GPU held the host back
+    # tax_us is assumed (diagnosis.TAX_ASSUMED_US), not solved: the GPU side binds the traced step
     tax_assumed: bool = False
     # the program syncs the host with the GPU several times per step (an .item() per loop
     # iteration): unprofiled, the GPU work between two syncs cannot overlap the host's, so the
@@ -680,12 +682,24 @@ def faster_math(
     new_op_time_us: float,
     derivation: str,
     evidence: list[str],
+    added_kernels: float = 0.0,
 ) -> Finding | None:
-    """A change that makes some device work faster (TF32, bf16, fused attention, fusion)."""
+    """A change that makes some device work faster (TF32, bf16, fused attention, fusion).
+
+    ``added_kernels`` kernels per step that the change adds (bf16 autocast's weight casts; their
+    device time is in ``new_op_time_us``) each cost the host what a kernel of the step costs
+    it now (``per_kernel_host_us``, with ``events_per_kernel`` recorded events)."""
     if op_time_us <= 0:
         return None
     saved = max(op_time_us - new_op_time_us, 0.0)
     new = Change(gpu_us=-saved)
+    if added_kernels > 0 and m.per_kernel_host_us:
+        new = new + host_change(
+            m,
+            added_kernels * m.per_kernel_host_us,
+            added_kernels * m.events_per_kernel,
+            sign=1.0,
+        )
     if m.host_effective_us >= m.gpu_us:
         evidence = [
             *evidence,
