@@ -79,8 +79,8 @@ def test_cached_diagnose_is_light(tmp_path, monkeypatch, fmt, misnamed):
         "from tracedx.cli import main\n"
         "try:\n"
         f"    main({argv!r}, standalone_mode=True)\n"
-        "except SystemExit:\n"
-        "    pass\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"  # a failed run loads nothing either
     )
     assert _loaded(setup)[:2] == ["numpy", "polars"]  # the first run reads the trace
     assert os.listdir(tmp_path / "cache")
