@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from tracebuilder import T0, TraceBuilder
 
@@ -267,3 +269,40 @@ def test_profiler_cost_is_assumed_when_the_gpu_holds_the_host(tmp_path):
     # the traced and unprofiled steps are both the GPU's (1.0 ms): the cost is assumed
     assert m.tax_assumed and m.tax_us == TAX_ASSUMED_US == 3.6
     assert any("assumed, not solved" in n for n in d.notes)
+
+
+def test_faster_math_launches_the_kernels_it_adds_by_hand():
+    # a GPU-bound step: GPU 900 us (busy), host 500 us in 100 events at a profiler cost of 2 us
+    # each (300 us unprofiled); 10 kernels at 20 us of traced host time and 4 events each
+    m = _model(
+        step_us=900.0,
+        mean_step_us=900.0,
+        busy_us=900.0,
+        cpu_us=500.0,
+        host_no_gpu_us=0.0,
+        dataloader_us=0.0,
+        host_events=100.0,
+        events_per_kernel=4.0,
+        tax_us=2.0,
+        unprofiled_step_us=900.0,
+    )
+    assert m.predict() == pytest.approx(900)
+    # 800 us of GEMMs made 8x faster: G' = 900 - 700 = 200, the host's 300 binds: T' = 300
+    plain = fx.faster_math(m, "bf16-autocast", "t", 800.0, 100.0, "d", [])
+    assert plain.estimated_speedup == pytest.approx(900 / 300)
+    # and 5 cast kernels added: host + 5 x 20 us traced, + 5 x 4 events' 2 us of cost each:
+    # H' = 300 + 100 - 40 = 360 unprofiled: T' = 360
+    cast = fx.faster_math(m, "bf16-autocast", "t", 800.0, 100.0, "d", [], added_kernels=5.0)
+    assert cast.estimated_speedup == pytest.approx(900 / 360)
+    # without a host time per kernel the casts cost the host nothing known: as without them
+    none = fx.faster_math(
+        dataclasses.replace(m, per_kernel_host_us=None),
+        "bf16-autocast",
+        "t",
+        800.0,
+        100.0,
+        "d",
+        [],
+        added_kernels=5.0,
+    )
+    assert none.estimated_speedup == pytest.approx(900 / 300)

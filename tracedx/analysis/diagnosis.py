@@ -1324,10 +1324,8 @@ def _step_model(
         elif host_events > 0 and (held_us or model.host_us < model.gpu_us):
             # the GPU held the host back, or its side alone is the traced step: the traced and
             # unprofiled steps are both the GPU's and say nothing of the profiler's cost, which
-            # is assumed
-            # at least what brings the host side within the unprofiled step (a host longer
-            # than the step it ran in is impossible): add_loop-cudagraph's 0.788 ms of traced
-            # host time in a 0.436 ms unprofiled step
+            # is assumed, but at least what brings the host side within the unprofiled step
+            # (add_loop-cudagraph: 0.788 ms of traced host time in a 0.436 ms unprofiled step)
             least = max(model.host_us - t_u, 0.0) / host_events
             model.tax_us = min(max(TAX_ASSUMED_US, least), model.host_us / host_events)
             model.tax_assumed = True
