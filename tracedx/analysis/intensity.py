@@ -35,40 +35,15 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tracedx.trace.dtypes import INPUT_TYPE_BYTES
+
 # --------------------------------------------------------------------------------------
 # dtypes
 # --------------------------------------------------------------------------------------
 
-DTYPE_BYTES: dict[str, int] = {
-    "double": 8,
-    "float": 4,
-    "c10::Half": 2,
-    "c10::BFloat16": 2,
-    "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1,
-    "c10::Float8_e4m3fnuz": 1,
-    "c10::Float8_e5m2fnuz": 1,
-    "c10::Float8_e8m0fnu": 1,
-    "long int": 8,
-    "long": 8,
-    "long long": 8,
-    "int": 4,
-    "short int": 2,
-    "short": 2,
-    "signed char": 1,
-    "unsigned char": 1,
-    "unsigned short": 2,
-    "unsigned int": 4,
-    "unsigned long": 8,
-    "bool": 1,
-    "c10::complex<float>": 8,
-    "c10::complex<double>": 16,
-    "c10::complex<c10::Half>": 4,
-    "c10::qint8": 1,
-    "c10::quint8": 1,
-    "c10::qint32": 4,
-}
-"""Bytes per element of each Kineto ``Input type`` string that denotes a tensor."""
+DTYPE_BYTES = INPUT_TYPE_BYTES
+"""Bytes per element of each Kineto ``Input type`` string that denotes a tensor
+(:mod:`tracedx.trace.dtypes`)."""
 
 _DTYPE_CLASS: dict[str, str] = {
     "double": "fp64",

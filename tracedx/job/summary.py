@@ -46,7 +46,8 @@ import polars as pl
 
 from tracedx.analysis.comm import comm_compute_by_step, comm_rows, compute_union, free_segments
 from tracedx.analysis.timeline import CAUSES
-from tracedx.trace.collectives import DTYPE_BYTES, is_comm_kernel
+from tracedx.trace.collectives import is_comm_kernel
+from tracedx.trace.dtypes import DTYPE_BYTES
 
 SCHEMA = "tracedx.rank-summary/1"
 TABLES = ("steps", "colls", "kernels", "opsig")

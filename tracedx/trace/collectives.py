@@ -79,47 +79,6 @@ _TYPE_OF = {
 }
 _SUFFIXES = re.compile(r"(_coalesced|_base|_oop|_into_tensor|_tensor|_single)+$")
 
-# bytes per element: c10::toString(ScalarType) names (record_param_comms ``dtype``) and the
-# ``Input type`` spellings of record_function inputs (``gloo:*``/``nccl:*`` annotations)
-DTYPE_BYTES = {
-    "Double": 8,
-    "Float": 4,
-    "Half": 2,
-    "BFloat16": 2,
-    "Long": 8,
-    "Int": 4,
-    "Short": 2,
-    "Char": 1,
-    "Byte": 1,
-    "Bool": 1,
-    "UInt16": 2,
-    "UInt32": 4,
-    "UInt64": 8,
-    "ComplexHalf": 4,
-    "ComplexFloat": 8,
-    "ComplexDouble": 16,
-    "Float8_e4m3fn": 1,
-    "Float8_e5m2": 1,
-    "Float8_e4m3fnuz": 1,
-    "Float8_e5m2fnuz": 1,
-    "Float8_e8m0fnu": 1,
-    "double": 8,
-    "float": 4,
-    "c10::Half": 2,
-    "c10::BFloat16": 2,
-    "long int": 8,
-    "long": 8,
-    "long long": 8,
-    "int": 4,
-    "short int": 2,
-    "short": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "signed char": 1,
-    "unsigned char": 1,
-    "char": 1,
-    "bool": 1,
-}
 
 META_COLUMNS = (
     "collective_name",
