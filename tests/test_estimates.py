@@ -306,3 +306,20 @@ def test_faster_math_launches_the_kernels_it_adds_by_hand():
         added_kernels=5.0,
     )
     assert none.estimated_speedup == pytest.approx(900 / 300)
+
+
+def test_a_predicted_slowdown_is_said_not_just_clamped():
+    # host-bound: host 1000 us binds, GPU 100 us busy; 10 GEMM-side us saved on the GPU is
+    # nothing, and 5 added kernels at 20 us of host time each make the host 1100 us: the model
+    # predicts 1000 / 1100 = 0.91x, clamped to 1.00x and said in the evidence
+    m = _model(host_no_gpu_us=0.0, dataloader_us=0.0)
+    f = fx.faster_math(m, "bf16-autocast", "t", 50.0, 40.0, "d", [], added_kernels=5.0)
+    assert f.estimated_speedup == 1.0
+    assert (
+        f.evidence[-1]
+        == "the model predicts a slowdown (0.91x: the step 10% longer), shown as 1.00x"
+    )
+    # without the casts nothing is slower: no such line
+    g = fx.faster_math(m, "bf16-autocast", "t", 50.0, 40.0, "d", [])
+    assert g.estimated_speedup == 1.0
+    assert not any("slowdown" in e for e in g.evidence)

@@ -371,6 +371,11 @@ def amdahl(f: float, s: float) -> float:
     return 1.0 / ((1.0 - f) + (0.0 if math.isinf(s) else f / s))
 
 
+SLOWDOWN_SHOWN = 0.005
+"""A predicted step longer than now by more than this share is said to be a slowdown (the
+estimate itself is clamped at 1.00x)."""
+
+
 def amdahl_terms(t_us: float, new_us: float, region_us: float) -> tuple[float, float, float]:
     """Amdahl's (f, s) for a step of ``t_us`` predicted to take ``new_us`` after a fix acting
     on ``region_us`` of it, and the whole-step speedup T / T'.
@@ -441,6 +446,12 @@ def amdahl_finding(
     when None) over the speedup, in ms."""
     f, s, sp = amdahl_terms(t_us, new_us, region_us)
     ref = t_us if reference_us is None else reference_us
+    if t_us > 0 and new_us > t_us * (1 + SLOWDOWN_SHOWN):
+        evidence = [
+            *evidence,
+            f"the model predicts a slowdown ({t_us / new_us:.2f}x: the step "
+            f"{new_us / t_us - 1:.0%} longer), shown as 1.00x",
+        ]
     return Finding(
         fix,
         title,
