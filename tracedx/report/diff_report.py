@@ -102,6 +102,25 @@ def _row_unit(m: dict) -> tuple[str, float, str] | None:
     )
 
 
+KIND_TITLE = "DEVICE TIME BY KIND (per step; kind copy holds memcpys and memsets too)"
+
+
+def _count(v: float) -> str:
+    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
+
+
+def kind_counts(k: dict) -> str:
+    """A kind change row's counts per step, each GPU op under its own name:
+    ``21 -> 21 kernels, 132 -> 254 memsets`` (kernels always, memcpys and memsets where a side
+    has some), so that a column of kernels adds up to the ``kernels`` metric."""
+    parts = [f"{_count(k['before_kernels'])} -> {_count(k['after_kernels'])} kernels"]
+    for c in ("memcpys", "memsets"):
+        b, a = k[f"before_{c}"], k[f"after_{c}"]
+        if b or a:
+            parts.append(f"{_count(b)} -> {_count(a)} {c}")
+    return ", ".join(parts)
+
+
 def _finite(v) -> bool:
     return v is not None and not (isinstance(v, float) and not math.isfinite(v))
 
@@ -256,15 +275,17 @@ def render_text(td, width: int = WIDTH) -> str:
     for k, v in d["verdicts"].items():
         same = "" if v["before"] != v["after"] else "  (same)"
         out.append(f"  {k:<{w}} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
-    kinds = [k for k in d["kind_changes"] if abs(k["change_us"]) > 0][:TOP]
+    # every kind either side has (nine at most), unchanged ones too: the kernels column adds
+    # up to the kernels row above
+    kinds = [k for k in d["kind_changes"] if k["before_count"] or k["after_count"]]
     if kinds:
         out.append("")
-        out.append("DEVICE TIME BY KERNEL KIND (per step)")
+        out.append(KIND_TITLE)
         for k in kinds:
             out.append(
                 f"  {k['kind']:<14} {_us(k['before_us']):>11} -> {_us(k['after_us']):>11}  "
                 f"({'+' if k['change_us'] >= 0 else '-'}{_us(abs(k['change_us']))}; "
-                f"{k['before_count']:.0f} -> {k['after_count']:.0f} kernels)"
+                f"{kind_counts(k)})"
             )
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
