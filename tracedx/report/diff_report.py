@@ -13,7 +13,7 @@ from typing import Any
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import _clean
-from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
+from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
 from tracedx.report.text import estimate_label, short_name, speedup_label
 
 SCHEMA = "tracedx.diff/1"
@@ -340,14 +340,14 @@ def render_markdown(td) -> str:
     p = d["prediction"]
     paths = (md_code(term(x["path"], HEADER_CHARS), table=False) for x in (b, a))
     out = ["# tracedx diff: {} -> {}".format(*paths), ""]
-    out += [f"**{md_text(_step_line(d))}**", ""]
+    out += [f"**{md_prose(_step_line(d))}**", ""]
     if d["unrelated"]:
-        out += [f"**Warning:** {md_text(d['unrelated'])}", ""]
+        out += [f"**Warning:** {md_prose(d['unrelated'])}", ""]
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: {md_code(d['fix'], table=False)}** ({src})")
     out.append("")
     out += [
-        f"- {md_text(c['fix'])}{_weak(c)}: {md_text(c['evidence'])}" for c in d["candidates"][:3]
+        f"- {md_text(c['fix'])}{_weak(c)}: {md_prose(c['evidence'])}" for c in d["candidates"][:3]
     ]
     per = " per sample" if p.get("batch_scale") else ""  # the batch grew (larger-batch)
     out += [
@@ -368,7 +368,7 @@ def render_markdown(td) -> str:
         f"| {_x(p['estimated_speedup'])} | {_x(p['achieved_speedup_traced'])} | "
         f"{_x(p['achieved_speedup_unprofiled'])} | {rat or 'n/a'} | {p['verdict']} |"
     )
-    out += ["", f"Why: {md_text(p['explanation'])}", ""]
+    out += ["", f"Why: {md_prose(p['explanation'])}", ""]
     out += ["## Side by side", "", "| metric | before | after | change |", "|---|---|---|---|"]
     for m in d["metrics"]:
         if m["before"] in (None, 0) and m["after"] in (None, 0):
@@ -383,7 +383,7 @@ def render_markdown(td) -> str:
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
         if note := graph_note(d):
-            out += [md_text(f"{note}."), ""]
+            out += [md_prose(f"{note}."), ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
         for o in ops:
             out.append(
@@ -407,12 +407,12 @@ def render_markdown(td) -> str:
     ]
     for f in d["new_findings"][:3]:
         out.append(
-            f"- `{f['fix']}`: {speedup_label(f)} -> {md_text(estimate_label(f))} ({md_text(f['title'])})"
+            f"- `{f['fix']}`: {speedup_label(f)} -> {md_prose(estimate_label(f))} ({md_prose(f['title'])})"
         )
     if not d["new_findings"]:
         out.append("- no further fix worth 5% or more")
     if d["notes"]:
-        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in d["notes"]]
+        out += ["", "## Notes", ""] + [f"- {md_prose(n)}" for n in d["notes"]]
     return "\n".join(out) + "\n"
 
 
