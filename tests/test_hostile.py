@@ -1104,3 +1104,32 @@ def test_numeric_extremes_in_any_field_answer_or_exit_2(tmp_path, field, value, 
     if code == 2:
         assert len(err.strip().splitlines()) == 1, err
     assert not raw_controls(out + err)
+
+
+def test_a_jobs_text_and_markdown_escape_a_trace_host_name(tmp_path):
+    """A job's reports print each rank's host name, which a trace's ``host_name`` gives: in
+    text no raw control character reaches the terminal, in markdown no link or HTML renders."""
+    import gzip
+
+    from tests.conftest import SAMPLES
+
+    src = SAMPLES / "ddp_mlp-gloo-host-straggler"
+    if not src.exists():
+        pytest.skip("sample traces missing")
+    host = "\x1b]0;pwned\x07[x](http://evil.example)<b>"
+    for r in (0, 1):
+        with gzip.open(src / f"rank{r}.json.gz", "rt") as f:
+            doc = json.load(f)
+        doc["host_name"] = host
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
+    code, out, err = run("diagnose", tmp_path)
+    assert code == 0, err
+    assert not raw_controls(out + err), out
+    rows = [x.split() for x in out.splitlines() if x.split()[:1] in (["0"], ["1"])]
+    assert [x[:2] for x in rows] == [["0", term(host)[:12]], ["1", term(host)[:12]]]
+    code, out, err = run("diagnose", tmp_path, "--format", "md")
+    assert code == 0, err
+    assert not raw_controls(out + err), out
+    assert_inert_markdown(out, {"tracedx job report", "Fixes", "Notes"})
+    cell = "\\\\x1b\\]0;pwned\\\\x07\\[x\\](http://evil.example)\\<b\\>"
+    assert f"| 0 | {cell} | 34.349 |" in out and f"| 1 | {cell} | 34.311 |" in out
