@@ -112,6 +112,17 @@ class Steps:
         self.g = gstart + us
         self.h += host_dur
 
+    def memset(self, nbytes, us):
+        """``aten::zero_`` launching one ``cudaMemsetAsync`` (queued behind the stream)."""
+        self.ext += 1
+        self._x("cpu_op", "aten::zero_", self.h, 6.0, **{"External id": self.ext})
+        corr = self._launch(self.h + 1.0, "cudaMemsetAsync", self.ext)
+        gstart = max(self.g, self.h + 4.0)
+        self._x("gpu_memset", "Memset (Device)", gstart, us, pid=0, tid=7, device=0, stream=7,
+                correlation=corr, bytes=nbytes)  # fmt: skip
+        self.g = gstart + us
+        self.h += 6.0
+
     def sync(self):
         end = max(self.h + 2.0, self.g + 2.0)
         self._launch(self.h, "cudaStreamSynchronize", dur=end - self.h)
@@ -679,3 +690,85 @@ def test_item_loop_diff_memcpy_row_is_in_bytes_in_text_and_markdown():
     assert "| memcpy bytes (bytes, median) | 1,000 bytes | 0 bytes | -1,000 bytes (0.00x) |" in (
         render_markdown(d)
     )
+
+
+# --- kernels, memcpys and memsets are counted apart ---------------------------------------------
+
+CAT_COPY = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 64, 64>(float*, at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 64, 64>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)"
+
+
+def _copies_pair(tmp_path):
+    """Per step, BEFORE: a GEMM (100 us), a copy kernel (20 us), a memset (5 us). AFTER: the
+    same, one more memset (5 us) and a pinned 1 MiB memcpy (10 us)."""
+
+    def before(s):
+        s.op("aten::mm", 15, FP32_GEMM, 100, MM, ["float", "float"])
+        s.op("aten::cat", 10, CAT_COPY, 20)
+        s.memset(4096, 5)
+
+    def after(s):
+        before(s)
+        s.memset(4096, 5)
+        s.copy(2**20, 10, src="Pinned", blocking=False)
+
+    return (
+        run(3, before).write(tmp_path / "copies-before.json"),
+        run(3, after).write(tmp_path / "copies-after.json"),
+    )
+
+
+def test_kind_table_counts_kernels_memcpys_and_memsets_apart(tmp_path):
+    from tracedx.report.diff_report import render_markdown, render_text
+
+    b, a = _copies_pair(tmp_path)
+    td = tracedx.diff(tracedx.load(b), tracedx.load(a))
+    m = {r["metric"]: r for r in td.metrics.iter_rows(named=True)}
+    assert (m["kernels"]["before"], m["kernels"]["after"]) == (2, 2)
+    assert (m["memcpys"]["before"], m["memcpys"]["after"]) == (0, 1)
+    assert (m["memsets"]["before"], m["memsets"]["after"]) == (1, 2)
+    assert m["memsets"]["unit"] == m["memcpys"]["unit"] == m["kernels"]["unit"] == "per step"
+    kinds = {r["kind"]: r for r in td.kind_changes.iter_rows(named=True)}
+    assert set(kinds) == {"gemm", "copy"}
+    cp = kinds["copy"]
+    # the copy kind holds the copy kernel, the memcpy and the memsets: each counted as itself
+    assert (cp["before_count"], cp["after_count"]) == (2, 4)
+    assert (cp["before_kernels"], cp["after_kernels"]) == (1, 1)
+    assert (cp["before_memcpys"], cp["after_memcpys"]) == (0, 1)
+    assert (cp["before_memsets"], cp["after_memsets"]) == (1, 2)
+    assert (cp["before_us"], cp["after_us"]) == (pytest.approx(25.0), pytest.approx(40.0))
+    g = kinds["gemm"]
+    assert (g["before_count"], g["before_kernels"], g["before_memsets"]) == (1, 1, 0)
+    # the kinds' kernels add up to the kernels metric, their memsets to the memsets metric
+    for side in ("before", "after"):
+        for c in ("kernels", "memcpys", "memsets"):
+            assert sum(k[f"{side}_{c}"] for k in kinds.values()) == m[c][side]
+    text = render_text(td, 120)
+    assert "DEVICE TIME BY KIND (per step; kind copy holds memcpys and memsets too)" in text
+    row = next(x for x in text.splitlines() if x.lstrip().startswith("copy "))
+    want = "(+0.015 ms; 1 -> 1 kernels, 0 -> 1 memcpys, 1 -> 2 memsets)"
+    assert row.split(None, 6)[6] == want
+    # an unchanged kind is shown too, so that the kernels column adds up to the kernels row
+    row = next(x for x in text.splitlines() if x.lstrip().startswith("gemm "))
+    assert row.split(None, 6)[6] == "(+0.000 ms; 1 -> 1 kernels)"
+    sides = {x.split()[0]: x.split()[3:] for x in text.splitlines() if " (per step) " in x}
+    assert sides["kernels"] == ["2", "2", "+0"]
+    assert sides["memcpys"] == ["0", "1", "+1"]
+    assert sides["memsets"] == ["1", "2", "+1", "(2.00x)"]
+    md = render_markdown(td)
+    assert "| kernels (per step) | 2 | 2 | +0 |" in md
+    assert "| memsets (per step) | 1 | 2 | +1 (2.00x) |" in md
+    j = td.to_dict()
+    cp = next(k for k in j["kind_changes"] if k["kind"] == "copy")
+    assert (cp["before_kernels"], cp["after_memsets"], cp["after_memcpys"]) == (1, 2, 1)
+
+
+def test_diagnosis_kernel_kinds_split_their_gpu_ops(tmp_path):
+    b, a = _copies_pair(tmp_path)
+    d = tracedx.diagnose(tracedx.load(a))
+    kk = {r["kind"]: r for r in d.kernel_kinds.iter_rows(named=True)}
+    assert {k: (r["count"], r["kernels"], r["memcpys"], r["memsets"]) for k, r in kk.items()} == {
+        "gemm": (3, 3, 0, 0),
+        "copy": (12, 3, 3, 6),
+    }
+    doc = json.loads(d.to_json())
+    assert sum(k["kernels"] for k in doc["kernel_kinds"]) == 3 * doc["steps"]["kernels_per_step"]

@@ -633,3 +633,36 @@ def test_text_fixes_give_f_and_s_that_reproduce_each_speedup_and_number_every_fi
     for (_, shown), (f, s) in zip(heads[:3], pairs, strict=True):
         f = float(f) / 100
         assert abs(1 / ((1 - f) + f / float(s)) - float(shown)) <= 0.011
+
+
+def test_readme_lists_every_fix_id_and_no_other():
+    """The README's list of fixes in "How it decides" and its "How each fix is estimated" list
+    name every fix id the diagnoses can suggest (FIX_IDS, the job's balance-ranks and
+    overlap-communication included), and nothing else; and every fix id the code writes into a
+    finding is one of FIX_IDS."""
+    import ast
+
+    from tests.conftest import ROOT
+    from tracedx.analysis.findings import FIX_IDS
+
+    written = set()
+    for p in (ROOT / "tracedx").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            at = {"make_finding": 1, "faster_math": 1, "amdahl_finding": 0}.get(name)
+            # (a name is not an id of its own: diff's "a + b" of fixes applied together)
+            if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
+                written.add(node.args[at].value)
+    assert written == set(FIX_IDS)
+    readme = (ROOT / "README.md").read_text()
+    flat = " ".join(readme.split())
+    listed = re.search(r"Each fix(?: of one trace)? \(([^)]*)\) changes H, G or E", flat)[1]
+    job = re.search(r"a job of several ranks adds (`[a-z-]+`)", flat)
+    ids = re.findall(r"`([a-z0-9-]+)`", listed + (job[1] if job else ""))
+    assert sorted(ids) == sorted(FIX_IDS)
+    est = readme.split("How each fix is estimated")[1].split("\n## ")[0]
+    bullets = re.findall(r"^- (`[^:(]*`)", est, re.M)
+    ids = [x for b in bullets for x in re.findall(r"`([a-z0-9-]+)`", b)]
+    assert sorted(ids) == sorted(FIX_IDS)

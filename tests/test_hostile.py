@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.tracebuilder import T0, TraceBuilder
 from tracedx.cli import main
-from tracedx.report.safe import md_code, md_text, term
+from tracedx.report.safe import md_code, md_prose, md_text, term
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -206,6 +206,56 @@ def test_md_code_and_md_text_hold_any_text_literally(s):
     inline = md.parseInline(md_text(s))[0].children
     assert all(t.type in ("text", "softbreak") for t in inline), (s, inline)
     assert "".join(t.content for t in inline if t.type == "text") == s
+
+
+@settings(deadline=None)
+@given(s=nasty_text)
+@example(s="measure them with `tracedx calibrate`")
+@example(s="`a``b` `[x](http://evil.example)` \\` `<b>`")
+def test_md_prose_makes_code_spans_and_nothing_else(s):
+    """tracedx's sentences mark commands as `code spans`: in markdown they become code spans,
+    whatever a trace put around or inside them; nothing else renders (no link, HTML, emphasis),
+    and the text and the spans read back as the sentence."""
+    from markdown_it import MarkdownIt
+
+    s = term(s)
+    inline = MarkdownIt("commonmark").parseInline(md_prose(s))[0].children
+    assert all(t.type in ("text", "code_inline") for t in inline), (s, inline)
+    back = "".join(t.content if t.type == "text" else f"`{t.content}`" for t in inline)
+    assert back == s, (s, md_prose(s))
+
+
+def test_md_prose_exact_output():
+    assert md_prose("measure them with `tracedx calibrate`") == (
+        "measure them with `tracedx calibrate`"
+    )
+    # around the span, the same escapes as md_text; a lone backtick stays escaped
+    assert md_prose("x <y> `tracedx capture` z`") == "x \\<y\\> `tracedx capture` z\\`"
+    # no span: an empty or space-padded one, a double backtick, one past 60 characters
+    for s in ("``", "` a`", "`a``b`", "`" + "a" * 61 + "`"):
+        assert md_prose(s) == md_text(s), s
+    assert md_prose("`a|b`", table=True) == "`a\\|b`"  # GFM reads it in a table cell as a pipe
+
+
+def test_markdown_notes_render_their_commands_as_code(tmp_path):
+    """The note on a trace without an unprofiled timing names a command: in the markdown
+    report it is a code span, not backticks shown as text."""
+    from markdown_it import MarkdownIt
+
+    p = injected_trace(tmp_path / "t.json", "x")
+    code, out, err = run("diagnose", p, "--format", "md")
+    assert code == 0, err
+    assert "\\`" not in out
+    want = "; `tracedx capture --time-unprofiled` also times the step unprofiled"
+    assert want in out
+    codes = [
+        t.content
+        for b in MarkdownIt("commonmark").enable("table").parse(out)
+        if b.type == "inline"
+        for t in b.children
+        if t.type == "code_inline"
+    ]
+    assert "tracedx capture --time-unprofiled" in codes
 
 
 def test_template_names_read_right_in_markdown_code():
@@ -1054,3 +1104,32 @@ def test_numeric_extremes_in_any_field_answer_or_exit_2(tmp_path, field, value, 
     if code == 2:
         assert len(err.strip().splitlines()) == 1, err
     assert not raw_controls(out + err)
+
+
+def test_a_jobs_text_and_markdown_escape_a_trace_host_name(tmp_path):
+    """A job's reports print each rank's host name, which a trace's ``host_name`` gives: in
+    text no raw control character reaches the terminal, in markdown no link or HTML renders."""
+    import gzip
+
+    from tests.conftest import SAMPLES
+
+    src = SAMPLES / "ddp_mlp-gloo-host-straggler"
+    if not src.exists():
+        pytest.skip("sample traces missing")
+    host = "\x1b]0;pwned\x07[x](http://evil.example)<b>"
+    for r in (0, 1):
+        with gzip.open(src / f"rank{r}.json.gz", "rt") as f:
+            doc = json.load(f)
+        doc["host_name"] = host
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
+    code, out, err = run("diagnose", tmp_path)
+    assert code == 0, err
+    assert not raw_controls(out + err), out
+    rows = [x.split() for x in out.splitlines() if x.split()[:1] in (["0"], ["1"])]
+    assert [x[:2] for x in rows] == [["0", term(host)[:12]], ["1", term(host)[:12]]]
+    code, out, err = run("diagnose", tmp_path, "--format", "md")
+    assert code == 0, err
+    assert not raw_controls(out + err), out
+    assert_inert_markdown(out, {"tracedx job report", "Fixes", "Notes"})
+    cell = "\\\\x1b\\]0;pwned\\\\x07\\[x\\](http://evil.example)\\<b\\>"
+    assert f"| 0 | {cell} | 34.349 |" in out and f"| 1 | {cell} | 34.311 |" in out

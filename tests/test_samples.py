@@ -264,3 +264,69 @@ def test_a_kernel_past_its_cpu_window_is_its_launching_steps_busy_time():
         float(kernels["duration_us"].sum()), abs=1e-3
     )
     assert round(float(w["gpu_busy_us"].median()) / 1e3, 3) == 0.127
+
+
+def test_readme_profiler_cost_ranges_name_their_sets_and_hold(capsys):
+    """The README's two ranges of the profiler's cost per host event, each over the set it
+    names: every sample trace whose cost is solved (an unprofiled timing, no CUDA graph, not
+    assumed), and the host-bound ones ``benchmarks/profiler_cost.py`` fits; the fit's numbers
+    as that benchmark prints them; the assumed cost as the first set's median."""
+    import importlib.util
+    import re
+    import statistics
+
+    from tests.conftest import ROOT
+    from tracedx.analysis import diagnosis as dg
+
+    if not CAL.exists():
+        pytest.skip("sample traces missing")
+    solved = []
+    for p in sorted(SAMPLES.glob("*.json.gz")):
+        d = diag(p.name)
+        m = d.model
+        if m is None or not m.unprofiled_step_us or m.tax_assumed:
+            continue
+        if d.trace.launches.filter(pl.col("api_kind") == "graph").height:
+            continue
+        solved.append(m.tax_us)
+    spec = importlib.util.spec_from_file_location(
+        "profiler_cost", ROOT / "benchmarks/profiler_cost.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main()
+    out = capsys.readouterr().out
+    coef = re.search(r"ops ([\d.]+), runtime ([\d.]+), kernels ([\d.]+)", out).groups()
+    r2, n_hb = re.search(r"R\^2 ([\d.]+) over (\d+) host-bound", out).groups()
+    rows = [r.split(" | ") for r in out.splitlines() if r.startswith("| ") and r[2:3] != "-"][1:]
+    ratio = {r[0][2:]: float(r[3]) for r in rows}
+    per_event = [float(r[4].rstrip(" |")) for r in rows]
+    lo, hi = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    n, a, b = len(solved), min(solved), max(solved)
+    ha, hb = min(per_event), max(per_event)
+    assert f"(the {n} with an unprofiled timing, no CUDA graph and a host side that" in readme
+    assert (
+        f"it can be solved from: {a:.1f} to {b:.1f} us; {ha:.1f} to {hb:.1f} us on the {n_hb} of "
+        "them that `benchmarks/profiler_cost.py` counts host-bound" in readme
+    )
+    assert (
+        f"on the {n_hb} host-bound sample traces with an unprofiled timing (unprofiled step over 1.5x"
+        in readme
+    )
+    assert (
+        f"gives {coef[0]} us per op, {coef[1]} us per runtime call and {coef[2]} us per kernel "
+        f"record (R^2 {r2}," in readme
+    )
+    assert (
+        f"from {ratio[lo]:.2f}x (`{lo}`) to {ratio[hi]:.2f}x (`{hi}`) of their measured excess"
+        in readme
+    )
+    assert (
+        f"solves from each of these {n_hb} traces ranges {ha:.1f} to {hb:.1f} us ({a:.1f} to "
+        f"{b:.1f} us over all {n} sample traces whose cost is solved" in readme
+    )
+    assert f"from the {n_hb} host-bound sample traces ({ha:.1f} to {hb:.1f} us per event)" in readme
+    assert round(statistics.median(solved), 1) == dg.TAX_ASSUMED_US
+    assert f"{a:.1f} to {b:.1f} us over {n} of them" in dg._TAX_ASSUMED_NOTE
+    assert round(hb, 1) == dg.TAX_USUAL_MAX_US

@@ -1166,14 +1166,14 @@ TAX_ASSUMED_US = 3.6
 """The profiler's cost per host event assumed where it cannot be solved (the GPU side is longer
 than the host's or held the host back: traced and unprofiled steps are both the GPU's), raised
 where needed to bring the host side within the unprofiled step: the median of the costs solved
-on the H200 sample traces with an unprofiled timing and no CUDA graph (27 traces, 0.6 to 14.6
+on the H200 sample traces with an unprofiled timing and no CUDA graph (38 traces, 0.6 to 14.6
 us; README, "Estimates against measurements")."""
 
 _TAX_ASSUMED_NOTE = (
     " (assumed, not solved: the GPU side is longer than the host's, or held the host back in "
     "launches, so the traced and unprofiled steps are both the GPU's and do not tell the "
     "profiler's cost; the median solved "
-    "on tracedx's H200 sample traces, 0.6 to 14.6 us over 27 of them, so estimates of fixes "
+    "on tracedx's H200 sample traces, 0.6 to 14.6 us over 38 of them, so estimates of fixes "
     "that speed up the GPU past the host are uncertain)"
 )
 

@@ -138,6 +138,8 @@ class Signals:
     sync_calls: float = 0.0
     sync_us: float = 0.0
     dataloader_us: float = 0.0
+    memcpys: float = 0.0
+    memsets: float = 0.0
     pageable_bytes: float = 0.0
     pinned_bytes: float = 0.0
     attention_kernels: float = 0.0
@@ -224,6 +226,11 @@ def signals(d: Diagnosis) -> Signals:
         .when(pl.col("direction") == "DtoH")
         .then(pl.col("dst_memory"))
     )
+    s.memcpys = m.height / n
+    mset = t.memsets.filter(pl.col("step").is_in(d.steps))
+    if d.primary_device is not None:
+        mset = mset.filter(pl.col("device") == d.primary_device)
+    s.memsets = mset.height / n
     m = m.with_columns(hm=host_mem)
     s.pageable_bytes = float(m.filter(pl.col("hm") == "Pageable")["bytes"].sum() or 0) / n
     s.pinned_bytes = float(m.filter(pl.col("hm") == "Pinned")["bytes"].sum() or 0) / n
@@ -562,12 +569,16 @@ class TraceDiff(Presentable):
         before, after: the two Diagnoses.
         metrics: ``metric``, ``unit``, ``before``, ``after``, ``change`` (after - before),
             ``ratio`` (after / before): step time (median, ms), unprofiled step (median, ms),
-            CPU time, GPU busy (medians, ms), idle fraction (median), kernels, graph launches,
-            memcpys (per step), memcpy time (median, ms), memcpy MiB, pageable MiB, sync calls,
-            sync time (median, ms), DataLoader time (ms).
+            CPU time, GPU busy (medians, ms), idle fraction (median), kernels (launches),
+            graph launches, memcpys, memsets (per step), memcpy time (median, ms), memcpy MiB,
+            pageable MiB, sync calls, sync time (median, ms), DataLoader time (ms).
         verdicts: regime and bottleneck of each side: ``{"regime": (b, a), "bottleneck": (b, a)}``.
         kind_changes: ``kind``, ``before_us``, ``after_us``, ``change_us``, ``before_count``,
-            ``after_count``: device time and count per step by kernel kind.
+            ``after_count``: device time and GPU ops per step by kind (memcpys and memsets
+            are kind ``copy``), and the GPU ops split: ``before_kernels``, ``after_kernels``,
+            ``before_memcpys``, ``after_memcpys``, ``before_memsets``, ``after_memsets``; the
+            kinds' kernels add up to the ``kernels`` metric, their memcpys and memsets to
+            ``memcpys`` and ``memsets``.
         op_changes: ``name``, ``before_us``, ``after_us``, ``change_us``, ``before_count``,
             ``after_count``: device time per step by launching op name, largest change first.
         kernel_changes: ``kernel`` (normalised name), ``kind``, ``status`` (appeared / vanished /
@@ -705,7 +716,10 @@ def _metrics(before: Diagnosis, after: Diagnosis, sa: Signals, sb: Signals) -> p
         ("GPU idle", "fraction, median", _med(wa, "idle_fraction"), _med(wb, "idle_fraction")),
         ("kernels", "per step", sa.kernels, sb.kernels),
         ("graph launches", "per step", sa.graph_launches, sb.graph_launches),
-        ("memcpys", "per step, median", _med(wa, "memcpys"), _med(wb, "memcpys")),
+        # kernel launches, memcpys and memsets: each kind's counts in kind_changes add up to
+        # these three (the means over the analysed steps)
+        ("memcpys", "per step", sa.memcpys, sb.memcpys),
+        ("memsets", "per step", sa.memsets, sb.memsets),
         ("memcpy time", "ms, median", ms(_med(wa, "memcpy_us")), ms(_med(wb, "memcpy_us"))),
         (
             "memcpy bytes",
@@ -743,23 +757,46 @@ def _outer(a: pl.DataFrame, b: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     ).with_columns(change_us=pl.col("after_us") - pl.col("before_us"))
 
 
+KIND_COUNTS = ("count", "kernels", "memcpys", "memsets")
+"""The counts of a kind change row, per step: ``count`` all its GPU ops, which ``kernels``,
+``memcpys`` and ``memsets`` split (only kind ``copy`` has memcpys and memsets)."""
+
+
 def _kind_changes(before: Diagnosis, after: Diagnosis) -> pl.DataFrame:
     def side(d: Diagnosis, tag: str) -> pl.DataFrame:
         k = d.kernel_kinds
+        counts = [f"{tag}_{c}" for c in KIND_COUNTS]
         if k.height == 0:
             return pl.DataFrame(
-                schema={"kind": pl.Utf8, f"{tag}_us": pl.Float64, f"{tag}_count": pl.Float64}
+                schema={"kind": pl.Utf8, f"{tag}_us": pl.Float64}
+                | dict.fromkeys(counts, pl.Float64)
             )
+        n = max(len(d.steps), 1)
         return k.select(
             "kind",
             pl.col("device_time_us_per_step").cast(pl.Float64).alias(f"{tag}_us"),
             pl.col("count_per_step").cast(pl.Float64).alias(f"{tag}_count"),
+            *(
+                (pl.col(c).cast(pl.Float64) / n).alias(f"{tag}_{c}")
+                for c in ("kernels", "memcpys", "memsets")
+            ),
         )
 
     j = _outer(side(before, "before"), side(after, "after"), ["kind"])
-    return j.select(
-        "kind", "before_us", "after_us", "change_us", "before_count", "after_count"
-    ).sort(pl.col("change_us").abs(), descending=True)
+    extra = [f"{t}_{c}" for c in KIND_COUNTS[1:] for t in ("before", "after")]
+    return (
+        j.with_columns(pl.col(extra).fill_null(0.0))
+        .select(
+            "kind",
+            "before_us",
+            "after_us",
+            "change_us",
+            "before_count",
+            "after_count",
+            *extra,
+        )
+        .sort(pl.col("change_us").abs(), descending=True)
+    )
 
 
 def _op_changes(before: Diagnosis, after: Diagnosis) -> pl.DataFrame:

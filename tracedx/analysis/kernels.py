@@ -190,22 +190,27 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
 
     Over the GPU events of ``trace`` launched in ``steps`` on ``device`` (every device for
     None): kernels by their name's kind (:func:`kernel_name_kinds`), memcpys and memsets as
-    kind ``copy``. Sorted by device time (descending), then kind. Times are summed as exact
+    kind ``copy``. ``count`` counts all of a kind's GPU ops; ``kernels``, ``memcpys`` and
+    ``memsets`` split it (only ``copy`` has memcpys and memsets), so that the kinds' ``kernels``
+    add up to the kernel launches a step table counts. Sorted by device time (descending),
+    then kind. Times are summed as exact
     picoseconds (:func:`~tracedx.analysis.intervals.sum_us`), converted as a polars
     ``group_by`` converts them; the rows are counted and summed in numpy (the polars filter,
     group_by and sort this took cost a fixed 0.5-1 ms on a few thousand events).
     """
     copy = KIND_CODES.index("copy")
-    codes, ps = [], []
-    for t, kernels in ((trace.kernels, True), (trace.memcpys, False), (trace.memsets, False)):
+    codes, ps, source = [], [], []
+    tables = (trace.kernels, trace.memcpys, trace.memsets)
+    for i, t in enumerate(tables):  # source 0: kernels, 1: memcpys, 2: memsets
         on = rows_in_steps(t, steps)
         if device is not None:
             on &= mask_of(t["device"] == device)
-        if kernels:
+        if i == 0:
             codes.append(kernel_kind_codes(trace)[kernel_name_codes(trace)[on]])
         else:
             codes.append(np.full(int(on.sum()), copy, dtype=np.int64))
         ps.append(to_ps(t["duration_us"].to_numpy()[on]))
+        source.append(np.full(len(codes[-1]), i, dtype=np.int64))
     code, of = np.unique(np.concatenate(codes), return_inverse=True)
     if len(code) == 0:
         return pl.DataFrame(schema=_BREAKDOWN_SCHEMA)
@@ -215,6 +220,9 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
     kind = np.array(KIND_CODES)[code]
     order = np.lexsort((kind, -us))
     count = np.bincount(of, minlength=len(code))[order]
+    by_source = np.zeros((len(code), len(tables)), dtype=np.int64)
+    np.add.at(by_source, (of, np.concatenate(source)), 1)
+    by_source = by_source[order]
     us = us[order]
     total = sum_us_of(us) or 1.0
     n = max(n_steps, 1)
@@ -226,6 +234,9 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
             "count_per_step": column_by_scalar(count, n),
             "device_time_us_per_step": column_by_scalar(us, n),
             "share": column_by_scalar(us, total),
+            "kernels": by_source[:, 0],
+            "memcpys": by_source[:, 1],
+            "memsets": by_source[:, 2],
         },
         schema=_BREAKDOWN_SCHEMA,
     )
@@ -238,6 +249,9 @@ _BREAKDOWN_SCHEMA = {
     "count_per_step": pl.Float64,
     "device_time_us_per_step": pl.Float64,
     "share": pl.Float64,
+    "kernels": pl.UInt32,
+    "memcpys": pl.UInt32,
+    "memsets": pl.UInt32,
 }
 
 

@@ -113,9 +113,9 @@ def _per_step_idle(diag) -> dict[str, float]:
 
 def sides_figure(td) -> go.Figure:
     """BEFORE and AFTER as two stacked bars (ms per step, the mean over the analysed steps):
-    device time by kernel kind (solid) and GPU idle time by cause (hatched), with each side's
-    median step time as a marker. Kernels on concurrent streams overlap, so a stack can rise
-    above the step time."""
+    device time by kind (solid; ``copy`` holds memcpys and memsets too) and GPU idle time by
+    cause (hatched), with each side's median step time as a marker. Kernels on concurrent
+    streams overlap, so a stack can rise above the step time."""
     d = diff_dict(td)
     fig = go.Figure()
     x = ["BEFORE", "AFTER"]
@@ -284,7 +284,8 @@ def render_diff_html(td) -> str:
         figure_section(
             "sides",
             "Where the time goes, BEFORE and AFTER",
-            "Per step (means over the analysed steps): GPU device time by kernel kind and "
+            "Per step (means over the analysed steps): GPU device time by kind (copy holds "
+            "memcpys and memsets too) and "
             "GPU idle time by cause (hatched); the black line is the median step time. Kernels "
             "on concurrent streams overlap, so a stack can rise above the step time.",
             sides_figure(td),

@@ -13,7 +13,7 @@ from typing import Any
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import _clean
-from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
+from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
 from tracedx.report.text import estimate_label, short_name, speedup_label
 
 SCHEMA = "tracedx.diff/1"
@@ -100,6 +100,25 @@ def _row_unit(m: dict) -> tuple[str, float, str] | None:
     return next(
         (u for u in BYTE_UNITS if top >= u[1]), BYTE_UNITS[0] if top == 0 else BYTE_UNITS[-1]
     )
+
+
+KIND_TITLE = "DEVICE TIME BY KIND (per step; kind copy holds memcpys and memsets too)"
+
+
+def _count(v: float) -> str:
+    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
+
+
+def kind_counts(k: dict) -> str:
+    """A kind change row's counts per step, each GPU op under its own name:
+    ``21 -> 21 kernels, 132 -> 254 memsets`` (kernels always, memcpys and memsets where a side
+    has some), so that a column of kernels adds up to the ``kernels`` metric."""
+    parts = [f"{_count(k['before_kernels'])} -> {_count(k['after_kernels'])} kernels"]
+    for c in ("memcpys", "memsets"):
+        b, a = k[f"before_{c}"], k[f"after_{c}"]
+        if b or a:
+            parts.append(f"{_count(b)} -> {_count(a)} {c}")
+    return ", ".join(parts)
 
 
 def _finite(v) -> bool:
@@ -256,15 +275,17 @@ def render_text(td, width: int = WIDTH) -> str:
     for k, v in d["verdicts"].items():
         same = "" if v["before"] != v["after"] else "  (same)"
         out.append(f"  {k:<{w}} {v['before'] or 'n/a':>12} -> {v['after'] or 'n/a'}{same}")
-    kinds = [k for k in d["kind_changes"] if abs(k["change_us"]) > 0][:TOP]
+    # every kind either side has (nine at most), unchanged ones too: the kernels column adds
+    # up to the kernels row above
+    kinds = [k for k in d["kind_changes"] if k["before_count"] or k["after_count"]]
     if kinds:
         out.append("")
-        out.append("DEVICE TIME BY KERNEL KIND (per step)")
+        out.append(KIND_TITLE)
         for k in kinds:
             out.append(
                 f"  {k['kind']:<14} {_us(k['before_us']):>11} -> {_us(k['after_us']):>11}  "
                 f"({'+' if k['change_us'] >= 0 else '-'}{_us(abs(k['change_us']))}; "
-                f"{k['before_count']:.0f} -> {k['after_count']:.0f} kernels)"
+                f"{kind_counts(k)})"
             )
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
@@ -319,14 +340,14 @@ def render_markdown(td) -> str:
     p = d["prediction"]
     paths = (md_code(term(x["path"], HEADER_CHARS), table=False) for x in (b, a))
     out = ["# tracedx diff: {} -> {}".format(*paths), ""]
-    out += [f"**{md_text(_step_line(d))}**", ""]
+    out += [f"**{md_prose(_step_line(d))}**", ""]
     if d["unrelated"]:
-        out += [f"**Warning:** {md_text(d['unrelated'])}", ""]
+        out += [f"**Warning:** {md_prose(d['unrelated'])}", ""]
     src = "given" if d["fix_source"] == "given" else "inferred"
     out.append(f"**Applied fix: {md_code(d['fix'], table=False)}** ({src})")
     out.append("")
     out += [
-        f"- {md_text(c['fix'])}{_weak(c)}: {md_text(c['evidence'])}" for c in d["candidates"][:3]
+        f"- {md_text(c['fix'])}{_weak(c)}: {md_prose(c['evidence'])}" for c in d["candidates"][:3]
     ]
     per = " per sample" if p.get("batch_scale") else ""  # the batch grew (larger-batch)
     out += [
@@ -347,7 +368,7 @@ def render_markdown(td) -> str:
         f"| {_x(p['estimated_speedup'])} | {_x(p['achieved_speedup_traced'])} | "
         f"{_x(p['achieved_speedup_unprofiled'])} | {rat or 'n/a'} | {p['verdict']} |"
     )
-    out += ["", f"Why: {md_text(p['explanation'])}", ""]
+    out += ["", f"Why: {md_prose(p['explanation'])}", ""]
     out += ["## Side by side", "", "| metric | before | after | change |", "|---|---|---|---|"]
     for m in d["metrics"]:
         if m["before"] in (None, 0) and m["after"] in (None, 0):
@@ -362,7 +383,7 @@ def render_markdown(td) -> str:
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
         if note := graph_note(d):
-            out += [md_text(f"{note}."), ""]
+            out += [md_prose(f"{note}."), ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
         for o in ops:
             out.append(
@@ -386,12 +407,12 @@ def render_markdown(td) -> str:
     ]
     for f in d["new_findings"][:3]:
         out.append(
-            f"- `{f['fix']}`: {speedup_label(f)} -> {md_text(estimate_label(f))} ({md_text(f['title'])})"
+            f"- `{f['fix']}`: {speedup_label(f)} -> {md_prose(estimate_label(f))} ({md_prose(f['title'])})"
         )
     if not d["new_findings"]:
         out.append("- no further fix worth 5% or more")
     if d["notes"]:
-        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in d["notes"]]
+        out += ["", "## Notes", ""] + [f"- {md_prose(n)}" for n in d["notes"]]
     return "\n".join(out) + "\n"
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from tracedx.report.json import _clean
+from tracedx.report.safe import md_prose, md_text, safe_strings
 
 SCHEMA = "tracedx.job/1"
 
@@ -186,7 +187,7 @@ def render_text(jd, width: int | None = None) -> str:
 
 
 def _text(jd) -> str:
-    d = job_dict(jd)
+    d = safe_strings(job_dict(jd))  # a trace's text (host names, paths) printed inert
     st = d["steps"]
     out: list[str] = []
     n = len(d["ranks"])
@@ -304,13 +305,13 @@ def _shown_ranks(d: dict) -> list[dict]:
 
 def render_markdown(jd) -> str:
     """The job report as Markdown: verdict, a per-rank table, fixes, notes."""
-    d = job_dict(jd)
+    d = safe_strings(job_dict(jd))
     out = [f"# tracedx job report ({len(d['ranks'])} ranks)", ""]
     if d["collectives"]["clock"].get("runs_apart"):
-        out += [f"> **{RUNS_APART_WARNING}**", ""]
-    out.append(f"**Verdict:** {verdict_line(d, 'none')}")
+        out += [f"> **{md_prose(RUNS_APART_WARNING)}**", ""]
+    out.append(f"**Verdict:** {md_prose(verdict_line(d, 'none'))}")
     out.append("")
-    out += [f"- {e}" for e in d["evidence"]]
+    out += [f"- {md_prose(e)}" for e in d["evidence"]]
     out += [
         "",
         "| rank | host | step ms | compute ms | exposed wait ms | exposed transfer ms | other ms | verdict |",
@@ -318,21 +319,21 @@ def render_markdown(jd) -> str:
     ]
     for r in d["ranks"]:
         out.append(
-            f"| {r['rank']} | {r.get('host') or ''} | {_f(r.get('step_time_ms'), '.3f', '')} | "
+            f"| {r['rank']} | {md_text(r.get('host') or '')} | {_f(r.get('step_time_ms'), '.3f', '')} | "
             f"{_f(r.get('compute_ms'), '.3f', '')} | {_f(r.get('exposed_wait_ms'), '.3f', '')} | "
             f"{_f(r.get('exposed_transfer_ms'), '.3f', '')} | {_f(r.get('other_ms'), '.3f', '')} | "
-            f"{_rank_verdict(r)} |"
+            f"{md_text(_rank_verdict(r))} |"
         )
     out += ["", "## Fixes", ""]
     for f in d["findings"] or []:
         out.append(
-            f"- **{f['fix']}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%}): "
-            f"{f['title']}; {f['derivation']}"
+            f"- **{md_text(f['fix'])}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%}): "
+            f"{md_prose(f['title'])}; {md_prose(f['derivation'])}"
         )
     if d["collectives"]["clock"].get("runs_apart"):
-        out.append(f"none estimated: {APART_FIXES}")
+        out.append(f"none estimated: {md_prose(APART_FIXES)}")
     elif not d["findings"]:
         out.append("none")
     if d["notes"]:
-        out += ["", "## Notes", ""] + [f"- {x}" for x in d["notes"]]
+        out += ["", "## Notes", ""] + [f"- {md_prose(x)}" for x in d["notes"]]
     return "\n".join(out) + "\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracedx.report.json import as_doc
-from tracedx.report.safe import HEADER_CHARS, md_code, md_text, safe_strings, term
+from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
 from tracedx.report.text import _unplaced, estimate_label, shape_tag, speedup_label
 
 
@@ -19,7 +19,7 @@ def render_markdown(diag) -> str:
         f"**{md_text(d['bottleneck'] or 'n/a')}**"
     )
     out.append("")
-    out += [f"- {md_text(e)}" for e in d["evidence"]]
+    out += [f"- {md_prose(e)}" for e in d["evidence"]]
     out += ["", "| metric (median per step) | value |", "|---|---|"]
     for label, key in (
         ("step time (ms)", "step_time_ms"),
@@ -69,5 +69,5 @@ def render_markdown(diag) -> str:
             )
     notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
     if notes:
-        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in notes]
+        out += ["", "## Notes", ""] + [f"- {md_prose(n)}" for n in notes]
     return "\n".join(out) + "\n"

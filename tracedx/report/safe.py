@@ -14,7 +14,11 @@ Markdown needs more: :func:`md_code` is an inline code span that survives any co
 fence is longer than any backtick run inside, CommonMark 6.1), and :func:`md_text` backslash-
 escapes the ASCII punctuation that could start a link, image, emphasis, HTML or a heading
 (CommonMark 2.4: any ASCII punctuation may be backslash-escaped), so ``<`` reads ``<`` rather
-than ``&lt;`` and a C++ template name renders as written.
+than ``&lt;`` and a C++ template name renders as written. :func:`md_prose` is :func:`md_text`
+for tracedx's own sentences (notes, evidence, explanations), which mark a command to run as a
+short `code span` (the terminal keeps one on a line): such a span becomes a markdown code span
+(:func:`md_code`), everything around it is :func:`md_text`. A code span renders its content
+literally, so a trace's text inside one stays inert.
 """
 
 from __future__ import annotations
@@ -96,3 +100,23 @@ def md_text(s: Any) -> str:
     """Markdown prose holding ``s`` as plain text: the punctuation that could make a link, an
     image, emphasis, inline HTML, an entity, a heading or a table cell is backslash-escaped."""
     return _MD_PUNCT.sub(r"\\\1", term(s))
+
+
+# a `code span` of tracedx's prose: 1-60 characters, no backtick or line break, not starting or
+# ending with a space (the terminal's rule for a command kept on one line, tracedx.console),
+# its backticks single ones (two spans back to back would make a double one)
+_PROSE_CODE = re.compile(r"(?<!`)`([^`\s](?:[^`\n]{0,58}[^`\s])?)`(?!`)")
+
+
+def md_prose(s: Any, table: bool = False) -> str:
+    """Markdown holding one of tracedx's sentences (``s``): each short `code span` in it
+    (1-60 characters, no backtick inside, no space at either end) as a markdown code span
+    (:func:`md_code`; ``table``: in a table cell), the rest as :func:`md_text`. A backtick that
+    opens no such span is escaped, as :func:`md_text` escapes it."""
+    s = term(s)
+    out, pos = [], 0
+    for m in _PROSE_CODE.finditer(s):
+        out += [_MD_PUNCT.sub(r"\\\1", s[pos : m.start()]), md_code(m[1], table=table)]
+        pos = m.end()
+    out.append(_MD_PUNCT.sub(r"\\\1", s[pos:]))
+    return "".join(out)
