@@ -1778,12 +1778,12 @@ def _fp32_simt_share(trace: Trace, w: pl.DataFrame, device: int | None) -> float
 
 
 def _tensor_bytes(shape: list[int] | None, dtype: str | None) -> float:
-    from tracedx.analysis.intensity import DTYPE_BYTES
+    from tracedx.trace.dtypes import INPUT_TYPE_BYTES
 
-    if not shape or dtype not in DTYPE_BYTES:
+    if not shape or dtype not in INPUT_TYPE_BYTES:
         return 0.0
     # the product as float64, left to right (np.prod's, without its cost on a short list)
-    return math.prod(map(float, shape)) * DTYPE_BYTES[dtype]
+    return math.prod(map(float, shape)) * INPUT_TYPE_BYTES[dtype]
 
 
 def decode_ceiling_info(ops_tbl: pl.DataFrame, spec, model, n: int) -> dict[str, Any] | None:

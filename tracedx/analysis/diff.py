@@ -861,8 +861,10 @@ def kernel_changes(before: Diagnosis, after: Diagnosis) -> pl.DataFrame:
         .then(pl.lit("vanished"))
         .otherwise(pl.lit("changed")),
     )
+    # kernels that appeared or vanished first, together, largest change first (a list of
+    # appeared ones first hid the vanished ones, often the largest, past the reports' top rows)
     order = pl.col("status").replace_strict(
-        {"appeared": 0, "vanished": 1, "changed": 2}, return_dtype=pl.Int8
+        {"appeared": 0, "vanished": 0, "changed": 1}, return_dtype=pl.Int8
     )
     return (
         j.with_columns(_o=order, _a=pl.col("change_us").abs())

@@ -41,9 +41,6 @@ from tracedx.trace.dtypes import INPUT_TYPE_BYTES
 # dtypes
 # --------------------------------------------------------------------------------------
 
-DTYPE_BYTES = INPUT_TYPE_BYTES
-"""Bytes per element of each Kineto ``Input type`` string that denotes a tensor
-(:mod:`tracedx.trace.dtypes`)."""
 
 _DTYPE_CLASS: dict[str, str] = {
     "double": "fp64",
@@ -137,7 +134,7 @@ class OpArgs:
 
     def is_tensor(self, i: int) -> bool:
         d = self.dtypes
-        return i < len(self.shapes) and 0 <= i < len(d) and d[i] in DTYPE_BYTES
+        return i < len(self.shapes) and 0 <= i < len(d) and d[i] in INPUT_TYPE_BYTES
 
     def shape(self, i: int) -> list[int] | None:
         """The shape of input ``i`` (``[]`` for a 0-dim tensor), or None if not a tensor."""
@@ -149,7 +146,7 @@ class OpArgs:
     def nbytes(self, i: int) -> int:
         d = self.dtypes
         if i < len(self.shapes) and 0 <= i < len(d):
-            size = DTYPE_BYTES.get(d[i])
+            size = INPUT_TYPE_BYTES.get(d[i])
             if size is not None:
                 return math.prod(map(int, self.shapes[i])) * size
         return 0
@@ -313,7 +310,7 @@ def _gemm(
     (default: the matrices' ``dtype``, which is also the compute dtype)."""
     return OpCost(
         flops=float(flops),
-        bytes=float(a.read(operands) + out_numel * DTYPE_BYTES[out_dtype or dtype]),
+        bytes=float(a.read(operands) + out_numel * INPUT_TYPE_BYTES[out_dtype or dtype]),
         compute_dtype=dtype_class(dtype),
         family="gemm",
         tensor_core=True,
@@ -431,7 +428,7 @@ def _mv(a: OpArgs) -> OpCost:
     ops = (0, 1, 2) if off else (0, 1)
     return OpCost(
         float(2 * n * m),
-        float(a.read(ops) + n * DTYPE_BYTES[a.dtype(off)]),
+        float(a.read(ops) + n * INPUT_TYPE_BYTES[a.dtype(off)]),
         dtype_class(a.dtype(off)),
         "gemm",
         False,
@@ -521,7 +518,7 @@ def _conv_forward(a: OpArgs, pos: _ConvPos) -> OpCost:
     ops = (0, 1) if pos.bias < 0 else (0, 1, pos.bias)
     return OpCost(
         float(flops),
-        float(a.read(ops) + out_numel * DTYPE_BYTES[a.dtype(0)]),
+        float(a.read(ops) + out_numel * INPUT_TYPE_BYTES[a.dtype(0)]),
         dtype_class(a.dtype(0)),
         "conv",
         True,
@@ -577,7 +574,7 @@ def _conv_backward(a: OpArgs, go_i: int, x_i: int, w_i: int, mask: list[bool], t
         written += a.nbytes(w_i)
     if len(mask) > 2 and mask[2]:
         flops += _prod(go)  # bias gradient: a sum over everything but the channel
-        written += go[1] * DTYPE_BYTES[a.dtype(go_i)]
+        written += go[1] * INPUT_TYPE_BYTES[a.dtype(go_i)]
     return OpCost(
         float(flops),
         float(a.read((go_i, x_i, w_i)) + written),
@@ -656,7 +653,7 @@ def _attention(a: OpArgs, p: _AttnPos) -> OpCost:
         flops *= BACKWARD_ATTENTION_FACTOR
         written = a.nbytes(p.q) + a.nbytes(p.k) + a.nbytes(p.v)  # dQ, dK, dV
     else:
-        written = bh * nq * dv * DTYPE_BYTES[qdt]
+        written = bh * nq * dv * INPUT_TYPE_BYTES[qdt]
         if p.lse == -1 or (p.lse >= 0 and a.arg_bool(p.lse)):
             written += bh * nq * 4  # logsumexp, fp32
     return OpCost(float(flops), float(a.read() + written), dtype_class(qdt), "attention", True)
@@ -750,7 +747,7 @@ def _rowwise(a: OpArgs, operands: Sequence[int], flops_per: int, out_dtype: str,
     n = _prod(x)
     return OpCost(
         float(flops_per * n),
-        float(a.read(operands) + n * DTYPE_BYTES[out_dtype]),
+        float(a.read(operands) + n * INPUT_TYPE_BYTES[out_dtype]),
         dtype_class(a.dtype(operands[0])),
         family,
         False,
@@ -963,7 +960,7 @@ def _native_group_norm_backward(a: OpArgs) -> OpCost:
     x = a.shape(1)
     _need(x is not None and len(x) >= 2)
     mask = (a.arg_bools(9) or [True, True, True]) + [False] * 3
-    c_bytes = x[1] * DTYPE_BYTES[a.dtype(1)]
+    c_bytes = x[1] * INPUT_TYPE_BYTES[a.dtype(1)]
     written = (a.nbytes(1) if mask[0] else 0) + (c_bytes if mask[1] else 0)
     written += c_bytes if mask[2] else 0
     return OpCost(
@@ -1026,7 +1023,7 @@ register("_batch_norm_no_update", "_native_batch_norm_legit_no_training")(_bn_mo
 def _bn_backward(a: OpArgs, go_i: int, x_i: int, w_i: int, reads: Sequence[int], mask) -> OpCost:
     x = a.shape(x_i)
     _need(x is not None and len(x) >= 2 and a.is_tensor(go_i))
-    c_bytes = x[1] * DTYPE_BYTES[a.dtype(w_i) if a.is_tensor(w_i) else a.dtype(x_i)]
+    c_bytes = x[1] * INPUT_TYPE_BYTES[a.dtype(w_i) if a.is_tensor(w_i) else a.dtype(x_i)]
     written = (a.nbytes(x_i) if mask[0] else 0) + (c_bytes if mask[1] else 0)
     written += c_bytes if mask[2] else 0
     return OpCost(
@@ -1117,7 +1114,7 @@ def _promoted(a: OpArgs, tensors: list[int]) -> str:
     those that are not 0-dim (0-dim tensors do not promote a dimensioned one)."""
     pool = [i for i in tensors if a.dtype(i) != "bool"] or tensors
     dimmed = [i for i in pool if a.shape(i)] or pool
-    return max((a.dtype(i) for i in dimmed), key=lambda d: DTYPE_BYTES[d])
+    return max((a.dtype(i) for i in dimmed), key=lambda d: INPUT_TYPE_BYTES[d])
 
 
 def _elementwise(a: OpArgs, spec: _Elementwise, inplace: bool) -> OpCost:
@@ -1139,7 +1136,7 @@ def _elementwise(a: OpArgs, spec: _Elementwise, inplace: bool) -> OpCost:
     math_dtype = _promoted(a, tensors) if out_dtype == "bool" else out_dtype
     return OpCost(
         float(spec.flops * n),
-        float(a.read(tensors) + n * DTYPE_BYTES[out_dtype]),
+        float(a.read(tensors) + n * INPUT_TYPE_BYTES[out_dtype]),
         dtype_class(math_dtype),
         "elementwise",
         False,
@@ -1253,13 +1250,13 @@ def _reduction(a: OpArgs, spec: _Reduction) -> OpCost:
         else:
             out_n = 1  # full reduction, or dims not recorded (output counted as 1 element)
     out_bytes = {
-        "same": out_n * DTYPE_BYTES[dt],
+        "same": out_n * INPUT_TYPE_BYTES[dt],
         "int64": out_n * 8,
         "bool": out_n,
-        "values+indices": out_n * (DTYPE_BYTES[dt] + 8),
-        "two": 2 * out_n * DTYPE_BYTES[dt],
-        "scan": out_n * DTYPE_BYTES[dt],
-        "int_promote": out_n * (8 if dtype_class(dt) == "int" else DTYPE_BYTES[dt]),
+        "values+indices": out_n * (INPUT_TYPE_BYTES[dt] + 8),
+        "two": 2 * out_n * INPUT_TYPE_BYTES[dt],
+        "scan": out_n * INPUT_TYPE_BYTES[dt],
+        "int_promote": out_n * (8 if dtype_class(dt) == "int" else INPUT_TYPE_BYTES[dt]),
     }[spec.out]
     return OpCost(
         float(spec.flops * n), float(a.nbytes(0) + out_bytes), dtype_class(dt), "reduction", False
@@ -1296,7 +1293,7 @@ def _embedding(a: OpArgs) -> OpCost:
     """
     w, idx = a.shape(0), a.shape(1)
     _need(w is not None and idx is not None and len(w) == 2)
-    rows = _prod(idx) * w[1] * DTYPE_BYTES[a.dtype(0)]
+    rows = _prod(idx) * w[1] * INPUT_TYPE_BYTES[a.dtype(0)]
     return OpCost(0.0, float(a.nbytes(1) + 2 * rows), dtype_class(a.dtype(0)), "embedding", False)
 
 
@@ -1309,7 +1306,7 @@ def _embedding_dense_backward(a: OpArgs) -> OpCost:
     g, idx = a.shape(0), a.shape(1)
     _need(g is not None and idx is not None and len(g) >= 1)
     nw = a.arg_int(2)
-    size = DTYPE_BYTES[a.dtype(0)]
+    size = INPUT_TYPE_BYTES[a.dtype(0)]
     written = nw * g[-1] * size if nw else _prod(g) * size
     return OpCost(
         float(_prod(g)),
@@ -1332,7 +1329,7 @@ def _index_select(a: OpArgs) -> OpCost:
     out_n = _prod(x) // max(x[dim % len(x)], 1) * _prod(idx)
     return OpCost(
         0.0,
-        float(a.nbytes(2) + 2 * out_n * DTYPE_BYTES[a.dtype(0)]),
+        float(a.nbytes(2) + 2 * out_n * INPUT_TYPE_BYTES[a.dtype(0)]),
         dtype_class(a.dtype(0)),
         "gather",
         False,
@@ -1348,7 +1345,7 @@ def _gather(a: OpArgs) -> OpCost:
     out_n = _prod(idx)
     return OpCost(
         0.0,
-        float(a.nbytes(2) + 2 * out_n * DTYPE_BYTES[a.dtype(0)]),
+        float(a.nbytes(2) + 2 * out_n * INPUT_TYPE_BYTES[a.dtype(0)]),
         dtype_class(a.dtype(0)),
         "gather",
         False,
@@ -1363,7 +1360,7 @@ def _gather(a: OpArgs) -> OpCost:
 def _copy(a: OpArgs, src: int, out_numel: int, out_dtype: str) -> OpCost:
     return OpCost(
         0.0,
-        float(a.nbytes(src) + out_numel * DTYPE_BYTES[out_dtype]),
+        float(a.nbytes(src) + out_numel * INPUT_TYPE_BYTES[out_dtype]),
         dtype_class(out_dtype),
         "copy",
         False,

@@ -327,7 +327,8 @@ def render_markdown(jd) -> str:
     out += ["", "## Fixes", ""]
     for f in d["findings"] or []:
         out.append(
-            f"- **{md_text(f['fix'])}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%}): "
+            f"- **{md_text(f['fix'])}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%})"
+            f"{'' if f['recommended'] else ' (not recommended: < 5%)'}: "
             f"{md_prose(f['title'])}; {md_prose(f['derivation'])}"
         )
     if d["collectives"]["clock"].get("runs_apart"):
