@@ -772,3 +772,19 @@ def test_diagnosis_kernel_kinds_split_their_gpu_ops(tmp_path):
     }
     doc = json.loads(d.to_json())
     assert sum(k["kernels"] for k in doc["kernel_kinds"]) == 3 * doc["steps"]["kernels_per_step"]
+
+
+def test_appeared_and_vanished_kernels_are_listed_together_largest_first():
+    # fp32 -> tf32 BERT: 8+ tf32 GEMM kernels appear, but the fp32 ones that vanish are the
+    # largest changes (cutlass_80_simt_sgemm_nt: 74 -> 0 per step); they lead the list
+    b = tracedx.diagnose(tracedx.load(SAMPLES / "bert_train-fp32.json.gz"))
+    a = tracedx.diagnose(tracedx.load(SAMPLES / "bert_train-tf32.json.gz"))
+    kc = tracedx.diff(b, a).kernel_changes
+    new_or_gone = kc.filter(pl.col("status") != "changed")
+    assert kc["status"][: new_or_gone.height].to_list() == new_or_gone["status"].to_list()
+    first = kc.row(0, named=True)
+    assert (first["kernel"], first["status"]) == ("cutlass_80_simt_sgemm_nt", "vanished")
+    assert (first["before_count"], first["after_count"]) == (74.0, 0.0)
+    change = new_or_gone["change_us"].abs().to_list()
+    assert change == sorted(change, reverse=True)
+    assert {"appeared", "vanished"} <= set(kc["status"][:8].to_list())
