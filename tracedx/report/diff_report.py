@@ -105,19 +105,17 @@ def _row_unit(m: dict) -> tuple[str, float, str] | None:
 KIND_TITLE = "DEVICE TIME BY KIND (per step; kind copy holds memcpys and memsets too)"
 
 
-def _count(v: float) -> str:
-    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
-
-
 def kind_counts(k: dict) -> str:
     """A kind change row's counts per step, each GPU op under its own name:
     ``21 -> 21 kernels, 132 -> 254 memsets`` (kernels always, memcpys and memsets where a side
     has some), so that a column of kernels adds up to the ``kernels`` metric."""
-    parts = [f"{_count(k['before_kernels'])} -> {_count(k['after_kernels'])} kernels"]
+    parts = [
+        f"{_num(k['before_kernels'], 'per step')} -> {_num(k['after_kernels'], 'per step')} kernels"
+    ]
     for c in ("memcpys", "memsets"):
         b, a = k[f"before_{c}"], k[f"after_{c}"]
         if b or a:
-            parts.append(f"{_count(b)} -> {_count(a)} {c}")
+            parts.append(f"{_num(b, 'per step')} -> {_num(a, 'per step')} {c}")
     return ", ".join(parts)
 
 
