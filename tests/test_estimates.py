@@ -10,6 +10,7 @@ from tracebuilder import T0, TraceBuilder
 import tracedx
 from tracedx.analysis import findings as fx
 from tracedx.analysis.diagnosis import autocast_casts, compile_region_host
+from tracedx.report.text import speedup_label
 
 
 def _load(b: TraceBuilder, tmp_path):
@@ -319,7 +320,13 @@ def test_a_predicted_slowdown_is_said_not_just_clamped():
         f.evidence[-1]
         == "the model predicts a slowdown (0.91x: the step 10% longer), shown as 1.00x"
     )
+    # and every report's label says it, not only the JSON evidence
+    assert f.predicted_slowdown == pytest.approx(1000 / 1100)
+    assert f.to_dict()["predicted_slowdown"] == 0.909
+    assert speedup_label(f.to_dict()) == "1.00x (the model predicts 0.91x, a slowdown)"
     # without the casts nothing is slower: no such line
     g = fx.faster_math(m, "bf16-autocast", "t", 50.0, 40.0, "d", [])
     assert g.estimated_speedup == 1.0
     assert not any("slowdown" in e for e in g.evidence)
+    assert g.predicted_slowdown is None
+    assert speedup_label(g.to_dict()) == "1.00x"

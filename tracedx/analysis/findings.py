@@ -273,6 +273,10 @@ class Finding:
     """larger-batch only: the batch grows this many times, so ``estimated_step_ms`` is the time
     per sample times today's batch (ms per today's batch of samples, comparable with the step
     it is against), and the larger step itself takes ``batch_factor`` times that."""
+    predicted_slowdown: float | None = None
+    """T / T' when the model predicts the fix makes the step longer (below 1, e.g. 0.86:
+    16% longer); ``estimated_speedup`` is then shown as 1.00 (:func:`amdahl_terms` keeps
+    T' <= T). None otherwise."""
 
     @property
     def estimated_ms_per_batch(self) -> float:
@@ -308,6 +312,9 @@ class Finding:
             "evidence": self.evidence,
             "recommended": self.recommended,
             "requires": self.requires,
+            "predicted_slowdown": (
+                None if self.predicted_slowdown is None else round(self.predicted_slowdown, 3)
+            ),
         }
 
 
@@ -446,10 +453,12 @@ def amdahl_finding(
     when None) over the speedup, in ms."""
     f, s, sp = amdahl_terms(t_us, new_us, region_us)
     ref = t_us if reference_us is None else reference_us
+    slowdown = None
     if t_us > 0 and new_us > t_us * (1 + SLOWDOWN_SHOWN):
+        slowdown = t_us / new_us
         evidence = [
             *evidence,
-            f"the model predicts a slowdown ({t_us / new_us:.2f}x: the step "
+            f"the model predicts a slowdown ({slowdown:.2f}x: the step "
             f"{new_us / t_us - 1:.0%} longer), shown as 1.00x",
         ]
     return Finding(
@@ -463,6 +472,7 @@ def amdahl_finding(
         evidence,
         recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
         change=change,
+        predicted_slowdown=slowdown,
     )
 
 

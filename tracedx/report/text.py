@@ -57,9 +57,13 @@ _SHOWN_BELOW = ("idle by cause", "device time by kind")
 
 def speedup_label(f: dict) -> str:
     """A finding's (dict) estimated speedup: ``7.88x``; ``2.00x per sample`` for larger-batch,
-    whose step holds more samples (its speedup is in throughput, not in step time)."""
+    whose step holds more samples (its speedup is in throughput, not in step time); ``1.00x
+    (the model predicts 0.86x, a slowdown)`` when the model's step grows (the estimate is
+    clamped at 1.00x)."""
     per = " per sample" if f.get("batch_factor") else ""
-    return f"{f['estimated_speedup']:.2f}x{per}"
+    slow = f.get("predicted_slowdown")
+    why = f" (the model predicts {slow:.2f}x, a slowdown)" if slow is not None else ""
+    return f"{f['estimated_speedup']:.2f}x{per}{why}"
 
 
 def estimate_label(f: dict, unit: str = " ms") -> str:
