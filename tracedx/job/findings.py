@@ -14,8 +14,9 @@ speedup ``1 / ((1 - f) + f / s) = T / T'`` (Amdahl, AFIPS 1967).
 - ``overlap-communication`` acts on exposed *transfer* only, never on waiting (the
   TensorBoard plugin's split of communication into "synchronizing" and data transfer;
   HolisticTraceAnalysis' ``comp_comm_overlap_pctg`` measures the overlap it raises):
-  ``H = median_r (X - E)``; the new step cannot beat compute alone nor communication alone:
-  ``T' = max(T - H, U, M)`` with ``U`` the median rank's compute and ``M`` its communication
+  ``X - E``, the median over ranks of each rank's exposed communication less its exposed
+  wait; the new step cannot beat compute alone nor communication alone:
+  ``T' = max(T - (X - E), U, M)`` with ``U`` the median rank's compute and ``M`` its communication
   alone per step: the union of its kernels' transfer parts ``[end - tau_c, end]`` (collectives
   running concurrently count once).
 
@@ -81,10 +82,10 @@ def overlap_communication(
 ) -> Finding | None:
     """Hide the exposed transfer under compute (bucketing, FSDP prefetch, async TP).
 
-    ``hideable_us`` H (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
+    ``hideable_us`` X - E (median exposed transfer), ``compute_us`` U, ``comm_alone_us`` M (median
     rank's union of transfer parts), ``wait_us`` (median exposed wait, which this fix cannot
     remove); ``unsplit``: how many collectives are not fully matched (their exposed time ``unsplit_us``, median rank per step,
-    mixes waiting and transfer and is not counted in H); ``who``: the scope of the typical
+    mixes waiting and transfer and is not counted in X - E); ``who``: the scope of the typical
     figures as the evidence names it (:func:`tracedx.job.diagnosis.typical_rank`: with 2
     ranks, their mean).
     """
@@ -108,13 +109,13 @@ def overlap_communication(
         ev.append(
             f"{unsplit} collective{'s' if unsplit != 1 else ''} could not be split into waiting "
             f"and transfer (mismatched, unmatched or partial): their exposed "
-            f"{_ms(unsplit_us)} per step ({who}) is not counted in H; the part of it "
+            f"{_ms(unsplit_us)} per step ({who}) is not counted in X - E; the part of it "
             "that is transfer would add to this estimate"
         )
     deriv = (
-        f"overlap: T' = max(T - H, U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
-        f"{_ms(comm_alone_us)}), set by {bound} (T the job step, H the exposed transfer, U "
-        "compute alone, M communication alone, all per step)"
+        f"overlap: T' = max(T - (X - E), U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
+        f"{_ms(comm_alone_us)}), set by {bound} (T the job step, X - E the exposed transfer: "
+        "exposed communication less its waiting, U compute alone, M communication alone, all per step)"
     )
     return amdahl_finding(
         "overlap-communication",
