@@ -4,7 +4,7 @@
 #
 #   bash capture/run_all.sh OUTDIR [PART] [NAME...]
 #
-# PART is 1 to 5 or all (each part fits a 10-minute run; "all" is all five); NAMEs,
+# PART is 1 to 6 or all (each part fits a 10-minute run; "all" is all six); NAMEs,
 # when given, pick captures by name instead. Each capture goes to OUTDIR/traces/<name>.json.gz
 # and its output to OUTDIR/log-<part>.txt; the traces are then bundled into
 # OUTDIR/traces-<part>.tar. Each capture is limited to CAP_TIMEOUT (default 150) s; once BUDGET_S (default 540)
@@ -119,6 +119,11 @@ cap bert_train-bf16          5 2 1 3 10 --profile-memory -- capture/bert_train.p
 cap bert_train-bf16-b64      5 2 1 3 10 --profile-memory -- capture/bert_train.py --bf16 --batch 64 --steps 16
 cap resnet50_train-bf16-b32  5 2 1 3 10 --profile-memory -- capture/vision_train.py --model resnet50 --bf16 --channels-last --steps 16
 cap resnet50_train-bf16-b64  5 2 1 3 10 --profile-memory -- capture/vision_train.py --model resnet50 --bf16 --channels-last --batch 64 --steps 16
+# part 6 (session 16): torch.compile on held-out library models, each pair captured together
+cap bert_train-bf16-eager    6 2 1 3 10 -- capture/bert_train.py --bf16 --steps 16
+cap bert_train-bf16-compile  6 2 1 3 10 -- capture/bert_train.py --bf16 --compile --steps 16
+cap vit_train-bf16-eager     6 2 1 3 10 -- capture/vision_train.py --model vit_b_16 --bf16 --steps 16
+cap vit_train-bf16-compile   6 2 1 3 10 -- capture/vision_train.py --model vit_b_16 --bf16 --compile --steps 16
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   if [ "$ONLY" = "  " ] || [[ "$ONLY" == *" calibrate "* ]]; then

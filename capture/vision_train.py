@@ -4,6 +4,7 @@
     python capture/vision_train.py --model vit_b_16 --bf16      # bf16 autocast (the fix)
     python capture/vision_train.py --model vit_b_16 --tf32      # TF32 matmuls allowed (the fix)
     python capture/vision_train.py --model resnet50 --bf16 --channels-last
+    python capture/vision_train.py --model vit_b_16 --bf16 --compile   # through torch.compile (the fix)
 
 The model comes from ``torchvision.models`` with ``weights=None`` (random weights, no
 download): the library's own layers, not a re-implementation. Batch 32 at 224x224 by default,
@@ -24,6 +25,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--size", type=int, default=224, help="input images are size x size")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile(model) (the fix)")
     p.add_argument("--tf32", action="store_true", help="TF32 for matmuls and convolutions")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     args = p.parse_args()
@@ -39,18 +41,19 @@ def main() -> None:
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=fmt).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    run = torch.compile(model) if args.compile else model
     x = torch.randn(batch, 3, size, size, device=device).to(memory_format=fmt)
     y = torch.randint(0, 1000, (batch,), device=device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
     for _ in range(args.steps):
         opt.zero_grad(set_to_none=True)
         with amp:
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(run(x), y)
         loss.backward()
         opt.step()
     done(
         "vision_train", args.steps, device, model=args.model, batch=batch, size=size,
-        bf16=args.bf16, tf32=args.tf32, channels_last=args.channels_last,
+        bf16=args.bf16, tf32=args.tf32, channels_last=args.channels_last, compile=args.compile,
     )  # fmt: skip
 
 
