@@ -9,7 +9,8 @@ This fits that excess, per step, as ``a x ops + b x runtime calls + c x kernel r
 squares (numpy.linalg.lstsq) and prints the constants, each trace's excess against the fit's,
 and the single cost per event that ``diagnose`` solves per trace instead. The result (README,
 "Estimates against measurements"): no per-kind split fits the traces (fitted over measured
-0.33x to 3.94x on 15 traces), so the per-trace cost stays.
+0.21x to 4.61x on 18 traces, with a negative cost per runtime call), so the per-trace cost
+stays.
 
     python benchmarks/profiler_cost.py --tiny
 

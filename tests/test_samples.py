@@ -296,7 +296,7 @@ def test_readme_profiler_cost_ranges_name_their_sets_and_hold(capsys):
     spec.loader.exec_module(bench)
     bench.main()
     out = capsys.readouterr().out
-    coef = re.search(r"ops ([\d.]+), runtime ([\d.]+), kernels ([\d.]+)", out).groups()
+    coef = re.search(r"ops (-?[\d.]+), runtime (-?[\d.]+), kernels (-?[\d.]+)", out).groups()
     r2, n_hb = re.search(r"R\^2 ([\d.]+) over (\d+) host-bound", out).groups()
     rows = [r.split(" | ") for r in out.splitlines() if r.startswith("| ") and r[2:3] != "-"][1:]
     ratio = {r[0][2:]: float(r[3]) for r in rows}

@@ -1173,7 +1173,7 @@ _TAX_ASSUMED_NOTE = (
     " (assumed, not solved: the GPU side is longer than the host's, or held the host back in "
     "launches, so the traced and unprofiled steps are both the GPU's and do not tell the "
     "profiler's cost; the median solved "
-    "on tracedx's H200 sample traces, 0.6 to 14.6 us over 38 of them, so estimates of fixes "
+    "on tracedx's H200 sample traces, 0.6 to 14.6 us over 42 of them, so estimates of fixes "
     "that speed up the GPU past the host are uncertain)"
 )
 
