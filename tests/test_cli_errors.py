@@ -7,6 +7,7 @@ path and a directory. Each is run twice: in-process through click's CliRunner, a
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -30,7 +31,8 @@ def cases() -> list[tuple[str, Path, list[str]]]:
         ("missing", BAD / "does_not_exist.json", ["no such file"]),
         ("directory", BAD, ["directory"]),
         ("empty", BAD / "empty.json", ["empty", "0 bytes"]),
-        ("not-json", BAD / "not_json.json", ["not valid JSON", "line 1, column 1", "byte 0"]),
+        # no JSON at all, and no `traceEvents` for --repair to find: no --repair hint
+        ("not-json", BAD / "not_json.json", ["not a trace: not JSON (it starts with `<!DOCTYPE"]),
         # the file is 90 bytes, cut inside the first event
         ("truncated", BAD / "truncated.json", ["truncated", "90 bytes"]),
         (
@@ -341,14 +343,51 @@ def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(tmp_path):
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr == (
         f"tracedx: error: {gz}: named .gz but is not gzip (it does not start with the gzip "
-        "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a; `--repair` "
-        "(repair=True in Python) loads what can be salvaged\n"
+        "bytes 1f 8b) nor JSON: it starts with 06 e7 ff 74 c2 22 f1 8a\n"
     )
     r = CliRunner().invoke(main, ["diagnose", "--repair", str(gz)])
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr == (
         f"tracedx: error: {gz}: nothing to salvage: no `traceEvents` array before the break\n"
     )
+
+
+def test_a_file_that_is_no_json_says_what_it_is_not_and_suggests_no_repair(tmp_path):
+    """No JSON at all and no `traceEvents` array: --repair reads nothing of it, so the error
+    does not suggest it; it says what the file is not."""
+    cases = {
+        "page.json": (b"<!DOCTYPE html><html><body>404</body></html>", "not JSON (it starts "
+                      "with `<!DOCTYPE html><html`)"),
+        "notes.json": (b"  \n hello\nworld\n", "not JSON (it starts with `hello world`)"),
+        "image.json": (b"\x89PNG\r\n\x1a\n" + bytes(24), "a binary file, not JSON (it "
+                       "starts with 89 50 4e 47 0d 0a 1a 0a)"),
+        "elf.json": (b"\x7fELF\x02\x01\x01\x00" + b"\xd0" * 24, "a binary file, not JSON (it "
+                     "starts with 7f 45 4c 46 02 01 01 00)"),
+    }  # fmt: skip
+    for name, (body, what) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(body)
+        r = CliRunner().invoke(main, ["diagnose", str(p)])
+        assert r.exit_code == 2 and r.stdout == ""
+        assert r.stderr == f"tracedx: error: {p}: not a trace: {what}\n", name
+    # a gzip stream cut before any JSON: nothing to salvage, with or without --repair
+    gz = tmp_path / "head.json.gz"
+    gz.write_bytes(gzip.compress(TINY.read_bytes())[:12])
+    for repair in ([], ["--repair"]):
+        r = CliRunner().invoke(main, ["diagnose", "--no-cache", *repair, str(gz)])
+        assert r.exit_code == 2 and r.stderr == (
+            f"tracedx: error: {gz}: truncated gzip: the compressed stream ends early (after 12 "
+            "compressed bytes, 0 bytes of JSON); the file was cut short\n"
+        )
+    # junk before a `traceEvents` array: --repair keeps its events, so the hint stays
+    p = tmp_path / "logged.json"
+    p.write_bytes(b"junk " + (BAD.parent / "tiny.json").read_bytes())
+    r = CliRunner().invoke(main, ["diagnose", str(p)])
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"tracedx: error: {p}: not valid JSON at line 1, column 1 (byte 0), near `junk "
+    )
+    assert r.stderr.endswith("; `--repair` (repair=True in Python) loads what can be salvaged\n")
+    assert CliRunner().invoke(main, ["diagnose", "--no-cache", "--repair", str(p)]).exit_code == 0
 
 
 def test_repair_still_salvages_plain_json_named_gz_behind_a_log_line(tmp_path):

@@ -788,3 +788,27 @@ def test_appeared_and_vanished_kernels_are_listed_together_largest_first():
     change = new_or_gone["change_us"].abs().to_list()
     assert change == sorted(change, reverse=True)
     assert {"appeared", "vanished"} <= set(kc["status"][:8].to_list())
+
+
+def test_kernels_count_every_kernel_run_a_cuda_graphs_included(tmp_path):
+    """One cudaGraphLaunch per step replaying 3 kernels: the kernels row counts the 3 kernels
+    run, not launches (1 graph launch), in the diff and the diagnosis, as the README says."""
+    from tests.conftest import ROOT
+    from tests.tracebuilder import T0, TraceBuilder
+
+    b = TraceBuilder()
+    for n in (1, 2):
+        t = T0 + (n - 1) * 1000
+        b.step(n, t, 900)
+        b.graph_launch(t + 10, 5, [(t + 20, 100), (t + 130, 100), (t + 240, 100)])
+    tr = tracedx.load(b.write(tmp_path / "graph.json"))
+    diag = tracedx.diagnose(tr).to_dict()
+    assert diag["steps"]["kernels_per_step"] == 3.0
+    assert sum(k["kernels"] for k in diag["kernel_kinds"]) == 6
+    rows = {m["metric"]: m for m in tracedx.diff(tr, tr).to_dict()["metrics"]}
+    assert (rows["kernels"]["before"], rows["graph launches"]["before"]) == (3.0, 1.0)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "kernel launches, of which" not in readme and "kernels (kernel launches)" not in readme
+    assert (
+        "kernels (every kernel run, those a CUDA graph replays included), graph launches" in readme
+    )

@@ -192,6 +192,43 @@ def test_huge_names_are_capped_in_every_format(tmp_path):
     assert code == 0 and len(out) < 200_000
 
 
+def test_a_cut_name_states_its_own_length_in_every_report(tmp_path):
+    """Each string is escaped and cut once: a 5,000-character device name says 5,000 in the
+    headers and the unknown-device note says its own length in markdown (a second cut said
+    "(2,018 characters)", the length of the first cut)."""
+    b = TraceBuilder(device_name="D" * 5000)
+    for n in (1, 2):
+        b.step(n, T0 + (n - 1) * 1000, 900)
+        b.launched_kernel("aten::mm", T0 + (n - 1) * 1000 + 5, 100, T0 + (n - 1) * 1000 + 20, 300)
+    p = b.write(tmp_path / "t.json")
+    _, out, _ = run("diagnose", p, "--format", "json")
+    note = next(n for n in json.loads(out)["trace"]["device_notes"] if "unknown device" in n)
+    assert note.startswith("unknown device '" + "D" * 5000 + "'")
+    cut = "unknown device '" + "D" * 1983 + f"…({len(note):,} characters)"
+    head = "D" * 159 + "…(5,000 characters)"
+    code, out, err = run("diagnose", p, "--format", "md")
+    assert code == 0, err
+    assert f"\n- {cut}\n" in out
+    code, out, err = run("diagnose", p)
+    assert code == 0, err
+    assert f"{head} · 2 steps (1..2)" in " ".join(out.split())
+    code, out, err = run("diff", p, p)
+    assert code == 0, err
+    assert f"{head} · 2 steps -> 2 steps" in " ".join(out.split())
+
+
+def test_a_cut_host_name_states_its_own_length_in_the_job_report(tmp_path):
+    from jobgen import JobSpec, generate
+
+    job = generate(JobSpec(world=2), tmp_path)
+    for f in job.files:
+        doc = json.loads(Path(f).read_text())
+        Path(f).write_text(json.dumps({**doc, "host_name": "H" * 5000}))
+    code, out, err = run("diagnose", *job.files, "--format", "md")
+    assert code == 0, err
+    assert "| 0 | " + "H" * 1999 + "…(5,000 characters) | " in out
+
+
 @settings(deadline=None)  # the first call imports markdown-it
 @given(s=st.text(max_size=30))
 def test_md_code_and_md_text_hold_any_text_literally(s):

@@ -569,9 +569,10 @@ class TraceDiff(Presentable):
         before, after: the two Diagnoses.
         metrics: ``metric``, ``unit``, ``before``, ``after``, ``change`` (after - before),
             ``ratio`` (after / before): step time (median, ms), unprofiled step (median, ms),
-            CPU time, GPU busy (medians, ms), idle fraction (median), kernels (launches),
-            graph launches, memcpys, memsets (per step), memcpy time (median, ms), memcpy MiB,
-            pageable MiB, sync calls, sync time (median, ms), DataLoader time (ms).
+            CPU time, GPU busy (medians, ms), idle fraction (median), kernels (every kernel
+            run, a CUDA graph's included), graph launches, memcpys, memsets (per step), memcpy
+            time (median, ms), memcpy MiB, pageable MiB, sync calls, sync time (median, ms),
+            DataLoader time (ms).
         verdicts: regime and bottleneck of each side: ``{"regime": (b, a), "bottleneck": (b, a)}``.
         kind_changes: ``kind``, ``before_us``, ``after_us``, ``change_us``, ``before_count``,
             ``after_count``: device time and GPU ops per step by kind (memcpys and memsets
@@ -716,7 +717,7 @@ def _metrics(before: Diagnosis, after: Diagnosis, sa: Signals, sb: Signals) -> p
         ("GPU idle", "fraction, median", _med(wa, "idle_fraction"), _med(wb, "idle_fraction")),
         ("kernels", "per step", sa.kernels, sb.kernels),
         ("graph launches", "per step", sa.graph_launches, sb.graph_launches),
-        # kernel launches, memcpys and memsets: each kind's counts in kind_changes add up to
+        # kernels, memcpys and memsets: each kind's counts in kind_changes add up to
         # these three (the means over the analysed steps)
         ("memcpys", "per step", sa.memcpys, sb.memcpys),
         ("memsets", "per step", sa.memsets, sb.memsets),

@@ -192,7 +192,7 @@ def gpu_breakdown(trace, steps: list[int], device: int | None, n_steps: int) -> 
     None): kernels by their name's kind (:func:`kernel_name_kinds`), memcpys and memsets as
     kind ``copy``. ``count`` counts all of a kind's GPU ops; ``kernels``, ``memcpys`` and
     ``memsets`` split it (only ``copy`` has memcpys and memsets), so that the kinds' ``kernels``
-    add up to the kernel launches a step table counts. Sorted by device time (descending),
+    add up to the kernels a step table counts. Sorted by device time (descending),
     then kind. Times are summed as exact
     picoseconds (:func:`~tracedx.analysis.intervals.sum_us`), converted as a polars
     ``group_by`` converts them; the rows are counted and summed in numpy (the polars filter,

@@ -249,12 +249,14 @@ def _prediction_lines(d: dict) -> list[str]:
 def render_text(td, width: int = WIDTH) -> str:
     """The terminal report, wrapped to ``width`` columns: the prediction check first, then the
     side-by-side tables."""
-    d = safe_strings(diff_dict(td))
+    doc = diff_dict(td)
+    d = safe_strings(doc)  # every string escaped once; the header's names, cut shorter, from doc
     b, a = d["before"], d["after"]
-    out = [f"tracedx diff · {term(b['path'], HEADER_CHARS)} -> {term(a['path'], HEADER_CHARS)}"]
-    dev = term(b["device_name"] or "unknown device", HEADER_CHARS)
-    if a["device_name"] and a["device_name"] != b["device_name"]:
-        dev += f" -> {term(a['device_name'], HEADER_CHARS)}"
+    rb, ra = doc["before"], doc["after"]
+    out = [f"tracedx diff · {term(rb['path'], HEADER_CHARS)} -> {term(ra['path'], HEADER_CHARS)}"]
+    dev = term(rb["device_name"] or "unknown device", HEADER_CHARS)
+    if ra["device_name"] and ra["device_name"] != rb["device_name"]:
+        dev += f" -> {term(ra['device_name'], HEADER_CHARS)}"
     out.append(f"{dev} · {len(b['steps'])} steps -> {len(a['steps'])} steps")
     out.append("")
     out.append(_step_line(d))
@@ -333,10 +335,11 @@ def render_text(td, width: int = WIDTH) -> str:
 
 def render_markdown(td) -> str:
     """Markdown for PRs and issues: the prediction check, then the side-by-side tables."""
-    d = safe_strings(diff_dict(td))
-    b, a = d["before"], d["after"]
+    doc = diff_dict(td)
+    d = safe_strings(doc)  # every string escaped once; the header's paths, cut shorter, from doc
+    a = d["after"]
     p = d["prediction"]
-    paths = (md_code(term(x["path"], HEADER_CHARS), table=False) for x in (b, a))
+    paths = (md_code(term(doc[x]["path"], HEADER_CHARS), table=False) for x in ("before", "after"))
     out = ["# tracedx diff: {} -> {}".format(*paths), ""]
     out += [f"**{md_prose(_step_line(d))}**", ""]
     if d["unrelated"]:

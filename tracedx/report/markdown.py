@@ -8,10 +8,11 @@ from tracedx.report.text import _unplaced, estimate_label, shape_tag, speedup_la
 
 
 def render_markdown(diag) -> str:
-    d = safe_strings(as_doc(diag))
+    doc = as_doc(diag)
+    d = safe_strings(doc)  # every string escaped once; the header's path, cut shorter, from doc
     st = d["steps"]
     out = [
-        f"# tracedx diagnosis: {md_code(term(d['trace']['path'], HEADER_CHARS), table=False)}",
+        f"# tracedx diagnosis: {md_code(term(doc['trace']['path'], HEADER_CHARS), table=False)}",
         "",
     ]
     out.append(

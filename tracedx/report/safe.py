@@ -7,14 +7,17 @@ makes such a string safe to print: control characters (C0, DEL, C1), Unicode for
 surrogates are written as visible ``\\xNN``/``\\uNNNN`` escapes, so no escape sequence reaches
 the terminal (an ``ESC ] 0 ;`` retitling the window, a CR that overwrites a line with a fake
 verdict). It also caps the length. :func:`safe_strings` applies it to every string of a report
-document; the text, markdown and diff renderers render only what it returns, and the CLI passes
-every stderr line through :func:`term`.
+document; the text, markdown and diff renderers render only what it returns (the header's
+names, cut shorter, are :func:`term` of the document's own strings), and the CLI passes every
+stderr line through :func:`term`. Each string goes through :func:`term` once: a second pass
+would cut the first one's output and state its length, not the original's.
 
-Markdown needs more: :func:`md_code` is an inline code span that survives any content (its
-fence is longer than any backtick run inside, CommonMark 6.1), and :func:`md_text` backslash-
-escapes the ASCII punctuation that could start a link, image, emphasis, HTML or a heading
-(CommonMark 2.4: any ASCII punctuation may be backslash-escaped), so ``<`` reads ``<`` rather
-than ``&lt;`` and a C++ template name renders as written. :func:`md_prose` is :func:`md_text`
+Markdown needs more, on strings :func:`term` already made safe: :func:`md_code` is an inline
+code span that survives any content (its fence is longer than any backtick run inside,
+CommonMark 6.1), and :func:`md_text` backslash-escapes the ASCII punctuation that could start a
+link, image, emphasis, HTML or a heading (CommonMark 2.4: any ASCII punctuation may be
+backslash-escaped), so ``<`` reads ``<`` rather than ``&lt;`` and a C++ template name renders
+as written. :func:`md_prose` is :func:`md_text`
 for tracedx's own sentences (notes, evidence, explanations), which mark a command to run as a
 short `code span` (the terminal keeps one on a line): such a span becomes a markdown code span
 (:func:`md_code`), everything around it is :func:`md_text`. A code span renders its content
@@ -85,9 +88,9 @@ def md_code(s: Any, table: bool = True) -> str:
     """An inline markdown code span holding ``s`` literally, whatever it contains: the fence is
     one backtick longer than the longest run inside, with a space inside each end when the
     content starts or ends with a backtick (CommonMark 6.1). In a table cell (``table``),
-    ``|`` is escaped, which GFM undoes inside code spans. ``s`` is passed through :func:`term`
-    first (no line break can end the span)."""
-    s = term(s)
+    ``|`` is escaped, which GFM undoes inside code spans. ``s`` is already safe (:func:`term`):
+    no line break can end the span."""
+    s = str(s)
     longest = max((len(m) for m in _BACKTICKS.findall(s)), default=0)
     fence = "`" * (longest + 1)
     if table:
@@ -98,8 +101,9 @@ def md_code(s: Any, table: bool = True) -> str:
 
 def md_text(s: Any) -> str:
     """Markdown prose holding ``s`` as plain text: the punctuation that could make a link, an
-    image, emphasis, inline HTML, an entity, a heading or a table cell is backslash-escaped."""
-    return _MD_PUNCT.sub(r"\\\1", term(s))
+    image, emphasis, inline HTML, an entity, a heading or a table cell is backslash-escaped.
+    ``s`` is already safe (:func:`term`)."""
+    return _MD_PUNCT.sub(r"\\\1", str(s))
 
 
 # a `code span` of tracedx's prose: 1-60 characters, no backtick or line break, not starting or
@@ -112,8 +116,9 @@ def md_prose(s: Any, table: bool = False) -> str:
     """Markdown holding one of tracedx's sentences (``s``): each short `code span` in it
     (1-60 characters, no backtick inside, no space at either end) as a markdown code span
     (:func:`md_code`; ``table``: in a table cell), the rest as :func:`md_text`. A backtick that
-    opens no such span is escaped, as :func:`md_text` escapes it."""
-    s = term(s)
+    opens no such span is escaped, as :func:`md_text` escapes it. ``s`` is already safe
+    (:func:`term`)."""
+    s = str(s)
     out, pos = [], 0
     for m in _PROSE_CODE.finditer(s):
         out += [_MD_PUNCT.sub(r"\\\1", s[pos : m.start()]), md_code(m[1], table=table)]

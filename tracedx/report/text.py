@@ -91,11 +91,13 @@ def render_text(diag, width: int = WIDTH) -> str:
 
 
 def _render(diag, width: int) -> str:
-    d = safe_strings(as_doc(diag))
+    doc = as_doc(diag)
+    d = safe_strings(doc)  # every string escaped once; the header's names, cut shorter, from doc
     nsteps = d["steps"]["count"]
     every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
-    out = _header(d) + [""] + _verdict_lines(d) + [""] + _time_lines(d, every)
-    out += _top_level_op_lines(d, width) + _op_lines(d, every, width) + [""] + _fix_lines(d)
+    out = _header(doc) + [""] + _verdict_lines(d) + [""] + _time_lines(d, every)
+    out += _top_level_op_lines(d, width) + _op_lines(d, every, width, doc["trace"]["device"])
+    out += [""] + _fix_lines(d)
     notes = d["notes"] + d["trace"]["device_notes"] + [w["message"] for w in d["warnings"]]
     if notes:
         out += ["", "NOTES"] + [f"  - {n}" for n in notes]
@@ -103,7 +105,8 @@ def _render(diag, width: int) -> str:
 
 
 def _header(d: dict) -> list[str]:
-    """The trace's path, then its GPU, steps and PyTorch version on one line."""
+    """The trace's path, then its GPU, steps and PyTorch version on one line (``d``: the
+    document before :func:`safe_strings`; each name is escaped here)."""
     st = d["steps"]
     name = d["trace"]["device_name"] or ("unnamed GPU" if d["trace"]["devices"] else "no GPU")
     head = [term(name, HEADER_CHARS)]
@@ -218,13 +221,13 @@ def _cell(v, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
-def _op_lines(d: dict, every: str, width: int) -> list[str]:
-    """The six op groups with the most device time, on the roofline of the device's peaks."""
+def _op_lines(d: dict, every: str, width: int, dev: dict | None) -> list[str]:
+    """The six op groups with the most device time, on the roofline of the device's peaks
+    (``dev``: the document's device before :func:`safe_strings`; its name is escaped here)."""
     ops = d["ops"][:6]
     if not ops:
         return []
     out = ["", f"TOP OPS BY DEVICE TIME (count and ms: totals over {every})"]
-    dev = d["trace"]["device"]
     if dev:
         bf = dev["peak_tflops"].get("bf16")
         f32 = dev["peak_tflops"].get("fp32")

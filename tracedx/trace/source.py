@@ -111,7 +111,7 @@ def read_bytes(path: str | Path, repair_mode: bool = False, limit: int | None = 
     ):
         raise TraceFormatError(
             f"{p}: named .gz but is not gzip (it does not start with the gzip bytes 1f 8b) "
-            f"nor JSON: it starts with {raw[:8].hex(' ')}" + _HINT
+            f"nor JSON: it starts with {raw[:8].hex(' ')}" + _hint(raw)
         )
     if raw[:2] == _GZIP_MAGIC:
         raw = _gunzip(p, raw, repair_mode, limit)
@@ -272,7 +272,7 @@ def _gunzip(p: Path, raw: bytes, repair_mode: bool = False, limit: int | None = 
                 raise TraceFormatError(
                     f"{p}: truncated gzip: the compressed stream ends early "
                     f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file "
-                    f"was cut short{_HINT}"
+                    f"was cut short{_hint(part)}"
                 )
             data = d.unused_data
             if not data.lstrip(b"\x00"):  # no further member (NUL padding after one is allowed)
@@ -295,6 +295,30 @@ def _where(data: bytes, pos: int) -> str:
 
 
 _HINT = "; `--repair` (repair=True in Python) loads what can be salvaged"
+
+
+def _hint(data: bytes) -> str:
+    """:data:`_HINT` where ``--repair`` can read something of ``data`` (JSON bytes), else "":
+    past a break its salvage keeps the events of a ``traceEvents`` array (wherever it starts,
+    junk before it too), and without one its lenient parse reads only a whole legacy array."""
+    legacy = data[:4096].lstrip(b" \t\r\n")[:1] == b"["
+    return _HINT if legacy or b'"traceEvents"' in data else ""
+
+
+def _not_json(p: Path, data: bytes) -> None:
+    """Raise TraceFormatError saying what ``data`` is not when it is no JSON at all (it starts
+    with neither ``{`` nor ``[``) and ``--repair`` can read nothing of it (:func:`_hint`)."""
+    if _json_start(data) or _hint(data):
+        return
+    head = data[:4096].lstrip()
+    text = " ".join(head.decode("utf-8", "replace")[:20].split())
+    if "\ufffd" in text or not text.isprintable():
+        raise TraceFormatError(
+            f"{p}: not a trace: a binary file, not JSON (it starts with {head[:8].hex(' ')})"
+        )
+    raise TraceFormatError(f"{p}: not a trace: not JSON (it starts with `{text}`)")
+
+
 _LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # The start of the repair note for a file of which only the events before a break were kept.
 TRUNCATED_NOTE = "the JSON is truncated or broken"
@@ -304,26 +328,27 @@ def _explain_malformed(p: Path, data: bytes, pos: int) -> str:
     """One line describing the JSON syntax error at byte ``pos``."""
     at = data[pos : pos + 12]
     where = _where(data, pos)
+    hint = _hint(data)
     for tok in (b"NaN", b"Infinity", b"-Infinity", b"inf", b"-inf"):
         if at.startswith(tok):
             return (
                 f"{p}: non-finite number `{tok.decode()}` at {where} is not valid JSON "
-                f"(a profiler bug writes it for 0-duration events){_HINT}"
+                f"(a profiler bug writes it for 0-duration events){hint}"
             )
     if pos < len(data) and data[pos] < 0x20:
-        return f"{p}: raw control character U+{data[pos]:04X} inside a string at {where}{_HINT}"
+        return f"{p}: raw control character U+{data[pos]:04X} inside a string at {where}{hint}"
     sur = _LONE_SURROGATE.search(data, max(0, pos - 12), pos + 12)
     if sur:
         return (
             f"{p}: lone surrogate escape `{sur.group().decode()}` at {_where(data, sur.start())}: "
-            f"JSON allows it, but it is no character (a writer cut a UTF-16 pair){_HINT}"
+            f"JSON allows it, but it is no character (a writer cut a UTF-16 pair){hint}"
         )
     bs = data.rfind(b"\\", max(0, pos - 2), pos + 1)
     if bs >= 0:
         esc = data[bs : bs + 2].decode("latin-1")
-        return f"{p}: invalid escape `{esc}` at {_where(data, bs)}: probably an unescaped Windows path{_HINT}"
+        return f"{p}: invalid escape `{esc}` at {_where(data, bs)}: probably an unescaped Windows path{hint}"
     snippet = data[max(0, pos - 20) : pos + 20].decode("utf-8", "replace").replace("\n", " ")
-    return f"{p}: not valid JSON at {where}, near `{snippet}`{_HINT}"
+    return f"{p}: not valid JSON at {where}, near `{snippet}`{hint}"
 
 
 def decode(p: Path, data: bytes) -> TraceFile:
@@ -332,29 +357,31 @@ def decode(p: Path, data: bytes) -> TraceFile:
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
+            _not_json(p, data)
             raise TraceFormatError(
-                f"{p}: invalid UTF-8 byte 0x{data[e.start]:02X} at {_where(data, e.start)}{_HINT}"
+                f"{p}: invalid UTF-8 byte 0x{data[e.start]:02X} at {_where(data, e.start)}{_hint(data)}"
             ) from None
     try:
         doc = _with_comms(_DECODER, _COMM_DECODER, data).decode(data)
     except RecursionError:
         raise TraceFormatError(
             f"{p}: the JSON is nested too deeply to be a trace (a value over {_DEPTH_NOTE} "
-            f"levels deep){_HINT}"
+            f"levels deep){_hint(data)}"
         ) from None
     except msgspec.ValidationError as e:
         raise TraceFormatError(f"{p}: not a usable chrome trace: {e}") from None
     except msgspec.DecodeError as e:
+        _not_json(p, data)
         msg = str(e)
         m = re.search(r"\(byte (\d+)\)", msg)
         if "truncated" in msg:
             raise TraceFormatError(
                 f"{p}: JSON ends early after {len(data)} bytes: the trace is truncated "
-                f"(a job killed mid-export?){_HINT}"
+                f"(a job killed mid-export?){_hint(data)}"
             ) from None
         if m:
             raise TraceFormatError(_explain_malformed(p, data, int(m.group(1)))) from None
-        raise TraceFormatError(f"{p}: not valid JSON: {msg}{_HINT}") from None
+        raise TraceFormatError(f"{p}: not valid JSON: {msg}{_hint(data)}") from None
     return _as_tracefile(p, doc)
 
 
