@@ -329,7 +329,7 @@ def test_hand_made_pair_names_the_fix_and_checks_the_estimate(pairs, fix):
     m = td.metrics.filter(pl.col("metric") == "step time").row(0, named=True)
     assert (m["before"], m["after"]) == (pytest.approx(tb), pytest.approx(ta))
     d = td.to_dict()
-    assert d["schema"] == "tracedx.diff/1" and d["fix"] == fix
+    assert d["schema"] == "tracedx.diff/2" and d["fix"] == fix
     json.dumps(d, allow_nan=False)
 
 
@@ -426,7 +426,7 @@ def test_cli_formats(pairs):
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "json"])
     assert r.exit_code == 0
     d = json.loads(r.stdout)
-    assert d["schema"] == "tracedx.diff/1" and d["fix"] == "cuda-graphs"
+    assert d["schema"] == "tracedx.diff/2" and d["fix"] == "cuda-graphs"
     assert d["prediction"]["achieved_speedup_unprofiled"] == pytest.approx(0.6 / 0.1)
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "md", "--fix", "torch-compile"])
     assert r.exit_code == 0

@@ -1,4 +1,4 @@
-"""Rendering a :class:`tracedx.analysis.diff.TraceDiff`: ``tracedx.diff/1`` JSON, text, markdown.
+"""Rendering a :class:`tracedx.analysis.diff.TraceDiff`: ``tracedx.diff/2`` JSON, text, markdown.
 
 Nothing here computes a number; every value comes from :func:`diff_dict`. Times are ms unless
 named ``_us``; per-step values are means over the analysed steps, step times are medians.
@@ -16,7 +16,7 @@ from tracedx.report.json import _clean
 from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
 from tracedx.report.text import estimate_label, short_name, speedup_label
 
-SCHEMA = "tracedx.diff/1"
+SCHEMA = "tracedx.diff/2"
 TOP = 8
 
 
@@ -39,7 +39,7 @@ def _side(d) -> dict[str, Any]:
 
 
 def diff_dict(td) -> dict[str, Any]:
-    """The ``tracedx.diff/1`` document as a dict (non-finite numbers become null)."""
+    """The ``tracedx.diff/2`` document as a dict (non-finite numbers become null)."""
     doc = {
         "schema": SCHEMA,
         "before": _side(td.before),
