@@ -788,3 +788,69 @@ def test_appeared_and_vanished_kernels_are_listed_together_largest_first():
     change = new_or_gone["change_us"].abs().to_list()
     assert change == sorted(change, reverse=True)
     assert {"appeared", "vanished"} <= set(kc["status"][:8].to_list())
+
+
+def test_markdown_and_html_show_the_kind_table_as_text_does(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import render_markdown
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _copies_pair(tmp_path)))
+    md = render_markdown(td).splitlines()
+    i = md.index("## Device time by kind (per step; kind copy holds memcpys and memsets too)")
+    assert md[i + 1 : i + 7] == [
+        "",
+        "| kind | before ms | after ms | change ms | GPU ops |",
+        "|---|---|---|---|---|",
+        "| copy | 0.025 | 0.040 | +0.015 | 1 -> 1 kernels, 0 -> 1 memcpys, 1 -> 2 memsets |",
+        "| gemm | 0.100 | 0.100 | +0.000 | 1 -> 1 kernels |",
+        "",
+    ]
+    page = render_diff_html(td)
+    assert "<h3>Device time by kind</h3>" in page
+    assert (
+        "<tr><td>copy</td><td class='n'>0.025</td><td class='n'>0.040</td>"
+        "<td class='n'>+0.015</td><td>1 → 1 kernels, 0 → 1 memcpys, 1 → 2 memsets</td></tr>"
+    ) in page
+
+
+# two GEMMs whose names part only at their ends, in fp32 and in tf32
+GEMM_K = "sm90_xmma_gemm_f32f32_{}f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_{}_kernel__5x_cublas"
+GREEK = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+
+
+def _segment_k_pair(tmp_path):
+    """Per step, BEFORE: the fp32 GEMMs segment_k_off (100 us) and _on (90 us). AFTER: the tf32
+    ones (30 and 20 us) and eight small kernels (8, 7, ... 1 us): 12 appeared or vanished."""
+
+    def before(s):
+        s.op("aten::mm", 15, GEMM_K.format("f32", "off"), 100, MM, ["float"] * 2)
+        s.op("aten::mm", 15, GEMM_K.format("f32", "on"), 90, MM, ["float"] * 2)
+
+    def after(s):
+        s.op("aten::mm", 15, GEMM_K.format("tf32", "off"), 30, MM, ["float"] * 2)
+        s.op("aten::mm", 15, GEMM_K.format("tf32", "on"), 20, MM, ["float"] * 2)
+        for i, g in enumerate(GREEK):
+            s.op("aten::add", 10, f"{g}_kernel", 8 - i)
+
+    return (
+        run(3, before).write(tmp_path / "segk-before.json"),
+        run(3, after).write(tmp_path / "segk-after.json"),
+    )
+
+
+def test_every_format_says_how_many_kernel_rows_it_left_out(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import TOP, render_markdown, render_text
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _segment_k_pair(tmp_path)))
+    assert td.kernel_changes.filter(pl.col("status") != "changed").height == 12 and TOP == 8
+    text = render_text(td, 100).splitlines()
+    i = text.index("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+    assert text[i + 8].split()[:2] == ["+", "delta_kernel"]
+    assert text[i + 9] == "  ... 4 more (see --format json)"
+    md = render_markdown(td).splitlines()
+    i = md.index("## Kernels that appeared or vanished (per step)")
+    assert md[i + 11].startswith("| `delta_kernel` | ")
+    assert md[i + 12 : i + 15] == ["", "... 4 more (see `--format json`)", ""]
+    page = render_diff_html(td)
+    assert "<p class='dim'>... 4 more (see <code>--format json</code>)</p>" in page

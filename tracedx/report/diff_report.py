@@ -377,6 +377,15 @@ def render_markdown(td) -> str:
         out.append(
             f"| {md_text(k)} | {md_text(v['before'] or 'n/a')} | {md_text(v['after'] or 'n/a')} | |"
         )
+    kinds = [k for k in d["kind_changes"] if k["before_count"] or k["after_count"]]
+    if kinds:  # as in the text report
+        out += ["", f"## {KIND_TITLE.capitalize()}", ""]
+        out += ["| kind | before ms | after ms | change ms | GPU ops |", "|---|---|---|---|---|"]
+        for k in kinds:
+            out.append(
+                f"| {md_text(k['kind'])} | {k['before_us'] / 1e3:.3f} | {k['after_us'] / 1e3:.3f} | "
+                f"{k['change_us'] / 1e3:+.3f} | {kind_counts(k)} |"
+            )
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
@@ -388,16 +397,18 @@ def render_markdown(td) -> str:
                 f"| {md_code(o['name'][:60])} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
                 f"{o['change_us'] / 1e3:+.3f} |"
             )
-    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"]
     if kc:
         out += ["", "## Kernels that appeared or vanished (per step)", ""]
         out += ["| kernel | kind | status | count | device ms |", "|---|---|---|---|---|"]
-        for k in kc:
+        for k in kc[:TOP]:
             us = k["after_us"] if k["status"] == "appeared" else k["before_us"]
             out.append(
                 f"| {md_code(k['kernel'][:60])} | {md_text(k['kind'])} | {k['status']} | "
                 f"{k['before_count']:.0f} -> {k['after_count']:.0f} | {us / 1e3:.3f} |"
             )
+        if len(kc) > TOP:
+            out += ["", f"... {len(kc) - TOP} more (see `--format json`)"]
     out += [
         "",
         f"## After: {md_text(a['regime'] or 'no regime')}, bottleneck {md_text(a['bottleneck'])}",
