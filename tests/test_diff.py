@@ -854,3 +854,54 @@ def test_every_format_says_how_many_kernel_rows_it_left_out(tmp_path):
     assert md[i + 12 : i + 15] == ["", "... 4 more (see `--format json`)", ""]
     page = render_diff_html(td)
     assert "<p class='dim'>... 4 more (see <code>--format json</code>)</p>" in page
+
+
+def test_kernel_names_cut_alike_are_told_apart(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import render_markdown, render_text
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _segment_k_pair(tmp_path)))
+    text = render_text(td, 100).splitlines()
+    i = text.index("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+    assert [x.split()[1] for x in text[i + 1 : i + 5]] == [
+        "sm90_xmma_gemm_f32f32_f32f32…k_off_kernel__5x_cub…",
+        "sm90_xmma_gemm_f32f32_f32f32…k_on_kernel__5x_cubl…",
+        "sm90_xmma_gemm_f32f32_tf32f32…k_off_kernel__5x_cu…",
+        "sm90_xmma_gemm_f32f32_tf32f32…k_on_kernel__5x_cub…",
+    ]
+    md = render_markdown(td).splitlines()
+    i = md.index("## Kernels that appeared or vanished (per step)")
+    assert [x.split(" | ")[0] for x in md[i + 4 : i + 8]] == [
+        "| `sm90_xmma_gemm_f32f32_f32f32…segment_k_off_kernel__5x_cublas`",
+        "| `sm90_xmma_gemm_f32f32_f32f32…segment_k_on_kernel__5x_cublas`",
+        "| `sm90_xmma_gemm_f32f32_tf32f32…segment_k_off_kernel__5x_cubl…`",
+        "| `sm90_xmma_gemm_f32f32_tf32f32…segment_k_on_kernel__5x_cublas`",
+    ]
+    page = render_diff_html(td)
+    assert ">sm90_xmma_gemm_f32f32_tf32f32…segment_k_off_kernel__5x_cubl…</code>" in page
+
+
+def test_distinct_names_keep_where_names_cut_alike_differ():
+    from tracedx.report.text import distinct_names
+
+    wgrad = "sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize{}_warpgroupsize1x1x1_g1_execute_segment_k_on_kernel__5x_cudnn"
+    names = [wgrad.format(t) for t in ("128x128x32", "64x64x32")] + ["cutlass_80_simt_sgemm_nt"]
+    assert distinct_names(names, 50) == [
+        "sm90_xmma_wgrad_…nhwc_tilesize128x128x32_warpgrou…",
+        "sm90_xmma_wgrad_…nhwc_tilesize64x64x32_warpgroups…",
+        "cutlass_80_simt_sgemm_nt",
+    ]
+    # the README's example: two names that part only near their ends
+    gemms = [GEMM_K.format("f32", k) for k in ("on", "off")]
+    assert distinct_names(gemms, 50) == [
+        "sm90_xmma_gemm_f…segment_k_on_kernel__5x_cublas",
+        "sm90_xmma_gemm_f…segment_k_off_kernel__5x_cublas",
+    ]
+    # names short_name already tells apart are cut as it cuts them
+    ops = ["triton_poi_fused_cat_split_transpose_view_1", "aten::mm"]
+    assert distinct_names(ops, 36) == ["triton_poi_fused_cat_split_transpos…", "aten::mm"]
+    ops[1] = "triton_poi_fused_cat_split_transpose_view_2"
+    assert distinct_names(ops, 36) == [
+        "triton_poi_f…split_transpose_view_1",
+        "triton_poi_f…split_transpose_view_2",
+    ]

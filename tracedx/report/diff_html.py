@@ -31,7 +31,7 @@ from tracedx.report.diff_report import (
 from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
-from tracedx.report.text import short_name
+from tracedx.report.text import distinct_names
 
 CSS = """
 .sides{display:grid;grid-template-columns:1fr 1fr;gap:14px} .sides>section{margin:0;min-width:0}
@@ -235,10 +235,10 @@ def _changes(d: dict) -> str:
         )
     if ops:
         rows = "".join(
-            f"<tr><td><code title='{e(o['name'])}'>{e(short_name(o['name'], 60))}</code></td>"
+            f"<tr><td><code title='{e(o['name'])}'>{e(name)}</code></td>"
             f"<td class='n'>{o['before_us'] / 1e3:.3f}</td><td class='n'>{o['after_us'] / 1e3:.3f}</td>"
             f"<td class='n'>{o['change_us'] / 1e3:+.3f}</td></tr>"
-            for o in ops
+            for o, name in zip(ops, distinct_names([o["name"] for o in ops], 60), strict=True)
         )
         note = graph_note(d)
         out.append(
@@ -251,11 +251,13 @@ def _changes(d: dict) -> str:
     if kc:
         rows = "".join(
             f"<tr><td><code title='{e(k['example'] if 'example' in k else k['kernel'])}'>"
-            f"{e(short_name(k['kernel'], 60))}</code></td><td>{e(k['kind'])}</td>"
+            f"{e(name)}</code></td><td>{e(k['kind'])}</td>"
             f"<td>{e(k['status'])}</td><td class='n'>{k['before_count']:.0f} → "
             f"{k['after_count']:.0f}</td><td class='n'>"
             f"{(k['after_us'] if k['status'] == 'appeared' else k['before_us']) / 1e3:.3f}</td></tr>"
-            for k in kc[:TOP]
+            for k, name in zip(
+                kc[:TOP], distinct_names([k["kernel"] for k in kc[:TOP]], 60), strict=True
+            )
         )
         out.append(
             "<h3>Kernels that appeared or vanished</h3><div class='scroll'><table id='kernel-changes'>"
