@@ -329,7 +329,7 @@ def test_hand_made_pair_names_the_fix_and_checks_the_estimate(pairs, fix):
     m = td.metrics.filter(pl.col("metric") == "step time").row(0, named=True)
     assert (m["before"], m["after"]) == (pytest.approx(tb), pytest.approx(ta))
     d = td.to_dict()
-    assert d["schema"] == "tracedx.diff/1" and d["fix"] == fix
+    assert d["schema"] == "tracedx.diff/2" and d["fix"] == fix
     json.dumps(d, allow_nan=False)
 
 
@@ -426,7 +426,7 @@ def test_cli_formats(pairs):
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "json"])
     assert r.exit_code == 0
     d = json.loads(r.stdout)
-    assert d["schema"] == "tracedx.diff/1" and d["fix"] == "cuda-graphs"
+    assert d["schema"] == "tracedx.diff/2" and d["fix"] == "cuda-graphs"
     assert d["prediction"]["achieved_speedup_unprofiled"] == pytest.approx(0.6 / 0.1)
     r = CliRunner().invoke(main, ["diff", b, a, "--format", "md", "--fix", "torch-compile"])
     assert r.exit_code == 0
@@ -812,3 +812,120 @@ def test_kernels_count_every_kernel_run_a_cuda_graphs_included(tmp_path):
     assert (
         "kernels (every kernel run, those a CUDA graph replays included), graph launches" in readme
     )
+
+
+def test_markdown_and_html_show_the_kind_table_as_text_does(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import render_markdown
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _copies_pair(tmp_path)))
+    md = render_markdown(td).splitlines()
+    i = md.index("## Device time by kind (per step; kind copy holds memcpys and memsets too)")
+    assert md[i + 1 : i + 7] == [
+        "",
+        "| kind | before ms | after ms | change ms | GPU ops |",
+        "|---|---|---|---|---|",
+        "| copy | 0.025 | 0.040 | +0.015 | 1 -> 1 kernels, 0 -> 1 memcpys, 1 -> 2 memsets |",
+        "| gemm | 0.100 | 0.100 | +0.000 | 1 -> 1 kernels |",
+        "",
+    ]
+    page = render_diff_html(td)
+    assert "<h3>Device time by kind</h3>" in page
+    assert (
+        "<tr><td>copy</td><td class='n'>0.025</td><td class='n'>0.040</td>"
+        "<td class='n'>+0.015</td><td>1 → 1 kernels, 0 → 1 memcpys, 1 → 2 memsets</td></tr>"
+    ) in page
+
+
+# two GEMMs whose names part only at their ends, in fp32 and in tf32
+GEMM_K = "sm90_xmma_gemm_f32f32_{}f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_{}_kernel__5x_cublas"
+GREEK = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+
+
+def _segment_k_pair(tmp_path):
+    """Per step, BEFORE: the fp32 GEMMs segment_k_off (100 us) and _on (90 us). AFTER: the tf32
+    ones (30 and 20 us) and eight small kernels (8, 7, ... 1 us): 12 appeared or vanished."""
+
+    def before(s):
+        s.op("aten::mm", 15, GEMM_K.format("f32", "off"), 100, MM, ["float"] * 2)
+        s.op("aten::mm", 15, GEMM_K.format("f32", "on"), 90, MM, ["float"] * 2)
+
+    def after(s):
+        s.op("aten::mm", 15, GEMM_K.format("tf32", "off"), 30, MM, ["float"] * 2)
+        s.op("aten::mm", 15, GEMM_K.format("tf32", "on"), 20, MM, ["float"] * 2)
+        for i, g in enumerate(GREEK):
+            s.op("aten::add", 10, f"{g}_kernel", 8 - i)
+
+    return (
+        run(3, before).write(tmp_path / "segk-before.json"),
+        run(3, after).write(tmp_path / "segk-after.json"),
+    )
+
+
+def test_every_format_says_how_many_kernel_rows_it_left_out(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import TOP, render_markdown, render_text
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _segment_k_pair(tmp_path)))
+    assert td.kernel_changes.filter(pl.col("status") != "changed").height == 12 and TOP == 8
+    text = render_text(td, 100).splitlines()
+    i = text.index("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+    assert text[i + 8].split()[:2] == ["+", "delta_kernel"]
+    assert text[i + 9] == "  ... 4 more (see --format json)"
+    md = render_markdown(td).splitlines()
+    i = md.index("## Kernels that appeared or vanished (per step)")
+    assert md[i + 11].startswith("| `delta_kernel` | ")
+    assert md[i + 12 : i + 15] == ["", "... 4 more (see `--format json`)", ""]
+    page = render_diff_html(td)
+    assert "<p class='dim'>... 4 more (see <code>--format json</code>)</p>" in page
+
+
+def test_kernel_names_cut_alike_are_told_apart(tmp_path):
+    from tracedx.report.diff_html import render_diff_html
+    from tracedx.report.diff_report import render_markdown, render_text
+
+    td = tracedx.diff(*(tracedx.load(p) for p in _segment_k_pair(tmp_path)))
+    text = render_text(td, 100).splitlines()
+    i = text.index("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
+    assert [x.split()[1] for x in text[i + 1 : i + 5]] == [
+        "sm90_xmma_gemm_f32f32_f32f32…k_off_kernel__5x_cub…",
+        "sm90_xmma_gemm_f32f32_f32f32…k_on_kernel__5x_cubl…",
+        "sm90_xmma_gemm_f32f32_tf32f32…k_off_kernel__5x_cu…",
+        "sm90_xmma_gemm_f32f32_tf32f32…k_on_kernel__5x_cub…",
+    ]
+    md = render_markdown(td).splitlines()
+    i = md.index("## Kernels that appeared or vanished (per step)")
+    assert [x.split(" | ")[0] for x in md[i + 4 : i + 8]] == [
+        "| `sm90_xmma_gemm_f32f32_f32f32…segment_k_off_kernel__5x_cublas`",
+        "| `sm90_xmma_gemm_f32f32_f32f32…segment_k_on_kernel__5x_cublas`",
+        "| `sm90_xmma_gemm_f32f32_tf32f32…segment_k_off_kernel__5x_cubl…`",
+        "| `sm90_xmma_gemm_f32f32_tf32f32…segment_k_on_kernel__5x_cublas`",
+    ]
+    page = render_diff_html(td)
+    assert ">sm90_xmma_gemm_f32f32_tf32f32…segment_k_off_kernel__5x_cubl…</code>" in page
+
+
+def test_distinct_names_keep_where_names_cut_alike_differ():
+    from tracedx.report.text import distinct_names
+
+    wgrad = "sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize{}_warpgroupsize1x1x1_g1_execute_segment_k_on_kernel__5x_cudnn"
+    names = [wgrad.format(t) for t in ("128x128x32", "64x64x32")] + ["cutlass_80_simt_sgemm_nt"]
+    assert distinct_names(names, 50) == [
+        "sm90_xmma_wgrad_…nhwc_tilesize128x128x32_warpgrou…",
+        "sm90_xmma_wgrad_…nhwc_tilesize64x64x32_warpgroups…",
+        "cutlass_80_simt_sgemm_nt",
+    ]
+    # the README's example: two names that part only near their ends
+    gemms = [GEMM_K.format("f32", k) for k in ("on", "off")]
+    assert distinct_names(gemms, 50) == [
+        "sm90_xmma_gemm_f…segment_k_on_kernel__5x_cublas",
+        "sm90_xmma_gemm_f…segment_k_off_kernel__5x_cublas",
+    ]
+    # names short_name already tells apart are cut as it cuts them
+    ops = ["triton_poi_fused_cat_split_transpose_view_1", "aten::mm"]
+    assert distinct_names(ops, 36) == ["triton_poi_fused_cat_split_transpos…", "aten::mm"]
+    ops[1] = "triton_poi_fused_cat_split_transpose_view_2"
+    assert distinct_names(ops, 36) == [
+        "triton_poi_f…split_transpose_view_1",
+        "triton_poi_f…split_transpose_view_2",
+    ]

@@ -148,7 +148,9 @@ def test_no_escape_sequence_or_markup_from_a_trace_reaches_any_output(tmp_path, 
         assert not raw_controls(out + err), (fmt, out)
         if fmt == "md":
             assert_inert_markdown(
-                out, {"tracedx diff", "Side by side", "Ops whose", "Kernels that", "After", "Notes"}
+                out,
+                {"tracedx diff", "Side by side", "Device time by kind", "Ops whose"}
+                | {"Kernels that", "After", "Notes"},
             )
 
 

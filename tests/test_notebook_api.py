@@ -150,7 +150,7 @@ def test_every_result_has_json_and_figures(resnet):
     jd = tracedx.diagnose(tracedx.load_job(JOB, progress=False))
     for res, schema, names in (
         (resnet, "tracedx.diagnosis/1", ["roofline", "timeline", "breakdown", "fixes"]),
-        (td, "tracedx.diff/1", ["estimate", "sides"]),
+        (td, "tracedx.diff/2", ["estimate", "sides"]),
         (jd, "tracedx.job/1", ["wait_heatmap", "ranks"]),
     ):
         assert json.loads(res.to_json())["schema"] == schema

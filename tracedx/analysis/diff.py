@@ -37,7 +37,6 @@ from tracedx.errors import TraceError
 from tracedx.results import Presentable
 from tracedx.trace import Trace
 
-SCHEMA = "tracedx.diff/1"
 UNKNOWN = "unknown"
 HALF_DTYPES = ("c10::BFloat16", "c10::Half", "BFloat16", "Half", "bfloat16", "half")
 
@@ -667,7 +666,7 @@ class TraceDiff(Presentable):
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``tracedx.diff/1`` JSON document (see README "Re-measure: tracedx diff")."""
+        """The ``tracedx.diff/2`` JSON document (see README "diff JSON output")."""
         from tracedx.report.diff_report import diff_dict
 
         return diff_dict(self)

@@ -3,8 +3,8 @@
 One self-contained page, like the diagnosis report (:func:`tracedx.report.html.page`): first
 the prediction check (the applied fix, BEFORE's Amdahl estimate against the achieved speedup,
 traced and unprofiled, with a figure of the step times), then BEFORE and AFTER side by side
-(their verdict cards, a figure of where each one's step goes, the metrics table), then the ops
-and kernels that changed, and notes. Every number comes from
+(their verdict cards, a figure of where each one's step goes, the metrics table), then device
+time by kind and the ops and kernels that changed, and notes. Every number comes from
 :func:`tracedx.report.diff_report.diff_dict` or the two Diagnoses; nothing is computed here
 beyond per-step means for display.
 """
@@ -25,12 +25,13 @@ from tracedx.report.diff_report import (
     _x,
     diff_dict,
     graph_note,
+    kind_counts,
     metric_cells,
 )
 from tracedx.report.figures import _layout, esc, idle_bar, kind_bar, step_marker
 from tracedx.report.html import _verdict, e, figure_section, notes_section, page, write_page
 from tracedx.report.json import diagnosis_dict
-from tracedx.report.text import short_name
+from tracedx.report.text import distinct_names
 
 CSS = """
 .sides{display:grid;grid-template-columns:1fr 1fr;gap:14px} .sides>section{margin:0;min-width:0}
@@ -216,14 +217,28 @@ def _metrics_table(d: dict) -> str:
 
 def _changes(d: dict) -> str:
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
-    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"]
+    kinds = [k for k in d["kind_changes"] if k["before_count"] or k["after_count"]]
     out = ["<section id='changes'><h2>What changed (per step)</h2>"]
+    if kinds:  # as in the text report
+        rows = "".join(
+            f"<tr><td>{e(k['kind'])}</td><td class='n'>{k['before_us'] / 1e3:.3f}</td>"
+            f"<td class='n'>{k['after_us'] / 1e3:.3f}</td><td class='n'>{k['change_us'] / 1e3:+.3f}</td>"
+            f"<td>{e(kind_counts(k).replace(' -> ', ' → '))}</td></tr>"
+            for k in kinds
+        )
+        out.append(
+            "<h3>Device time by kind</h3><p class='dim'>Kind copy holds memcpys and memsets too."
+            "</p><div class='scroll'><table id='kind-changes'><thead><tr><th>kind</th>"
+            "<th>BEFORE ms</th><th>AFTER ms</th><th>change ms</th><th>GPU ops</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>"
+        )
     if ops:
         rows = "".join(
-            f"<tr><td><code title='{e(o['name'])}'>{e(short_name(o['name'], 60))}</code></td>"
+            f"<tr><td><code title='{e(o['name'])}'>{e(name)}</code></td>"
             f"<td class='n'>{o['before_us'] / 1e3:.3f}</td><td class='n'>{o['after_us'] / 1e3:.3f}</td>"
             f"<td class='n'>{o['change_us'] / 1e3:+.3f}</td></tr>"
-            for o in ops
+            for o, name in zip(ops, distinct_names([o["name"] for o in ops], 60), strict=True)
         )
         note = graph_note(d)
         out.append(
@@ -236,17 +251,23 @@ def _changes(d: dict) -> str:
     if kc:
         rows = "".join(
             f"<tr><td><code title='{e(k['example'] if 'example' in k else k['kernel'])}'>"
-            f"{e(short_name(k['kernel'], 60))}</code></td><td>{e(k['kind'])}</td>"
+            f"{e(name)}</code></td><td>{e(k['kind'])}</td>"
             f"<td>{e(k['status'])}</td><td class='n'>{k['before_count']:.0f} → "
             f"{k['after_count']:.0f}</td><td class='n'>"
             f"{(k['after_us'] if k['status'] == 'appeared' else k['before_us']) / 1e3:.3f}</td></tr>"
-            for k in kc
+            for k, name in zip(
+                kc[:TOP], distinct_names([k["kernel"] for k in kc[:TOP]], 60), strict=True
+            )
         )
         out.append(
             "<h3>Kernels that appeared or vanished</h3><div class='scroll'><table id='kernel-changes'>"
             "<thead><tr><th>kernel (normalised)</th><th>kind</th><th>status</th><th>count</th>"
             f"<th>device ms</th></tr></thead><tbody>{rows}</tbody></table></div>"
         )
+        if len(kc) > TOP:
+            out.append(
+                f"<p class='dim'>... {len(kc) - TOP} more (see <code>--format json</code>)</p>"
+            )
     if not (ops or kc):
         out.append("<p>No op's device time changed and no kernel appeared or vanished.</p>")
     out.append("</section>")

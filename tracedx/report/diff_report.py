@@ -1,4 +1,4 @@
-"""Rendering a :class:`tracedx.analysis.diff.TraceDiff`: ``tracedx.diff/1`` JSON, text, markdown.
+"""Rendering a :class:`tracedx.analysis.diff.TraceDiff`: ``tracedx.diff/2`` JSON, text, markdown.
 
 Nothing here computes a number; every value comes from :func:`diff_dict`. Times are ms unless
 named ``_us``; per-step values are means over the analysed steps, step times are medians.
@@ -14,9 +14,9 @@ from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import _clean
 from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
-from tracedx.report.text import estimate_label, short_name, speedup_label
+from tracedx.report.text import distinct_names, estimate_label, speedup_label
 
-SCHEMA = "tracedx.diff/1"
+SCHEMA = "tracedx.diff/2"
 TOP = 8
 
 
@@ -39,7 +39,7 @@ def _side(d) -> dict[str, Any]:
 
 
 def diff_dict(td) -> dict[str, Any]:
-    """The ``tracedx.diff/1`` document as a dict (non-finite numbers become null)."""
+    """The ``tracedx.diff/2`` document as a dict (non-finite numbers become null)."""
     doc = {
         "schema": SCHEMA,
         "before": _side(td.before),
@@ -293,9 +293,9 @@ def render_text(td, width: int = WIDTH) -> str:
         out.append("OPS WHOSE DEVICE TIME CHANGED MOST (per step)")
         if note := graph_note(d):
             out.append(f"  ({note})")
-        for o in ops:
+        for o, name in zip(ops, distinct_names([o["name"] for o in ops], 36), strict=True):
             out.append(
-                f"  {short_name(o['name'], 36):<36} {_us(o['before_us']):>11} -> {_us(o['after_us']):>11}  "
+                f"  {name:<36} {_us(o['before_us']):>11} -> {_us(o['after_us']):>11}  "
                 f"({'+' if o['change_us'] >= 0 else '-'}{_us(abs(o['change_us']))})"
             )
     kc = [k for k in d["kernel_changes"] if k["status"] != "changed"]
@@ -303,10 +303,11 @@ def render_text(td, width: int = WIDTH) -> str:
         out.append("")
         out.append("KERNELS THAT APPEARED (+) OR VANISHED (-) (normalised names, per step)")
         kw = max(12, min(50, width - 45))  # the kernel column takes what the numbers leave
-        for k in kc[:TOP]:
+        names = distinct_names([k["kernel"] for k in kc[:TOP]], kw)
+        for k, name in zip(kc[:TOP], names, strict=True):
             sign = "+" if k["status"] == "appeared" else "-"
             out.append(
-                f"  {sign} {short_name(k['kernel'], kw):<{kw}} {k['kind']:<13} "
+                f"  {sign} {name:<{kw}} {k['kind']:<13} "
                 f"{k['before_count']:>5.0f} -> {k['after_count']:<5.0f} {_us(k['after_us'] if sign == '+' else k['before_us']):>11}"
             )
         if len(kc) > TOP:
@@ -380,27 +381,39 @@ def render_markdown(td) -> str:
         out.append(
             f"| {md_text(k)} | {md_text(v['before'] or 'n/a')} | {md_text(v['after'] or 'n/a')} | |"
         )
+    kinds = [k for k in d["kind_changes"] if k["before_count"] or k["after_count"]]
+    if kinds:  # as in the text report
+        out += ["", f"## {KIND_TITLE.capitalize()}", ""]
+        out += ["| kind | before ms | after ms | change ms | GPU ops |", "|---|---|---|---|---|"]
+        for k in kinds:
+            out.append(
+                f"| {md_text(k['kind'])} | {k['before_us'] / 1e3:.3f} | {k['after_us'] / 1e3:.3f} | "
+                f"{k['change_us'] / 1e3:+.3f} | {kind_counts(k)} |"
+            )
     ops = [o for o in d["op_changes"] if abs(o["change_us"]) > 0][:TOP]
     if ops:
         out += ["", "## Ops whose device time changed most (per step)", ""]
         if note := graph_note(d):
             out += [md_prose(f"{note}."), ""]
         out += ["| op | before ms | after ms | change ms |", "|---|---|---|---|"]
-        for o in ops:
+        for o, name in zip(ops, distinct_names([o["name"] for o in ops], 60), strict=True):
             out.append(
-                f"| {md_code(o['name'][:60])} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
+                f"| {md_code(name)} | {o['before_us'] / 1e3:.3f} | {o['after_us'] / 1e3:.3f} | "
                 f"{o['change_us'] / 1e3:+.3f} |"
             )
-    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"][:TOP]
+    kc = [k for k in d["kernel_changes"] if k["status"] != "changed"]
     if kc:
         out += ["", "## Kernels that appeared or vanished (per step)", ""]
         out += ["| kernel | kind | status | count | device ms |", "|---|---|---|---|---|"]
-        for k in kc:
+        names = distinct_names([k["kernel"] for k in kc[:TOP]], 60)
+        for k, name in zip(kc[:TOP], names, strict=True):
             us = k["after_us"] if k["status"] == "appeared" else k["before_us"]
             out.append(
-                f"| {md_code(k['kernel'][:60])} | {md_text(k['kind'])} | {k['status']} | "
+                f"| {md_code(name)} | {md_text(k['kind'])} | {k['status']} | "
                 f"{k['before_count']:.0f} -> {k['after_count']:.0f} | {us / 1e3:.3f} |"
             )
+        if len(kc) > TOP:
+            out += ["", f"... {len(kc) - TOP} more (see `--format json`)"]
     out += [
         "",
         f"## After: {md_text(a['regime'] or 'no regime')}, bottleneck {md_text(a['bottleneck'])}",

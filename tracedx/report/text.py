@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 
 from tracedx.analysis import HOST_DEVICE_COPY, UNDERFILLED_FRACTION
 from tracedx.console import WIDTH, fit
@@ -36,10 +38,15 @@ def _unplaced(o: dict) -> str:
     return HOST_DEVICE_COPY if o.get("kernel_kind") == HOST_DEVICE_COPY else "unmodelled"
 
 
+def _visible(name: str) -> str:
+    """``name`` with each unprintable character written as an escape (``\\n``, ``\\x1b``)."""
+    name = name.replace("\n", "\\n").replace("\t", "\\t")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+
+
 def short_name(name: str, width: int = 48) -> str:
     """Shorten a long C++ template kernel/op name for display (the full name is kept in data)."""
-    name = name.replace("\n", "\\n").replace("\t", "\\t")
-    name = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    name = _visible(name)
     if len(name) <= width:
         return name
     # "autograd::engine::evaluate_function: AddmmBackward0": what follows the last ": " tells
@@ -49,6 +56,45 @@ def short_name(name: str, width: int = 48) -> str:
     if sep and tail and 0 < keep < len(head):
         return name[:keep] + "…" + sep + tail
     return name[: width - 1] + "…"
+
+
+_BREAK = re.compile(r"[\W_]+")
+
+
+def distinct_names(names: list[str], width: int) -> list[str]:
+    """``names`` (distinct), each as :func:`short_name` cuts it to ``width``, except names that
+    it would cut to the same text: those keep their start (a third of the width; to where they
+    differ from the other such names where that is later), ``…``, then the part where each
+    differs from the names cut like it, from a word's start shortly before, to the end where
+    that fits (``sm90_xmma_wgrad_…nhwc_tilesize128x128x32_warpgrou…`` beside
+    ``sm90_xmma_wgrad_…nhwc_tilesize64x64x32_warpgroups…``)."""
+    names = [_visible(n) for n in names]
+    cut = [short_name(n, width) for n in names]
+    clash = {c for c in cut if cut.count(c) > 1}
+    out = []
+    for n, c in zip(names, cut, strict=True):
+        if c not in clash:
+            out.append(c)
+            continue
+        # for each other clashing name: how long a start n shares with it, and whether it was
+        # cut like n. n[p] tells n from those cut like it; the head reaches past where n
+        # parts from the others (so that their heads differ)
+        shared = [
+            (len(os.path.commonprefix([n, m])), o == c)
+            for m, o in zip(names, cut, strict=True)
+            if o in clash and m != n
+        ]
+        p = max((k for k, same in shared if same), default=len(n))  # len(n): n twice
+        head = max([width // 3] + [k + 1 for k, same in shared if not same])
+        if head > width // 3 and (w := _BREAK.search(n, head)) and w.start() <= 2 * width // 3:
+            head = w.start()  # to the end of that word
+        room = width - 1 - head  # after the "…"
+        start = max(head + 1, min(p - room // 2, len(n) - room))
+        if w := _BREAK.search(n, start - 1, p):  # start at a word
+            start = w.end()
+        c = n[:head] + "…" + n[start:] if start <= p else n  # else the plain cut shows n[p]
+        out.append(c if len(c) <= width else c[: width - 1] + "…")
+    return out
 
 
 # evidence lines the WHERE THE TIME GOES section shows with their scope: not repeated
