@@ -929,3 +929,25 @@ def test_distinct_names_keep_where_names_cut_alike_differ():
         "triton_poi_f…split_transpose_view_1",
         "triton_poi_f…split_transpose_view_2",
     ]
+
+
+def test_json_holds_every_kernel_the_more_line_counts(tmp_path):
+    # 35 kernels appear and 1 vanishes: more than the JSON's 30 rows of changes; every one of
+    # them is in the JSON, and the text's "... N more" counts them all (36 - 8 shown = 28)
+    from tracedx.report.diff_report import diff_dict, render_text
+
+    def before(s):
+        s.op("aten::add", 10, "old_kernel", 50)
+
+    def after(s):
+        for i in range(35):
+            s.op("aten::add", 10, f"new_kernel_{i:02d}", 40 - i)
+
+    td = tracedx.diff(
+        tracedx.load(run(3, before).write(tmp_path / "b.json")),
+        tracedx.load(run(3, after).write(tmp_path / "a.json")),
+    )
+    rows = diff_dict(td)["kernel_changes"]
+    assert len(rows) == 36
+    assert {r["status"] for r in rows} == {"appeared", "vanished"}
+    assert "  ... 28 more (see --format json)" in render_text(td, 100).splitlines()

@@ -10,6 +10,8 @@ import json
 import math
 from typing import Any
 
+import polars as pl
+
 from tracedx.analysis.findings import MIN_SCORE, ON_TARGET
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import _clean
@@ -55,16 +57,20 @@ def diff_dict(td) -> dict[str, Any]:
         "verdicts": {k: {"before": v[0], "after": v[1]} for k, v in td.verdicts.items()},
         "kind_changes": td.kind_changes.to_dicts(),
         "op_changes": td.op_changes.head(20).to_dicts(),
-        "kernel_changes": td.kernel_changes.filter(
-            (td.kernel_changes["status"] != "changed") | (td.kernel_changes["change_us"].abs() > 0)
-        )
-        .head(30)
-        .to_dicts(),
+        "kernel_changes": _kernel_rows(td.kernel_changes),
         "new_findings": [f.to_dict() for f in td.new_findings],
         "notes": td.notes,
         "unrelated": td.unrelated,
     }
     return _clean(doc)
+
+
+def _kernel_rows(kc) -> list[dict]:
+    """Every kernel that appeared or vanished (the reports' "... N more" points here), then
+    the changed ones with the largest change, up to 30 rows in all."""
+    new_or_gone = kc.filter(pl.col("status") != "changed")
+    changed = kc.filter((pl.col("status") == "changed") & (pl.col("change_us").abs() > 0))
+    return pl.concat([new_or_gone, changed.head(max(30 - new_or_gone.height, 0))]).to_dicts()
 
 
 def render_json(td) -> str:
