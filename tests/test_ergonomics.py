@@ -666,3 +666,23 @@ def test_readme_lists_every_fix_id_and_no_other():
     bullets = re.findall(r"^- (`[^:(]*`)", est, re.M)
     ids = [x for b in bullets for x in re.findall(r"`([a-z0-9-]+)`", b)]
     assert sorted(ids) == sorted(FIX_IDS)
+
+
+def test_readme_diagnose_example_is_what_diagnose_prints():
+    """Every line of the README's abridged ``diagnose`` example (but its ``...`` elisions) is
+    a line of what ``tracedx diagnose sample_traces/mlp_train-eager.json.gz`` prints."""
+    from tests.conftest import ROOT, SAMPLES
+
+    trace = SAMPLES / "mlp_train-eager.json.gz"
+    if not trace.exists():
+        pytest.skip("sample traces missing")
+    readme = (ROOT / "README.md").read_text()
+    at = readme.index("## What `diagnose` says, on a real trace")
+    start = readme.index("```text\n", at) + len("```text\n")
+    example = readme[start : readme.index("```", start)].splitlines()
+    r = CliRunner().invoke(main, ["diagnose", str(trace)])  # not a TTY: 100 columns
+    assert r.exit_code == 0
+    printed = set(r.output.splitlines())
+    shown = [line for line in example if line.strip() != "..."]
+    assert len(shown) > 20
+    assert [line for line in shown if line not in printed] == []
