@@ -668,21 +668,29 @@ def test_readme_lists_every_fix_id_and_no_other():
     assert sorted(ids) == sorted(FIX_IDS)
 
 
-def test_readme_diagnose_example_is_what_diagnose_prints():
-    """Every line of the README's abridged ``diagnose`` example (but its ``...`` elisions) is
-    a line of what ``tracedx diagnose sample_traces/mlp_train-eager.json.gz`` prints."""
-    from tests.conftest import ROOT, SAMPLES
+_README_EXAMPLES = {  # the README's text examples: the command each abridges
+    "VERDICT: OVERHEAD-BOUND": ["diagnose", "mlp_train-eager.json.gz"],
+    "tracedx diff · ": ["diff", "elementwise-eager.json.gz", "elementwise-compile.json.gz"],
+    "tracedx · job of 2 ranks": ["diagnose", "ddp_mlp-gloo-host-straggler"],
+}
 
-    trace = SAMPLES / "mlp_train-eager.json.gz"
-    if not trace.exists():
+
+def test_readme_examples_are_what_the_commands_print(monkeypatch):
+    """Every line of each of the README's abridged text examples (but its ``...`` elisions)
+    is a line of what its command prints on the bundled traces (not a TTY: 100 columns)."""
+    from tests.conftest import ROOT
+
+    if not (SAMPLES / "mlp_train-eager.json.gz").exists():
         pytest.skip("sample traces missing")
-    readme = (ROOT / "README.md").read_text()
-    at = readme.index("## What `diagnose` says, on a real trace")
-    start = readme.index("```text\n", at) + len("```text\n")
-    example = readme[start : readme.index("```", start)].splitlines()
-    r = CliRunner().invoke(main, ["diagnose", str(trace)])  # not a TTY: 100 columns
-    assert r.exit_code == 0
-    printed = set(r.output.splitlines())
-    shown = [line for line in example if line.strip() != "..."]
-    assert len(shown) > 20
-    assert [line for line in shown if line not in printed] == []
+    blocks = (ROOT / "README.md").read_text().split("```text\n")[1:]
+    examples = [b[: b.index("```")].splitlines() for b in blocks]
+    assert len(examples) == len(_README_EXAMPLES)
+    monkeypatch.chdir(ROOT)  # the paths as the README gives them
+    for lines in examples:
+        (cmd,) = [c for head, c in _README_EXAMPLES.items() if lines[0].startswith(head)]
+        r = CliRunner().invoke(main, [cmd[0], *(f"sample_traces/{a}" for a in cmd[1:])])
+        assert r.exit_code == 0
+        printed = set(r.output.splitlines())
+        shown = [line for line in lines if line.strip() != "..."]
+        assert len(shown) > 10
+        assert [line for line in shown if line not in printed] == [], cmd
