@@ -467,3 +467,24 @@ def test_timestamp_outlier_rules_match_their_definition(ts):
     arr = np.array(ts, dtype=np.float64)
     assert _outlier_cutoff(arr) == _ref_cutoff(ts)
     assert _outlier_ceiling(arr) == _ref_ceiling(ts)
+
+
+_NAME = st.text(alphabet="ab_:-", min_size=1, max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(names=st.lists(_NAME, min_size=2, max_size=8, unique=True), width=st.integers(3, 30))
+@example(
+    names=[  # cuDNN wgrad names that differ in two places: tile size and segment_k
+        f"sm80_xmma_wgrad_implicit_gemm_bf16_nhwc_tilesize{t}_warpgroupsize1x1x1_segment_k_{s}"
+        for t in ("128x128x32", "64x64x32")
+        for s in ("on", "off")
+    ],
+    width=25,
+)
+def test_distinct_names_in_give_distinct_texts_out(names, width):
+    from tracedx.report.text import distinct_names
+
+    shown = distinct_names(names, width)
+    assert len(set(shown)) == len(shown)
+    assert all(len(s) <= width and "……" not in s for s in shown)

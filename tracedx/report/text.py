@@ -67,7 +67,9 @@ def distinct_names(names: list[str], width: int) -> list[str]:
     differ from the other such names where that is later), ``…``, then the part where each
     differs from the names cut like it, from a word's start shortly before, to the end where
     that fits (``sm90_xmma_wgrad_…nhwc_tilesize128x128x32_warpgrou…`` beside
-    ``sm90_xmma_wgrad_…nhwc_tilesize64x64x32_warpgroups…``)."""
+    ``sm90_xmma_wgrad_…nhwc_tilesize64x64x32_warpgroups…``); names that still read the same
+    (they differ in several places) end in ``#1``, ``#2``, ... At most ``width`` characters
+    each; distinct names in, distinct texts out (unless ``width`` is under 3)."""
     names = [_visible(n) for n in names]
     cut = [short_name(n, width) for n in names]
     clash = {c for c in cut if cut.count(c) > 1}
@@ -93,7 +95,18 @@ def distinct_names(names: list[str], width: int) -> list[str]:
         if w := _BREAK.search(n, start - 1, p):  # start at a word
             start = w.end()
         c = n[:head] + "…" + n[start:] if start <= p else n  # else the plain cut shows n[p]
-        out.append(c if len(c) <= width else c[: width - 1] + "…")
+        out.append(c if len(c) <= width else c[: width - 1].rstrip("…") + "…")
+    return _numbered(out, width)
+
+
+def _numbered(shown: list[str], width: int) -> list[str]:
+    """``shown`` with every text that still repeats (names that differ in several places)
+    told apart by a number at its end, ``#1``, ``#2``, ... counted over all of them in order."""
+    out = list(shown)
+    again = [i for i, c in enumerate(shown) if shown.count(c) > 1]
+    for k, i in enumerate(again, 1):  # one count over all of them: cut tags stay apart
+        c, tag = shown[i], f"#{k}"
+        out[i] = c + tag if len(c) + len(tag) <= width else c[: width - len(tag)] + tag
     return out
 
 
