@@ -355,6 +355,9 @@ def test_readme_documents_exit_codes_and_both_schemas(tmp_path):
         assert f"`{k}`" in diff_part, k
     for k in set(diag_doc) - {"schema"}:
         assert f"`{k}`" in diag_part, k
+    assert diag_doc["findings"]
+    for k in diag_doc["findings"][0]:
+        assert f"`{k}`" in diag_part, k
 
 
 # --- stand alone -----------------------------------------------------------------------------

@@ -321,12 +321,12 @@ def test_a_predicted_slowdown_is_said_not_just_clamped():
         == "the model predicts a slowdown (0.91x: the step 10% longer), shown as 1.00x"
     )
     # and every report's label says it, not only the JSON evidence
-    assert f.predicted_slowdown == pytest.approx(1000 / 1100)
-    assert f.to_dict()["predicted_slowdown"] == 0.909
+    assert f.unclamped_speedup == pytest.approx(1000 / 1100)
+    assert f.to_dict()["unclamped_speedup"] == 0.909
     assert speedup_label(f.to_dict()) == "1.00x (the model predicts 0.91x, a slowdown)"
     # without the casts nothing is slower: no such line
     g = fx.faster_math(m, "bf16-autocast", "t", 50.0, 40.0, "d", [])
     assert g.estimated_speedup == 1.0
     assert not any("slowdown" in e for e in g.evidence)
-    assert g.predicted_slowdown is None
+    assert g.unclamped_speedup is None
     assert speedup_label(g.to_dict()) == "1.00x"

@@ -273,7 +273,7 @@ class Finding:
     """larger-batch only: the batch grows this many times, so ``estimated_step_ms`` is the time
     per sample times today's batch (ms per today's batch of samples, comparable with the step
     it is against), and the larger step itself takes ``batch_factor`` times that."""
-    predicted_slowdown: float | None = None
+    unclamped_speedup: float | None = None
     """T / T' when the model predicts the fix makes the step longer (below 1, e.g. 0.86:
     16% longer); ``estimated_speedup`` is then shown as 1.00 (:func:`amdahl_terms` keeps
     T' <= T). None otherwise."""
@@ -312,8 +312,8 @@ class Finding:
             "evidence": self.evidence,
             "recommended": self.recommended,
             "requires": self.requires,
-            "predicted_slowdown": (
-                None if self.predicted_slowdown is None else round(self.predicted_slowdown, 3)
+            "unclamped_speedup": (
+                None if self.unclamped_speedup is None else round(self.unclamped_speedup, 3)
             ),
         }
 
@@ -472,7 +472,7 @@ def amdahl_finding(
         evidence,
         recommended=sp >= MIN_RECOMMENDED_SPEEDUP,
         change=change,
-        predicted_slowdown=slowdown,
+        unclamped_speedup=slowdown,
     )
 
 

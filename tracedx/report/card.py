@@ -308,9 +308,10 @@ def _no_fixes(d: dict) -> str:
 def job_repr(jd) -> str:
     """``<JobDiagnosis: N ranks, S steps (a..b)>``, the verdict, the step and the top fixes."""
     from tracedx.report.job import job_dict
+    from tracedx.report.text import speedup_label
 
     d = job_dict(jd)
-    fixes = ", ".join(f"{f['fix']} {f['estimated_speedup']:.2f}x" for f in _fixes(d))
+    fixes = ", ".join(f"{f['fix']} {speedup_label(f)}" for f in _fixes(d))
     rows = "; ".join(f"{k} {v}" for k, v in _job_rows(d))
     return _fit(
         f"<JobDiagnosis: {_job_head(d)}>\n  {_t(_job_verdict(d))}\n  {rows}\n"

@@ -197,6 +197,8 @@ def _estimate(p: dict, f: dict, unit: str = " ms") -> str:
         "estimated_step_ms": p["estimated_step_ms"],
         "batch_factor": f.get("batch_factor"),
     }
+    if p["estimated_speedup"] == f["estimated_speedup"]:  # the finding's own (not a combination)
+        est["unclamped_speedup"] = f.get("unclamped_speedup")
     return f"{speedup_label(est)} -> {estimate_label(est, unit)}"
 
 

@@ -12,6 +12,7 @@ import polars as pl
 
 from tracedx.report.json import _clean
 from tracedx.report.safe import md_prose, md_text, safe_strings
+from tracedx.report.text import speedup_label
 
 SCHEMA = "tracedx.job/1"
 
@@ -272,7 +273,7 @@ def _text(jd) -> str:
         s = "∞" if f["local_speedup"] is None else f"{f['local_speedup']:.1f}x"  # as one trace's
         rec = "" if f["recommended"] else "  [not recommended: < 5%]"
         out.append(
-            f"  {i}. {f['fix']}: {f['estimated_speedup']:.2f}x -> {f['estimated_step_ms']:.3f} ms "
+            f"  {i}. {f['fix']}: {speedup_label(f)} -> {f['estimated_step_ms']:.3f} ms "
             f"(f = {f['fraction']:.0%}, s = {s}){rec}"
         )
         out.append(f"     {f['title']}")
@@ -327,7 +328,7 @@ def render_markdown(jd) -> str:
     out += ["", "## Fixes", ""]
     for f in d["findings"] or []:
         out.append(
-            f"- **{md_text(f['fix'])}** {f['estimated_speedup']:.2f}x (f = {f['fraction']:.0%})"
+            f"- **{md_text(f['fix'])}** {speedup_label(f)} (f = {f['fraction']:.0%})"
             f"{'' if f['recommended'] else ' (not recommended: < 5%)'}: "
             f"{md_prose(f['title'])}; {md_prose(f['derivation'])}"
         )

@@ -32,6 +32,7 @@ from tracedx.report.job import (
     group_label,
     job_dict,
 )
+from tracedx.report.text import speedup_label
 
 CSS = """
 tr.straggler td{background:#fde8ec}
@@ -208,7 +209,7 @@ def _verdict(d: dict, jd) -> str:
         )
     rows = "".join(
         f"<tr><td><code>{e(f['fix'])}</code><br>{e(f['title'])}</td>"
-        f"<td class='n'><b>{f['estimated_speedup']:.2f}x</b></td>"
+        f"<td class='n'><b>{e(speedup_label(f))}</b></td>"
         f"<td class='n'>{f['estimated_step_ms']:.3f} ms</td><td class='n'>{f['fraction']:.0%}</td>"
         f"<td>{e(' '.join(f['evidence'][:2]))}</td></tr>"
         for f in d["findings"]

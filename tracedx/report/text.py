@@ -120,7 +120,7 @@ def speedup_label(f: dict) -> str:
     (the model predicts 0.86x, a slowdown)`` when the model's step grows (the estimate is
     clamped at 1.00x)."""
     per = " per sample" if f.get("batch_factor") else ""
-    slow = f.get("predicted_slowdown")
+    slow = f.get("unclamped_speedup")
     why = f" (the model predicts {slow:.2f}x, a slowdown)" if slow is not None else ""
     return f"{f['estimated_speedup']:.2f}x{per}{why}"
 
