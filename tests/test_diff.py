@@ -932,22 +932,26 @@ def test_distinct_names_keep_where_names_cut_alike_differ():
 
 
 def test_json_holds_every_kernel_the_more_line_counts(tmp_path):
-    # 35 kernels appear and 1 vanishes: more than the JSON's 30 rows of changes; every one of
-    # them is in the JSON, and the text's "... N more" counts them all (36 - 8 shown = 28)
+    # 35 kernels appear and 1 vanishes: more than the JSON's 30 rows of changes once were; every
+    # one of them is in the JSON, with the one that changed, and the text's "... N more" counts
+    # them all (36 - 8 shown = 28)
     from tracedx.report.diff_report import diff_dict, render_text
 
     def before(s):
         s.op("aten::add", 10, "old_kernel", 50)
+        s.op("aten::mul", 10, "kept_kernel", 20)
 
     def after(s):
         for i in range(35):
             s.op("aten::add", 10, f"new_kernel_{i:02d}", 40 - i)
+        s.op("aten::mul", 10, "kept_kernel", 10)
 
     td = tracedx.diff(
         tracedx.load(run(3, before).write(tmp_path / "b.json")),
         tracedx.load(run(3, after).write(tmp_path / "a.json")),
     )
     rows = diff_dict(td)["kernel_changes"]
-    assert len(rows) == 36
-    assert {r["status"] for r in rows} == {"appeared", "vanished"}
+    assert len(rows) == 37  # and the kernel that ran on both sides, 20 -> 10 us
+    assert [r["status"] for r in rows].count("changed") == 1
+    assert rows[-1]["kernel"] == "kept_kernel"
     assert "  ... 28 more (see --format json)" in render_text(td, 100).splitlines()

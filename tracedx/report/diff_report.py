@@ -56,7 +56,7 @@ def diff_dict(td) -> dict[str, Any]:
         "metrics": td.metrics.to_dicts(),
         "verdicts": {k: {"before": v[0], "after": v[1]} for k, v in td.verdicts.items()},
         "kind_changes": td.kind_changes.to_dicts(),
-        "op_changes": td.op_changes.head(20).to_dicts(),
+        "op_changes": td.op_changes.head(OP_ROWS).to_dicts(),
         "kernel_changes": _kernel_rows(td.kernel_changes),
         "new_findings": [f.to_dict() for f in td.new_findings],
         "notes": td.notes,
@@ -65,12 +65,18 @@ def diff_dict(td) -> dict[str, Any]:
     return _clean(doc)
 
 
+CHANGED_KERNEL_ROWS = 20
+"""The JSON's kernels that ran on both sides: those with the largest change in time."""
+OP_ROWS = 20
+"""The JSON's ops: those with the largest change in device time."""
+
+
 def _kernel_rows(kc) -> list[dict]:
     """Every kernel that appeared or vanished (the reports' "... N more" points here), then
-    the changed ones with the largest change, up to 30 rows in all."""
+    the :data:`CHANGED_KERNEL_ROWS` changed ones with the largest change."""
     new_or_gone = kc.filter(pl.col("status") != "changed")
     changed = kc.filter((pl.col("status") == "changed") & (pl.col("change_us").abs() > 0))
-    return pl.concat([new_or_gone, changed.head(max(30 - new_or_gone.height, 0))]).to_dicts()
+    return pl.concat([new_or_gone, changed.head(CHANGED_KERNEL_ROWS)]).to_dicts()
 
 
 def render_json(td) -> str:
