@@ -1172,3 +1172,20 @@ def test_a_jobs_text_and_markdown_escape_a_trace_host_name(tmp_path):
     assert_inert_markdown(out, {"tracedx job report", "Fixes", "Notes"})
     cell = "\\\\x1b\\]0;pwned\\\\x07\\[x\\](http://evil.example)\\<b\\>"
     assert f"| 0 | {cell} | 34.349 |" in out and f"| 1 | {cell} | 34.311 |" in out
+
+
+def test_markdown_op_names_are_cut_as_in_the_other_reports(tmp_path):
+    # an op name over 60 characters: cut by short_name (its tail after ": " kept, "…" where
+    # it was cut), not sliced bare at 60
+    import tracedx
+    from tests.tracebuilder import T0, TraceBuilder
+
+    name = "autograd::engine::evaluate_function: " + "x" * 40 + ": MulBackward0"
+    b = TraceBuilder()
+    for n in (1, 2):
+        t = T0 + (n - 1) * 1000
+        b.step(n, t, 900)
+        b.launched_kernel(name, t + 10, 200, t + 50, 300)
+    md = tracedx.diagnose(tracedx.load(b.write(tmp_path / "long.json"))).to_markdown()
+    row = next(r for r in md.splitlines() if "xxxx" in r)
+    assert row.startswith("| `autograd::engine::evaluate_function: xxxxxxxx…: MulBackward0` |")

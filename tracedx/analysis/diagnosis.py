@@ -2101,8 +2101,8 @@ def _math_findings(
                     "Allow TF32 for fp32 matmuls (torch.set_float32_matmul_precision('high'))",
                     float(t.sum()),
                     float(sum(new)),
-                    f"each fp32 GEMM's time / {ratio:.1f}x (the tf32/fp32 roofline ceiling ratio), "
-                    "but never under its bytes at memory bandwidth",
+                    f"each fp32 GEMM op group's time / {ratio:.1f}x (the tf32/fp32 roofline ceiling "
+                    "ratio), but never under its bytes / memory bandwidth",
                     ev,
                 )
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tracedx.report.json import as_doc
 from tracedx.report.safe import HEADER_CHARS, md_code, md_prose, md_text, safe_strings, term
-from tracedx.report.text import _unplaced, estimate_label, shape_tag, speedup_label
+from tracedx.report.text import _unplaced, estimate_label, shape_tag, short_name, speedup_label
 
 
 def render_markdown(diag) -> str:
@@ -63,7 +63,7 @@ def render_markdown(diag) -> str:
                 return "-" if v is None else format(v, fmt)
 
             out.append(
-                f"| {md_code(o['name'][:60])} | {md_text(shape_tag(o['input_shapes'])[:60]) or '-'} | "
+                f"| {md_code(short_name(o['name'], 60))} | {md_text(shape_tag(o['input_shapes'])[:60]) or '-'} | "
                 f"{o['count']} | {o['device_time_ms']:.3f} | "
                 f"{f(o['intensity'], '.1f')} | {f(o['achieved_tflops'], '.1f')} | {f(o['achieved_gbps'], '.0f')} | "
                 f"{f(o['bound_fraction'], '.0%')} | {md_text(o['regime'] or _unplaced(o))} |"

@@ -90,7 +90,7 @@ def md_code(s: Any, table: bool = True) -> str:
     content starts or ends with a backtick (CommonMark 6.1). In a table cell (``table``),
     ``|`` is escaped, which GFM undoes inside code spans. ``s`` is already safe (:func:`term`):
     no line break can end the span."""
-    s = str(s)
+    s = _safe(s)
     longest = max((len(m) for m in _BACKTICKS.findall(s)), default=0)
     fence = "`" * (longest + 1)
     if table:
@@ -99,11 +99,19 @@ def md_code(s: Any, table: bool = True) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
+def _safe(s: Any) -> str:
+    """``s`` as a string, escaped by :func:`term` (uncut) only if it holds a character that is
+    not printable: a guard for a caller that passes a string not made safe first, which
+    leaves an already safe one (the reports' every string) as it is."""
+    s = str(s)
+    return s if s.isprintable() else term(s, None)
+
+
 def md_text(s: Any) -> str:
     """Markdown prose holding ``s`` as plain text: the punctuation that could make a link, an
     image, emphasis, inline HTML, an entity, a heading or a table cell is backslash-escaped.
     ``s`` is already safe (:func:`term`)."""
-    return _MD_PUNCT.sub(r"\\\1", str(s))
+    return _MD_PUNCT.sub(r"\\\1", _safe(s))
 
 
 # a `code span` of tracedx's prose: 1-60 characters, no backtick or line break, not starting or
@@ -118,7 +126,7 @@ def md_prose(s: Any, table: bool = False) -> str:
     (:func:`md_code`; ``table``: in a table cell), the rest as :func:`md_text`. A backtick that
     opens no such span is escaped, as :func:`md_text` escapes it. ``s`` is already safe
     (:func:`term`)."""
-    s = str(s)
+    s = _safe(s)
     out, pos = [], 0
     for m in _PROSE_CODE.finditer(s):
         out += [_MD_PUNCT.sub(r"\\\1", s[pos : m.start()]), md_code(m[1], table=table)]
