@@ -347,8 +347,9 @@ def test_bytes_named_gz_that_are_neither_gzip_nor_json_say_so(tmp_path):
     )
     r = CliRunner().invoke(main, ["diagnose", "--repair", str(gz)])
     assert r.exit_code == 2 and r.stdout == ""
-    assert r.stderr == (
-        f"tracedx: error: {gz}: nothing to salvage: no `traceEvents` array before the break\n"
+    assert r.stderr == (  # nothing to repair: what it is not, not "nothing to salvage"
+        f"tracedx: error: {gz}: not a trace: a binary file, not JSON (it starts with 06 e7 ff "
+        "74 c2 22 f1 8a)\n"
     )
 
 
@@ -367,9 +368,10 @@ def test_a_file_that_is_no_json_says_what_it_is_not_and_suggests_no_repair(tmp_p
     for name, (body, what) in cases.items():
         p = tmp_path / name
         p.write_bytes(body)
-        r = CliRunner().invoke(main, ["diagnose", str(p)])
-        assert r.exit_code == 2 and r.stdout == ""
-        assert r.stderr == f"tracedx: error: {p}: not a trace: {what}\n", name
+        for repair in ([], ["--repair"]):  # the same words with --repair: nothing to repair
+            r = CliRunner().invoke(main, ["diagnose", "--no-cache", *repair, str(p)])
+            assert r.exit_code == 2 and r.stdout == ""
+            assert r.stderr == f"tracedx: error: {p}: not a trace: {what}\n", (name, repair)
     # a gzip stream cut before any JSON: nothing to salvage, with or without --repair
     gz = tmp_path / "head.json.gz"
     gz.write_bytes(gzip.compress(TINY.read_bytes())[:12])
@@ -420,3 +422,24 @@ def test_format_markdown_is_md():
     long = CliRunner().invoke(main, ["diagnose", "--no-cache", "--format", "markdown", str(TINY)])
     assert md.exit_code == 0 and long.exit_code == 0
     assert long.stdout == md.stdout and md.stdout.startswith("# tracedx diagnosis")
+
+
+def test_repair_is_suggested_only_where_it_salvages_something(tmp_path):
+    """A truncated legacy array and NUL bytes after no `traceEvents` key: --repair can read
+    nothing of them (its salvage needs the key; a legacy array only whole), so no hint; NUL
+    bytes after the key and some events: the hint, and --repair reads them."""
+    hint = "; `--repair` (repair=True in Python) loads what can be salvaged"
+    ev = b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}'
+    cases = {
+        "legacy-cut.json": (b"[" + ev + b", " + ev[:30], False),
+        "head-zeros.json": (b'{"schemaVersion": 1, ' + bytes(4096), False),
+        "events-zeros.json": (b'{"traceEvents": [' + ev + b", " + ev + b", " + bytes(4096), True),
+    }
+    for name, (body, hinted) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(body)
+        r = CliRunner().invoke(main, ["diagnose", "--no-cache", str(p)])
+        assert r.exit_code == 2 and r.stderr.startswith(f"tracedx: error: {p}: "), name
+        assert r.stderr.endswith(hint + "\n") == hinted, (name, r.stderr)
+        fixed = CliRunner().invoke(main, ["diagnose", "--no-cache", "--repair", str(p)])
+        assert (fixed.exit_code == 0) == hinted, (name, fixed.stderr)

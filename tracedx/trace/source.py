@@ -228,7 +228,8 @@ def check_zeros(p: Path, data, offset: int, repair_mode: bool = False) -> int | 
     if repair_mode and at > 0:
         return i
     what = "is zero-filled" if at == 0 else f"is zero-filled from byte {at:,} of its JSON"
-    hint = _HINT if at > 0 else ""
+    # (a later chunk: the document's start, where its traceEvents key is, was read before)
+    hint = _hint(data[:i], truncated=True) if offset == 0 else _HINT
     raise ZeroFilled(
         f"{p}: the trace {what} (NUL bytes, not JSON): a trace file preallocated and never "
         f"written, or cut by a crash{hint}",
@@ -272,7 +273,7 @@ def _gunzip(p: Path, raw: bytes, repair_mode: bool = False, limit: int | None = 
                 raise TraceFormatError(
                     f"{p}: truncated gzip: the compressed stream ends early "
                     f"(after {len(raw)} compressed bytes, {len(part)} bytes of JSON); the file "
-                    f"was cut short{_hint(part)}"
+                    f"was cut short{_hint(part, truncated=True)}"
                 )
             data = d.unused_data
             if not data.lstrip(b"\x00"):  # no further member (NUL padding after one is allowed)
@@ -297,11 +298,12 @@ def _where(data: bytes, pos: int) -> str:
 _HINT = "; `--repair` (repair=True in Python) loads what can be salvaged"
 
 
-def _hint(data: bytes) -> str:
+def _hint(data: bytes, truncated: bool = False) -> str:
     """:data:`_HINT` where ``--repair`` can read something of ``data`` (JSON bytes), else "":
     past a break its salvage keeps the events of a ``traceEvents`` array (wherever it starts,
-    junk before it too), and without one its lenient parse reads only a whole legacy array."""
-    legacy = data[:4096].lstrip(b" \t\r\n")[:1] == b"["
+    junk before it too), and without one its lenient parse reads only a whole legacy array:
+    not one that is ``truncated`` (cut short, or zero-filled from some byte on)."""
+    legacy = not truncated and data[:4096].lstrip(b" \t\r\n")[:1] == b"["
     return _HINT if legacy or b'"traceEvents"' in data else ""
 
 
@@ -377,7 +379,7 @@ def decode(p: Path, data: bytes) -> TraceFile:
         if "truncated" in msg:
             raise TraceFormatError(
                 f"{p}: JSON ends early after {len(data)} bytes: the trace is truncated "
-                f"(a job killed mid-export?){_hint(data)}"
+                f"(a job killed mid-export?){_hint(data, truncated=True)}"
             ) from None
         if m:
             raise TraceFormatError(_explain_malformed(p, data, int(m.group(1)))) from None
@@ -633,6 +635,7 @@ def read_document(path: str | Path, repair_mode: bool = False) -> tuple[TraceFil
     try:
         return decode(p, data), []
     except TraceFormatError:
+        _not_json(p, data)  # nothing to repair: say what the file is not
         return repair(p, data)
 
 
