@@ -955,3 +955,22 @@ def test_json_holds_every_kernel_the_more_line_counts(tmp_path):
     assert [r["status"] for r in rows].count("changed") == 1
     assert rows[-1]["kernel"] == "kept_kernel"
     assert "  ... 28 more (see --format json)" in render_text(td, 100).splitlines()
+
+
+def test_the_html_page_leads_with_the_step_change_as_text_does(tmp_path):
+    # the text and markdown reports start with "REGRESSION: AFTER is ..." / "STEP: ..."; the
+    # page said neither faster nor slower
+    import html
+
+    from tests.tracebuilder import steps_trace
+    from tracedx.report.diff_html import render_diff_html
+
+    fast = steps_trace(tmp_path / "fast.json", 100.0)
+    slow = steps_trace(tmp_path / "slow.json", 150.0)
+    td = tracedx.diff(tracedx.load(fast), tracedx.load(slow))
+    line = next(ln for ln in td.to_text().splitlines() if ln.startswith("REGRESSION"))
+    assert line.startswith("REGRESSION: AFTER is 50.0% slower")
+    page = render_diff_html(td)
+    assert f"<p class='step regression'><b>{html.escape(line, quote=True)}</b></p>" in page
+    page = render_diff_html(tracedx.diff(tracedx.load(slow), tracedx.load(fast)))
+    assert "<p class='step'><b>STEP: AFTER is 1.50x faster" in page

@@ -21,6 +21,7 @@ from tracedx.report.diff_report import (
     TOP,
     _estimate,
     _ratio,
+    _step_line,
     _weak,
     _x,
     diff_dict,
@@ -37,6 +38,7 @@ CSS = """
 .sides{display:grid;grid-template-columns:1fr 1fr;gap:14px} .sides>section{margin:0;min-width:0}
 .sides .kpi{min-width:100px} .pred td,.pred th{white-space:normal}
 .verdict-word{font-weight:700} td.up{color:#a40c3d} td.down{color:#0a6b2e}
+.step{font-size:1.1em} .step.regression{color:#a40c3d}
 """
 
 SIDES = ("before", "after")
@@ -285,7 +287,9 @@ def render_diff_html(td) -> str:
         "<header><h1>tracedx diff</h1>"
         f"<p class='path'>BEFORE <code>{e(b['path'])}</code></p>"
         f"<p class='path'>AFTER <code>{e(a['path'])}</code></p>"
-        f"<p class='meta'>{e(dev)} · {len(b['steps'])} → {len(a['steps'])} steps</p></header>"
+        f"<p class='meta'>{e(dev)} · {len(b['steps'])} → {len(a['steps'])} steps</p>"
+        f"<p class='step{' regression' if d['step_change']['regression'] else ''}'>"
+        f"<b>{e(_step_line(d))}</b></p></header>"
     )
     sides = "".join(
         _verdict(diagnosis_dict(diag), key=f"{tag}-verdict", title=tag.upper())

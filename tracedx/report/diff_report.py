@@ -327,7 +327,9 @@ def render_text(td, width: int = WIDTH) -> str:
         if len(kc) > TOP:
             out.append(f"  ... {len(kc) - TOP} more (see --format json)")
     out.append("")
-    out.append(f"AFTER: {(a['regime'] or 'no regime').upper()}, bottleneck: {a['bottleneck']}")
+    out.append(
+        f"AFTER: {(a['regime'] or 'no regime').upper()}, bottleneck: {a['bottleneck'] or 'none'}"
+    )
     for e in a["evidence"][:3]:
         out.append(f"  - {e}")
     nf = d["new_findings"]
@@ -430,7 +432,7 @@ def render_markdown(td) -> str:
             out += ["", f"... {len(kc) - TOP} more (see `--format json`)"]
     out += [
         "",
-        f"## After: {md_text(a['regime'] or 'no regime')}, bottleneck {md_text(a['bottleneck'])}",
+        f"## After: {md_text(a['regime'] or 'no regime')}, bottleneck {md_text(a['bottleneck'] or 'none')}",
         "",
     ]
     for f in d["new_findings"][:3]:
