@@ -331,3 +331,18 @@ def test_readme_profiler_cost_ranges_name_their_sets_and_hold(capsys):
     assert round(statistics.median(solved), 1) == dg.TAX_ASSUMED_US
     assert f"{a:.1f} to {b:.1f} us over {n} of them" in dg._TAX_ASSUMED_NOTE
     assert round(hb, 1) == dg.TAX_USUAL_MAX_US
+
+
+def test_op_tables_tell_every_row_apart_and_mark_cut_shapes():
+    # resnet50's convolution_backward groups differ late in their shapes: the text table cut
+    # two of them to the same text; the markdown table cut shapes at 60 with no mark, so a cut
+    # "32x12x12" read as a real shape
+    d = diag("resnet50_train-fp32.json.gz")
+    text = render(d, "text").splitlines()
+    i = next(i for i, ln in enumerate(text) if ln.startswith("  op (inputs where names repeat)"))
+    rows = [ln[2:42] for ln in text[i + 1 :] if ln.startswith("  aten::")]
+    assert len(rows) >= 6 and len(set(rows)) == len(rows)
+    md = render(diag("bert_train-bf16-eager.json.gz"), "md").splitlines()
+    row = next(r for r in md if r.startswith("| `aten::_cudnn_attention_backward` |"))
+    shapes = row.split(" | ")[1]
+    assert len(shapes) == 60 and shapes.endswith("…")

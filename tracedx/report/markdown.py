@@ -63,7 +63,7 @@ def render_markdown(diag) -> str:
                 return "-" if v is None else format(v, fmt)
 
             out.append(
-                f"| {md_code(short_name(o['name'], 60))} | {md_text(shape_tag(o['input_shapes'])[:60]) or '-'} | "
+                f"| {md_code(short_name(o['name'], 60))} | {md_text(short_name(shape_tag(o['input_shapes']), 60)) or '-'} | "
                 f"{o['count']} | {o['device_time_ms']:.3f} | "
                 f"{f(o['intensity'], '.1f')} | {f(o['achieved_tflops'], '.1f')} | {f(o['achieved_gbps'], '.0f')} | "
                 f"{f(o['bound_fraction'], '.0%')} | {md_text(o['regime'] or _unplaced(o))} |"

@@ -306,12 +306,15 @@ def _op_lines(d: dict, every: str, width: int, dev: dict | None) -> list[str]:
         f"  {head:<{op_w}} {'count':>6} {'dev ms':>8} {'FLOP/B':>8} "
         f"{'TFLOP/s':>8} {'GB/s':>7} {'of roof':>7}  regime"
     )
-    for o in ops:
-        label = o["name"]
-        if names.count(label) > 1 and shape_tag(o["input_shapes"]):
-            label = f"{label} {shape_tag(o['input_shapes'])}"
+    labels = [
+        f"{o['name']} {shape_tag(o['input_shapes'])}"
+        if names.count(o["name"]) > 1 and shape_tag(o["input_shapes"])
+        else o["name"]
+        for o in ops
+    ]
+    for o, label in zip(ops, distinct_names(labels, op_w), strict=True):
         out.append(
-            f"  {short_name(label, op_w):<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
+            f"  {label:<{op_w}} {o['count']:>6} {o['device_time_ms']:>8.3f} "
             f"{_cell(o['intensity'], '8.1f'):>8} {_cell(o['achieved_tflops'], '8.1f'):>8} "
             f"{_cell(o['achieved_gbps'], '7.0f'):>7} {_cell(o['bound_fraction'], '7.0%'):>7}  {o['regime'] or _unplaced(o)}"
         )
