@@ -16,7 +16,7 @@ from tests.tracebuilder import T0, TraceBuilder, steps_trace
 from tracedx.cli import main
 
 PUBLIC = ["diagnose", "diff", "load", "load_job", "measure", "profile", "step", "Diagnosis"]
-PUBLIC += ["TraceDiff", "Job", "JobDiagnosis"]
+PUBLIC += ["TraceDiff", "Job", "JobDiagnosis", "cache"]
 
 
 # --- the public API --------------------------------------------------------------------------

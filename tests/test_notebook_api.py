@@ -107,7 +107,7 @@ def test_repr_names_the_step_the_estimates_are_against(resnet):
     assert "top fixes (against the unprofiled 9.896 ms step): cuda-graphs 3.05x" in r
     f = resnet.findings[0]
     assert repr(f) == (
-        "<Finding cuda-graphs: 3.05x -> 3.244 ms per batch, f = 100%; .derivation, .evidence>"
+        "<Finding cuda-graphs: 3.05x -> 3.244 ms per step, f = 100%; .derivation, .evidence>"
     )
     assert f.estimated_ms_per_batch == pytest.approx(3.2442840625)
     assert f.to_dict()["estimated_ms_per_batch"] == 3.244284

@@ -37,6 +37,7 @@ _LAZY = {
     "step": ("tracedx.capture", "step"),
     "CaptureError": ("tracedx.capture", "CaptureError"),
     "measure": ("tracedx.measure", None),
+    "cache": ("tracedx.cache", None),
 }
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "TraceError",
     "TraceFormatError",
     "__version__",
+    "cache",
     "diagnose",
     "diff",
     "load",

@@ -287,10 +287,11 @@ class Finding:
     def __repr__(self) -> str:
         # one short line: the derivation and evidence are long (print them on their own)
         per = " per sample" if self.batch_factor else ""
+        scope = "per today's batch" if self.batch_factor else "per step"
         rec = "" if self.recommended else ", not recommended"
         return (
             f"<Finding {self.fix}: {self.estimated_speedup:.2f}x{per} -> "
-            f"{self.estimated_ms_per_batch:.3f} ms per batch, f = {self.fraction:.0%}{rec}; "
+            f"{self.estimated_ms_per_batch:.3f} ms {scope}, f = {self.fraction:.0%}{rec}; "
             ".derivation, .evidence>"
         )
 
