@@ -39,7 +39,8 @@ FIGURES = (
      "GPU idle time by cause (hatched); markers give the step time and the GPU busy time. "
      "Kernels on concurrent streams overlap, so a stack can rise above the step time."),
     ("fixes", "Fix estimates", "The median step the estimates are against (unprofiled when "
-     "timed) and the Amdahl estimate after each fix: 1/((1-f)+f/s) for the fraction f of the step a fix acts on and its local speedup s."),
+     "timed) and the Amdahl estimate after each fix: 1/((1-f)+f/s) for the fraction f of the "
+     "step a fix acts on and its local speedup s."),
 )  # fmt: skip
 
 
