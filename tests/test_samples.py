@@ -346,3 +346,20 @@ def test_op_tables_tell_every_row_apart_and_mark_cut_shapes():
     row = next(r for r in md if r.startswith("| `aten::_cudnn_attention_backward` |"))
     shapes = row.split(" | ")[1]
     assert len(shapes) == 60 and shapes.endswith("…")
+
+
+def test_an_on_target_estimate_of_a_fix_that_slowed_the_step_says_so():
+    # ViT-B/16 bf16 eager -> compiled: 1.12x estimated, 0.98x achieved unprofiled (1.14, within
+    # 1.25x): on target, and the line says AFTER got slower
+    if not (SAMPLES / "vit_train-bf16-compile.json.gz").exists():
+        pytest.skip("sample traces missing")
+    td = tracedx.diff(
+        tracedx.load(SAMPLES / "vit_train-bf16-eager.json.gz"),
+        tracedx.load(SAMPLES / "vit_train-bf16-compile.json.gz"),
+    )
+    p = td.prediction
+    assert p.verdict == "on target"
+    assert p.explanation == (
+        "estimate 1.12x against 0.98x achieved (unprofiled): within 1.25x; but AFTER is slower: "
+        "the fix did not pay here"
+    )

@@ -957,9 +957,12 @@ def _explain(
         infl = f" (traced/unprofiled step: BEFORE {fa:.2f}x, AFTER {fb:.2f}x)"
         blame = not (1 / 1.15 <= fa / fb <= 1.15)
     if _within(primary):
+        got = ach_u if r_u is not None else ach
+        # a speedup promised and a slowdown got, within the tolerance: true, but say it
+        slower = "; but AFTER is slower: the fix did not pay here" if est > 1 > got else ""
         return "on target", (
-            f"estimate {est:.2f}x against {ach_u if r_u is not None else ach:.2f}x achieved "
-            f"({kind}): within {ON_TARGET:g}x"
+            f"estimate {est:.2f}x against {got:.2f}x achieved ({kind}): within {ON_TARGET:g}x"
+            f"{slower}"
         )
     verdict = "over-estimate" if primary > 1 else "under-estimate"
     if _within(r_t) and r_u is not None and blame:
