@@ -536,6 +536,11 @@ def cuda_graphs(m: StepModel) -> Finding | None:
         f"{_ms(m.gpu_us)} -> {_ms(g2)} (busy + {GRAPH_GPU_GAP_US_PER_KERNEL} us/kernel in-graph gaps); "
         "the step cannot get faster than its GPU busy time"
     )
+    if m.unprofiled_step_us and m.tax_us:
+        deriv += (
+            f"; host times as traced: the estimate then takes {m.tax_us:.1f} us of profiler "
+            "cost out per host event left"
+        )
     f = make_finding(m, "cuda-graphs", title, launch_idle, new, deriv, ev)
     f.requires = "remove-host-sync" if m.sync_calls >= 1 else None
     return f
