@@ -783,7 +783,7 @@ def report(trace_path, out_path, **analysis):
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
         status.update(f"writing {out_path}")
         _write_html(diag, out_path)
-    click.echo(term(out_path))
+    _note(f"tracedx: wrote {out_path}")
 
 
 @main.command()
@@ -813,6 +813,11 @@ def annotate(trace_paths, out_path, **analysis):
 
     files = expand_inputs(trace_paths)
     if len(files) > 1:
+        if out_path and out_path.endswith((".json", ".json.gz")):
+            raise TraceError(
+                f"-o {out_path} names a trace file, but the {len(files)} traces are a job: "
+                "annotate writes one trace per rank into a folder (-o DIR)"
+            )
         from tracedx.job.diagnosis import diagnose_job
 
         options = _job_options(analysis)  # summarize_path and diagnose take the same ones
@@ -826,9 +831,9 @@ def annotate(trace_paths, out_path, **analysis):
             diag = _load_and_diagnose(files[0], **analysis, repair=False, status=status)
             done = [perfetto.annotate(files[0], out, diag)]
     for res in done:
-        click.echo(
-            f"{term(res.path)}: {res.original_events} original events, {res.added_events} added "
-            "(open it in the Perfetto UI)"
+        _note(
+            f"tracedx: wrote {res.path}: {res.original_events} original events, "
+            f"{res.added_events} added (open it in the Perfetto UI)"
         )
 
 
