@@ -295,6 +295,8 @@ def test_quiet_leaves_out_the_notes_of_every_command(trace, tmp_path):
     quiet = _run("diff", trace, trace, "--html", str(tmp_path / "d.html"), "-q")
     assert quiet.stdout == loud.stdout and quiet.stderr == ""
     r = _run("report", trace, "-o", str(tmp_path / "r.html"), "--quiet")
-    assert r.stdout == f"{tmp_path / 'r.html'}\n" and r.stderr == ""
+    assert r.stdout == "" and r.stderr == "" and (tmp_path / "r.html").stat().st_size
+    r = _run("report", trace, "-o", str(tmp_path / "r.html"))  # the file said on stderr
+    assert r.stdout == "" and r.stderr.startswith(f"tracedx: wrote {tmp_path / 'r.html'}\n")
     r = _run("diagnose", trace, "--html", str(tmp_path / "x.html"), "-q")
     assert r.stderr == "" and (tmp_path / "x.html").stat().st_size

@@ -219,3 +219,37 @@ def test_the_same_answer_for_every_trace_is_said_once(tmp_path):
     msg = str(e.value)
     assert msg.startswith("steps 99..100: no such steps; the trace has steps 3..12"), msg
     assert msg.endswith("(each of the 2 traces)") and "could be read" not in msg, msg
+
+
+def test_cli_a_rank_that_cannot_be_read_is_said_on_stderr_too(tmp_path):
+    """One rank of the gloo straggler pair cut short: exit 0, the job of the other rank, the
+    lost rank in NOTES and in one note on stderr (none under -q); the collectives' header
+    counts them without calling the unmatched ones matched."""
+    from tests.conftest import SAMPLES
+
+    src = SAMPLES / "ddp_mlp-gloo-host-straggler"
+    shutil.copy(src / "rank0.json.gz", tmp_path / "rank0.json.gz")
+    (tmp_path / "rank1.json.gz").write_bytes((src / "rank1.json.gz").read_bytes()[:20000])
+    r = CliRunner().invoke(main, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == (
+        "tracedx: 1 of 2 rank traces could not be read (rank1.json.gz: truncated gzip); "
+        "diagnosed from 1 rank\n"
+    )
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("tracedx · job of 1 rank · ")
+    assert "COLLECTIVES (60 collectives: unmatched 60; clock: one host)" in lines
+    notes = " ".join(r.stdout.split("\nNOTES\n")[1].split())  # a long path wraps the note
+    assert f"- left out, cannot be read: {tmp_path / 'rank1.json.gz'}: truncated gzip" in notes
+    q = CliRunner().invoke(main, ["diagnose", str(tmp_path), "-q", "--workers", "1"])
+    assert q.exit_code == 0 and q.stderr == "" and q.stdout == r.stdout
+
+
+def test_unreadable_note_names_the_first_file_and_counts_the_rest():
+    from tracedx.cli import _unreadable_note
+
+    bad = [("/x/rank1.json.gz", "not a trace: not JSON (it starts with 'a')"), ("/x/r2", "?")]
+    assert _unreadable_note(bad, 4, 2) == (
+        "2 of 4 rank traces could not be read (rank1.json.gz: not a trace and 1 more); "
+        "diagnosed from 2 ranks"
+    )

@@ -288,9 +288,16 @@ def test_sample_traces_round_trip(name, tmp_path):
 def test_annotate_command(small, tmp_path):
     src, _ = small
     out = tmp_path / "a.json"
-    r = CliRunner().invoke(main, ["annotate", str(src), "-o", str(out)])
+    r = CliRunner().invoke(main, ["annotate", str(src), "-o", str(out), "--no-cache"])
     assert r.exit_code == 0, r.output
-    assert "original events" in r.output and json.loads(out.read_text())["traceEvents"]
+    n = len(json.loads(src.read_text())["traceEvents"])
+    added = len(json.loads(out.read_text())["traceEvents"]) - n
+    assert r.stdout == ""  # the file written is a note on stderr, as --html's
+    assert " ".join(r.stderr.split()) == (  # one message, fitted to 100 columns
+        f"tracedx: wrote {out}: {n} original events, {added} added (open it in the Perfetto UI)"
+    )
+    q = CliRunner().invoke(main, ["annotate", str(src), "-o", str(out), "-q"])
+    assert q.exit_code == 0 and q.stdout == q.stderr == ""
     bad = tmp_path / "bad.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": NaN}]}')
     r = CliRunner().invoke(main, ["annotate", str(bad), "-o", str(tmp_path / "b.json")])
@@ -449,6 +456,21 @@ def test_annotate_command_on_a_captured_gloo_job(tmp_path):
             assert e["dur"] <= e["args"]["kernel_us"] + 1e-6
         src = next(f for f in files if Path(f).name.removesuffix(".json.gz") in p.name)
         _same_reading(Path(src), p)
+
+
+def test_annotate_of_a_job_refuses_a_trace_file_as_its_folder(tmp_path):
+    """A job's annotated traces go into a folder: an -o named like a trace is refused before
+    any trace is read, and nothing is made (it made a folder named x.json.gz)."""
+    job = SAMPLES / "ddp_mlp-gloo-host-straggler"
+    for name in ("x.json.gz", "x.json"):
+        out = tmp_path / name
+        r = CliRunner().invoke(main, ["annotate", str(job), "-o", str(out)])
+        assert r.exit_code == 2 and r.stdout == ""
+        assert r.stderr == (
+            f"tracedx: error: -o {out} names a trace file, but the 2 traces are a job: annotate "
+            "writes one trace per rank into a folder (-o DIR)\n"
+        )
+        assert not out.exists()
 
 
 def test_annotate_refuses_to_write_over_its_input(tmp_path):

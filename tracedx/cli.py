@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 import click
 
 from tracedx import __version__
 from tracedx.alloc import release_promptly
-from tracedx.console import columns, fit
+from tracedx.console import columns, fit, plural
 from tracedx.errors import TraceError
 from tracedx.report.safe import term
 
@@ -553,7 +554,7 @@ def diagnose(
             raise TraceError("--max-step-ms checks one trace, not a job's traces")
         analysis.pop("no_cache")  # a job reads its ranks' summaries (--summaries), not this cache
         where = {"client": scheduler, "summaries_dir": summaries_dir, "workers": workers}
-        _diagnose_job(files, fmt, html_path, analysis, where, progress=False if _quiet() else None)
+        _diagnose_job(files, fmt, html_path, analysis, where)
         return
     from tracedx.report import render
 
@@ -582,12 +583,34 @@ def diagnose(
             click.get_current_context().exit(1)
 
 
-def _diagnose_job(files, fmt, html_path, analysis, where, progress) -> None:
-    """The job report of several traces (text, json or md)."""
-    from tracedx.job.diagnosis import diagnose_job
+def _load_job(files, options: dict, where: dict | None = None):
+    """``load_job`` of a job's expanded ``files`` (no progress bar under ``--quiet``); traces
+    that could not be read are left out and said in one note on stderr after the answer."""
     from tracedx.job.load import load_job
 
-    jd = diagnose_job(load_job(files, progress=progress, **where, **_job_options(analysis)))
+    job = load_job(files, progress=False if _quiet() else None, **(where or {}), **options)
+    if job.unreadable:
+        _NOTES.append(_unreadable_note(job.unreadable, len(files), len(job.summaries)))
+    return job
+
+
+def _unreadable_note(unreadable: list[tuple[str, str]], n_files: int, n_ranks: int) -> str:
+    """``1 of 2 rank traces could not be read (rank1.json.gz: truncated gzip); ...``: the
+    first file's name and the head of its reason (the job report's NOTES have it whole)."""
+    path, reason = unreadable[0]
+    reason = re.split(r": | \(|; ", reason, maxsplit=1)[0]
+    more = f" and {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
+    return (
+        f"{len(unreadable)} of {n_files} rank traces could not be read "
+        f"({os.path.basename(path) or path}: {reason}{more}); diagnosed from {plural(n_ranks, 'rank')}"
+    )
+
+
+def _diagnose_job(files, fmt, html_path, analysis, where) -> None:
+    """The job report of several traces (text, json or md)."""
+    from tracedx.job.diagnosis import diagnose_job
+
+    jd = diagnose_job(_load_job(files, _job_options(analysis), where))
     if fmt == "text":
         from tracedx.report.job import render_text
 
@@ -760,7 +783,7 @@ def report(trace_path, out_path, **analysis):
         diag = _load_and_diagnose(trace_path, **analysis, status=status)
         status.update(f"writing {out_path}")
         _write_html(diag, out_path)
-    click.echo(term(out_path))
+    _note(f"tracedx: wrote {out_path}")
 
 
 @main.command()
@@ -790,11 +813,15 @@ def annotate(trace_paths, out_path, **analysis):
 
     files = expand_inputs(trace_paths)
     if len(files) > 1:
+        if out_path and out_path.endswith((".json", ".json.gz")):
+            raise TraceError(
+                f"-o {out_path} names a trace file, but the {len(files)} traces are a job: "
+                "annotate writes one trace per rank into a folder (-o DIR)"
+            )
         from tracedx.job.diagnosis import diagnose_job
-        from tracedx.job.load import load_job
 
         options = _job_options(analysis)  # summarize_path and diagnose take the same ones
-        jd = diagnose_job(load_job(files, progress=False if _quiet() else None, **options))
+        jd = diagnose_job(_load_job(files, options))
         done = perfetto.annotate_job(jd, out_path or "annotated", **options)
     else:
         out = out_path or "annotated.json.gz"
@@ -804,9 +831,9 @@ def annotate(trace_paths, out_path, **analysis):
             diag = _load_and_diagnose(files[0], **analysis, repair=False, status=status)
             done = [perfetto.annotate(files[0], out, diag)]
     for res in done:
-        click.echo(
-            f"{term(res.path)}: {res.original_events} original events, {res.added_events} added "
-            "(open it in the Perfetto UI)"
+        _note(
+            f"tracedx: wrote {res.path}: {res.original_events} original events, "
+            f"{res.added_events} added (open it in the Perfetto UI)"
         )
 
 

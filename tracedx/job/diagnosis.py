@@ -66,11 +66,13 @@ class Job:
     ``summaries``: :class:`tracedx.job.summary.HeldSummary` objects as :func:`tracedx.load_job`
     gives them (or :class:`~tracedx.job.summary.RankSummary` objects built in Python: both have
     ``meta`` with ``rank`` and the tables ``steps``, ``colls``, ``kernels``, ``opsig``); no raw
-    events.
+    events. ``unreadable``: ``(path, reason)`` of each file that could not be read (left out;
+    each is also one of the ``notes``).
     """
 
     summaries: list
     notes: list[str] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.summaries = sorted(self.summaries, key=lambda s: int(s.meta["rank"]))

@@ -124,9 +124,11 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
         if len({n for _, n in bad}) == 1:  # the same answer for every file: an option's, say
             raise TraceError(f"{bad[0][1]} (each of the {len(bad)} traces)")
         raise TraceError(f"none of the {len(bad)} traces could be read (first: {bad[0][1]})")
+    unreadable = []
     for path, note in bad:
         text = note if note and str(path) in note else f"{path}: {note}"
         notes.append(f"left out, cannot be read: {text}; the other ranks are analysed")
+        unreadable.append((str(path), text.removeprefix(f"{path}: ")))
     rs = resolve_ranks(
         [(p, s.meta) for p, s in good],
         [str(p) for p, _ in bad],
@@ -139,7 +141,7 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
         meta["rank"], meta["rank_source"] = r, rs.sources[r]
         summaries.append(_with(s, meta, rs.steps))
     notes += rs.notes
-    return job_class(summaries=summaries, notes=notes)
+    return job_class(summaries=summaries, notes=notes, unreadable=unreadable)
 
 
 def _collectives(summary) -> int | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from tracedx.console import plural
 from tracedx.report.json import _clean
 from tracedx.report.safe import md_prose, md_text, safe_strings
 from tracedx.report.text import speedup_label
@@ -240,7 +241,9 @@ def _text(jd) -> str:
     if c["count"]:
         out.append("")
         stat = ", ".join(f"{k} {v}" for k, v in c["status"].items())
-        out.append(f"COLLECTIVES ({c['count']} matched: {stat}; clock: {c['clock']['mode']})")
+        out.append(
+            f"COLLECTIVES ({plural(c['count'], 'collective')}: {stat}; clock: {c['clock']['mode']})"
+        )
         for g in c["by_group"][:8]:
             bw = "n/a" if g["busbw_gbs"] is None else f"{g['busbw_gbs']:.1f} GB/s"
             ref = ""
