@@ -529,9 +529,9 @@ def test_no_breakdown_or_profiler_sentence_repeats_and_scopes_are_labelled():
     assert text.count("convolution 61%") == 1  # the kind breakdown, once
     assert text.count("kernel launch 1.") == 1  # the idle breakdown, once
     assert text.count("per host event taken out") == 1  # the profiler-cost sentence, once
-    assert "WHERE THE TIME GOES (median per step, over all 4 steps, unless marked)" in text
-    assert "(share over all 4 steps)" in text
-    assert "TOP OPS BY DEVICE TIME (count and ms: totals over all 4 steps)" in text
+    assert "WHERE THE TIME GOES (median per step, over the 4 analysed steps, unless marked)" in text
+    assert "(share over the 4 analysed steps)" in text
+    assert "TOP OPS BY DEVICE TIME (count and ms: totals over the 4 analysed steps)" in text
     assert "CPU VS DEVICE TIME (top-level ops, mean per step)" in text
     assert "(a single gap, not a median)" in text
 

@@ -153,7 +153,7 @@ def _render(diag, width: int) -> str:
     doc = as_doc(diag)
     d = safe_strings(doc)  # every string escaped once; the header's names, cut shorter, from doc
     nsteps = d["steps"]["count"]
-    every = f"all {nsteps} step{'s' if nsteps != 1 else ''}"
+    every = f"the {nsteps} analysed step{'s' if nsteps != 1 else ''}"
     out = _header(doc) + [""] + _verdict_lines(d) + [""] + _time_lines(d, every)
     out += _top_level_op_lines(d, width) + _op_lines(d, every, width, doc["trace"]["device"])
     out += [""] + _fix_lines(d)
