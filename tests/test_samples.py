@@ -363,3 +363,15 @@ def test_an_on_target_estimate_of_a_fix_that_slowed_the_step_says_so():
         "estimate 1.12x against 0.98x achieved (unprofiled): within 1.25x; but AFTER is slower: "
         "the fix did not pay here"
     )
+
+
+def test_fp32_math_in_a_cuda_graph_says_why_tf32_is_not_estimated():
+    # the graph-replayed MLP step is compute-bound on fp32 math, but its GEMMs have no op (no
+    # shapes): no tf32 finding, and a note says so instead of nothing
+    d = diag("mlp_train-cudagraph.json.gz")
+    assert (d.regime, d.bottleneck) == ("compute-bound", "fp32 math")
+    assert "tf32" not in fixes(d)
+    assert any(n.startswith("fp32 math binds, but tf32 is not estimated") for n in d.notes)
+    # where tf32 is estimated, no such note
+    m = diag("matmul-fp32.json.gz", calibration=str(CAL))
+    assert "tf32" in fixes(m) and not any("tf32 is not estimated" in n for n in m.notes)

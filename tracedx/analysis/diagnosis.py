@@ -818,6 +818,9 @@ def _diagnose(
         trace, float(w["step_time_us"].median()) if w.height else None
     )
     found = _estimates_basis(trace, model, found, unprof, implausible, notes)
+    tf32_known = spec is not None and spec.peak_tflops.get("tf32")
+    if bottleneck == "fp32 math" and tf32_known and not any(f.fix == "tf32" for f in found):
+        notes.append(_NO_TF32_ESTIMATE)
     if unprof is not None:
         summary["unprofiled_step_ms"] = (
             {**unprof, "implausible": implausible} if implausible else unprof
@@ -1886,6 +1889,14 @@ def _frac(x) -> str:
 
 def _num(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
+
+
+_NO_TF32_ESTIMATE = (
+    "fp32 math binds, but tf32 is not estimated: no fp32 GEMM op group with shapes was found "
+    "(GEMMs replayed from a CUDA graph have no launching op, so no shapes or FLOPs); TF32 "
+    "(torch.set_float32_matmul_precision('high')) may still speed it up: re-capture and "
+    "`tracedx diff` to measure it"
+)
 
 
 def _findings(
