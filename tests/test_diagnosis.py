@@ -455,3 +455,35 @@ def test_torch_compile_of_a_replayed_graph_keeps_the_python_around_it():
     d = tracedx.diagnose(tracedx.load(SAMPLES / "add_loop-cudagraph.json.gz"))
     f = next(f for f in d.findings if f.fix == "torch-compile")
     assert "0.000 ms of the model's 0.816 ms of Python between ops" in f.derivation
+
+
+def test_optimizer_kernels_end_a_fusion_chain_and_are_not_fused(tmp_path):
+    # per step: add, mul (a chain of 2), then Optimizer.step# launching 3 elementwise kernels,
+    # then relu, tanh (another chain of 2), all back to back on one stream: the optimizer's
+    # kernels are neither fused nor let the kernels either side of them join one chain
+    from tests.tracebuilder import T0, TraceBuilder
+    from tracedx.analysis.diagnosis import _fusable_chains
+
+    b = TraceBuilder()
+    for n in (1, 2):
+        t = T0 + (n - 1) * 1000
+        b.step(n, t, 900)
+        k = t + 100
+        for j, name in enumerate(("add", "mul")):
+            kname = f"void at::native::vectorized_elementwise_kernel<4, {name}>"
+            b.launched_kernel(f"aten::{name}", t + 10 * j, 5, k, 20, kname=kname)
+            k += 20
+        b.annotation("Optimizer.step#AdamW.step", t + 30, 40)
+        for j in range(3):
+            kname = "void at::native::multi_tensor_apply_kernel<mul>"
+            b.launched_kernel("aten::_foreach_mul_", t + 32 + 10 * j, 5, k, 20, kname=kname)
+            k += 20
+        for j, name in enumerate(("relu", "tanh")):
+            kname = f"void at::native::vectorized_elementwise_kernel<4, {name}>"
+            b.launched_kernel(f"aten::{name}", t + 80 + 10 * j, 5, k, 20, kname=kname)
+            k += 20
+    t = tracedx.load(b.write(tmp_path / "opt.json"))
+    d = tracedx.diagnose(t)
+    chain_us, saved_us, removed, chains, _ = _fusable_chains(t, d.steps, d.primary_device)
+    # 2 chains of 2 kernels in each of the 2 steps (totals): 160 us of chain time, 80 saved
+    assert (chains, removed, chain_us, saved_us) == (4, 4.0, 160.0, 80.0)

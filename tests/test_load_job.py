@@ -243,6 +243,13 @@ def test_cli_a_rank_that_cannot_be_read_is_said_on_stderr_too(tmp_path):
     assert f"- left out, cannot be read: {tmp_path / 'rank1.json.gz'}: truncated gzip" in notes
     q = CliRunner().invoke(main, ["diagnose", str(tmp_path), "-q", "--workers", "1"])
     assert q.exit_code == 0 and q.stderr == "" and q.stdout == r.stdout
+    # the files named with ./ and // (the reader's message spells the path normalised): the
+    # same reason, not the path given as the reason
+    odd = [f"{tmp_path}/./rank0.json.gz", f"{tmp_path}//rank1.json.gz"]
+    o = CliRunner().invoke(main, ["diagnose", *odd])
+    assert o.exit_code == 0 and o.stderr == r.stderr
+    notes = " ".join(o.stdout.split("\nNOTES\n")[1].split())
+    assert f"- left out, cannot be read: {odd[1]}: truncated gzip: " in notes
 
 
 def test_unreadable_note_names_the_first_file_and_counts_the_rest():

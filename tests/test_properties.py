@@ -469,7 +469,7 @@ def test_timestamp_outlier_rules_match_their_definition(ts):
     assert _outlier_ceiling(arr) == _ref_ceiling(ts)
 
 
-_NAME = st.text(alphabet="ab_:-", min_size=1, max_size=40)
+_NAME = st.text(alphabet="ab_:-#1", min_size=1, max_size=40)  # "#1": like the tags
 
 
 @settings(max_examples=400, deadline=None)

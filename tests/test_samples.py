@@ -375,3 +375,22 @@ def test_fp32_math_in_a_cuda_graph_says_why_tf32_is_not_estimated():
     # where tf32 is estimated, no such note
     m = diag("matmul-fp32.json.gz", calibration=str(CAL))
     assert "tf32" in fixes(m) and not any("tf32 is not estimated" in n for n in m.notes)
+
+
+def test_fp32_math_without_shapes_names_record_shapes_not_cuda_graphs(tmp_path):
+    # matmul-fp32 with its ops' input shapes stripped (as without record_shapes=True): no tf32
+    # finding, and the note blames the missing shapes, not CUDA graphs (there are none)
+    import gzip
+
+    if not (SAMPLES / "matmul-fp32.json.gz").exists():
+        pytest.skip("sample traces missing")
+    doc = json.loads(gzip.decompress((SAMPLES / "matmul-fp32.json.gz").read_bytes()))
+    for ev in doc["traceEvents"]:
+        (ev.get("args") or {}).pop("Input Dims", None)
+    p = tmp_path / "noshapes.json"
+    p.write_text(json.dumps(doc))
+    d = diagnose(tracedx.load(p), calibration=str(CAL))
+    assert d.bottleneck == "fp32 math" and "tf32" not in fixes(d)
+    (note,) = [n for n in d.notes if "tf32 is not estimated" in n]
+    assert "(the ops record no input shapes (record_shapes=True)," in note
+    assert "CUDA graph" not in note

@@ -813,7 +813,7 @@ def annotate(trace_paths, out_path, **analysis):
 
     files = expand_inputs(trace_paths)
     if len(files) > 1:
-        if out_path and out_path.endswith((".json", ".json.gz")):
+        if out_path and out_path.lower().endswith((".json", ".gz")):
             raise TraceError(
                 f"-o {out_path} names a trace file, but the {len(files)} traces are a job: "
                 "annotate writes one trace per rank into a folder (-o DIR)"

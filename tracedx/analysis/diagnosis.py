@@ -443,7 +443,9 @@ def _launched_in_optimizer(trace: Trace) -> np.ndarray:
     module ``torch.compile(model)`` compiles, so its kernels stay as they are (AdamW's
     ``_foreach_*`` chains: 25% of the chains' device time in gpt2_train-eager, 45 to 57% in
     the llama, BERT and ViT training steps; the compiled twins' chains are those). A kernel
-    with no launch record is not in one."""
+    with no launch record (replayed from a CUDA graph, unlinked) is not in one, and neither is
+    a step without the annotations (a custom optimizer): their optimizer kernels still count
+    as fusable."""
     ann = optimizer_windows(trace)
     if not ann.height:
         return np.zeros(trace.kernels.height, dtype=bool)
@@ -461,7 +463,6 @@ def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | N
     if device is None or kt.height == 0:
         return None
     on = rows_in_steps(kt, steps) & mask_of(kt["device"] == device)
-    on &= ~_launched_in_optimizer(trace)  # torch.compile(model) does not fuse the optimizer
     if not on.any():
         return None
     # whether each kernel is fusable, by its name (looked up through kernel_name_codes)
@@ -490,6 +491,9 @@ def _fusable_run_arrays(trace: Trace, steps: list[int], device: int) -> dict | N
     launch = kt["launch_start_us"].cast(pl.Float64).to_numpy()[rows]
     seg = np.searchsorted(sync_ends, np.where(np.isnan(launch), -np.inf, launch))
     fus = fusable[kernel_name_codes(trace)[rows]]
+    # torch.compile(model) does not fuse the optimizer: its kernels end a chain, as a kernel
+    # that is not fusable does (dropped, they would join the kernels either side of them)
+    fus &= ~_launched_in_optimizer(trace)[rows]
     run, count = _runs(step, stream, fus, seg)
     # only the fusable runs of two kernels or more
     keep = fus & (np.bincount(count)[count] >= 2)
@@ -818,9 +822,14 @@ def _diagnose(
         trace, float(w["step_time_us"].median()) if w.height else None
     )
     found = _estimates_basis(trace, model, found, unprof, implausible, notes)
-    tf32_known = spec is not None and spec.peak_tflops.get("tf32")
-    if bottleneck == "fp32 math" and tf32_known and not any(f.fix == "tf32" for f in found):
-        notes.append(_NO_TF32_ESTIMATE)
+    peaks = spec.peak_tflops if spec is not None else {}
+    if (
+        bottleneck == "fp32 math"
+        and peaks.get("tf32")
+        and peaks.get("fp32")
+        and not any(f.fix == "tf32" for f in found)
+    ):
+        notes.append(_no_tf32_estimate(trace))
     if unprof is not None:
         summary["unprofiled_step_ms"] = (
             {**unprof, "implausible": implausible} if implausible else unprof
@@ -1891,12 +1900,21 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-_NO_TF32_ESTIMATE = (
-    "fp32 math binds, but tf32 is not estimated: no fp32 GEMM op group with shapes was found "
-    "(GEMMs replayed from a CUDA graph have no launching op, so no shapes or FLOPs); TF32 "
-    "(torch.set_float32_matmul_precision('high')) may still speed it up: re-capture and "
-    "`tracedx diff` to measure it"
-)
+def _no_tf32_estimate(trace: Trace) -> str:
+    """Why a step bound by fp32 math has no tf32 finding: its fp32 GEMMs are not an op group
+    with shapes (the finding's input)."""
+    graphs = trace.launches.filter(pl.col("api_kind") == "graph").height > 0
+    why = (
+        "GEMMs replayed from a CUDA graph have no launching op, so no shapes or FLOPs"
+        if graphs
+        else "the ops record no input shapes (record_shapes=True), or the fp32 math is in "
+        "convolutions or attention, which the tf32 estimate does not cover"
+    )
+    return (
+        f"fp32 math binds, but tf32 is not estimated: no fp32 GEMM op group with shapes ({why}); "
+        "TF32 (torch.set_float32_matmul_precision('high')) may still speed it up: re-capture "
+        "and `tracedx diff` to measure it"
+    )
 
 
 def _findings(

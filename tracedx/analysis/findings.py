@@ -809,8 +809,8 @@ def torch_compile(
         f"ops (its share of the kernels removed) and {_ms(no_gpu_us)} of ops that launch nothing "
         "and of the autograd engine's own time per backward node (one compiled forward and "
         "backward replace them)"
-        + "; GEMMs, attention and the optimizer stay; assumes the kernels left cost the "
-        "compiled wrapper what they cost eager"
+        + "; GEMMs, attention and the optimizer (its kernels launched in Optimizer.step#) "
+        "stay; assumes the kernels left cost the compiled wrapper what they cost eager"
     )
     region = chain_us + removed_host_us
     return make_finding(

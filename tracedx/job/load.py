@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import polars as pl
 
@@ -126,9 +127,12 @@ def assemble_job(results: list[tuple[str, object, str | None]], job_class=None):
         raise TraceError(f"none of the {len(bad)} traces could be read (first: {bad[0][1]})")
     unreadable = []
     for path, note in bad:
-        text = note if note and str(path) in note else f"{path}: {note}"
-        notes.append(f"left out, cannot be read: {text}; the other ranks are analysed")
-        unreadable.append((str(path), text.removeprefix(f"{path}: ")))
+        # the reader's message names the path as Path() spells it (./a//b.json -> a/b.json)
+        reason = note or ""
+        for spelt in (f"{path}: ", f"{Path(path)}: "):
+            reason = reason.removeprefix(spelt)
+        notes.append(f"left out, cannot be read: {path}: {reason}; the other ranks are analysed")
+        unreadable.append((str(path), reason))
     rs = resolve_ranks(
         [(p, s.meta) for p, s in good],
         [str(p) for p, _ in bad],

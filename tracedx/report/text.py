@@ -103,10 +103,17 @@ def _numbered(shown: list[str], width: int) -> list[str]:
     """``shown`` with every text that still repeats (names that differ in several places)
     told apart by a number at its end, ``#1``, ``#2``, ... counted over all of them in order."""
     out = list(shown)
-    again = [i for i, c in enumerate(shown) if shown.count(c) > 1]
-    for k, i in enumerate(again, 1):  # one count over all of them: cut tags stay apart
-        c, tag = shown[i], f"#{k}"
-        out[i] = c + tag if len(c) + len(tag) <= width else c[: width - len(tag)] + tag
+    taken = set(shown)
+    k = 0
+    for i in [i for i, c in enumerate(shown) if shown.count(c) > 1]:
+        while True:  # one count over all of them, past any text already shown
+            k += 1
+            c, tag = shown[i], f"#{k}"
+            t = c + tag if len(c) + len(tag) <= width else c[: width - len(tag)] + tag
+            if t not in taken:
+                break
+        out[i] = t
+        taken.add(t)
     return out
 
 
