@@ -13,6 +13,27 @@ SHARED = Path(os.environ.get("TRACEDX_SHARED") or ROOT.parent / "shared")
 CASES = SHARED / "cases"
 PUBLIC = SHARED / "public_traces"
 SAMPLES = ROOT / "sample_traces"
+
+
+_DIAGNOSES: dict = {}
+
+
+def sample_diagnosis(name: str, **kw):
+    """The diagnosis of the sample trace ``name`` (diagnose's keyword arguments ``kw``), made
+    once per test session and shared by the test modules that read the samples (each takes
+    0.1 to 1 s; several modules diagnose every sample). Skips when the trace is missing."""
+    p = SAMPLES / name
+    if not p.exists():
+        pytest.skip(f"{p} missing")
+    key = (name, tuple(sorted(kw.items())))
+    if key not in _DIAGNOSES:
+        import tracedx
+        from tracedx.analysis.diagnosis import diagnose
+
+        _DIAGNOSES[key] = diagnose(tracedx.load(p), **kw)
+    return _DIAGNOSES[key]
+
+
 DATA = Path(__file__).resolve().parent / "data"
 
 

@@ -274,15 +274,10 @@ def test_reversed_sample_pair_says_regression():
 
 
 def test_unrelated_programs_get_a_warning_and_real_pairs_do_not():
+    from tests.conftest import sample_diagnosis as d
     from tracedx.analysis.diff import _unrelated_note
 
     pairs = json.loads((SAMPLES / "pairs.json").read_text())
-    cache = {}
-
-    def d(name):
-        if name not in cache:
-            cache[name] = tracedx.diagnose(tracedx.load(SAMPLES / name))
-        return cache[name]
 
     for p in pairs:
         assert _unrelated_note(d(p["before"]), d(p["after"])) is None, p["pair"]
