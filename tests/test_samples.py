@@ -394,3 +394,13 @@ def test_fp32_math_without_shapes_names_record_shapes_not_cuda_graphs(tmp_path):
     (note,) = [n for n in d.notes if "tf32 is not estimated" in n]
     assert "(the ops record no input shapes (record_shapes=True)," in note
     assert "CUDA graph" not in note
+
+
+def test_large_rates_print_as_numbers_not_exponents():
+    # llama's device-to-device copies ran at 1,728 GB/s: "1.73e+03 GB/s" before
+    from tracedx.report.html import _cell
+
+    text = " ".join(render(diag("llama_train-eager.json.gz"), "text").split())
+    assert "0.248 ms at 1,728 GB/s" in text and "e+03" not in text
+    assert _cell("achieved_gbps", 1153.4)[0] == "1,153"
+    assert _cell("achieved_gbps", 512.34)[0] == "512"

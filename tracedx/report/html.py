@@ -203,6 +203,8 @@ def _cell(col: str, v: Any) -> tuple[str, str]:
     if v is None or not math.isfinite(v):
         return "–", ""
     x = float(v) * scale
+    if fmt == ".3g" and abs(x) >= 1000:  # 1,150, not 1.15e+03
+        fmt = ",.0f"
     return format(x, fmt) + unit, repr(x)
 
 

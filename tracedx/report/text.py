@@ -233,7 +233,8 @@ def _time_lines(d: dict, every: str) -> list[str]:
             + f" (share over {every})"
         )
     for m in d["memcpy"][:3]:
-        gbs = "" if m["achieved_gbs"] is None else f" at {m['achieved_gbs']:.3g} GB/s"
+        g = m["achieved_gbs"]
+        gbs = "" if g is None else f" at {g:,.0f} GB/s" if g >= 1000 else f" at {g:.3g} GB/s"
         out.append(
             f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
             f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs} "
