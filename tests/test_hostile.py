@@ -1189,3 +1189,12 @@ def test_markdown_op_names_are_cut_as_in_the_other_reports(tmp_path):
     md = tracedx.diagnose(tracedx.load(b.write(tmp_path / "long.json"))).to_markdown()
     row = next(r for r in md.splitlines() if "xxxx" in r)
     assert row.startswith("| `autograd::engine::evaluate_function: xxxxxxxx…: MulBackward0` |")
+
+
+def test_short_names_escape_as_the_safe_strings_do():
+    # one escape form everywhere: U+202E (right-to-left override) reads \u202e, as term writes
+    # it, not \x202e
+    from tracedx.report.safe import term
+    from tracedx.report.text import short_name
+
+    assert short_name("k\u202eernel\x1b") == term("k\u202eernel\x1b") == "k\\u202eernel\\x1b"

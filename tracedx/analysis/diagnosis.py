@@ -829,7 +829,7 @@ def _diagnose(
         and peaks.get("fp32")
         and not any(f.fix == "tf32" for f in found)
     ):
-        notes.append(_no_tf32_estimate(trace))
+        notes.append(_no_tf32_estimate(model is not None and model.graph_replays >= 1))
     if unprof is not None:
         summary["unprofiled_step_ms"] = (
             {**unprof, "implausible": implausible} if implausible else unprof
@@ -1900,10 +1900,9 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-def _no_tf32_estimate(trace: Trace) -> str:
+def _no_tf32_estimate(graphs: bool) -> str:
     """Why a step bound by fp32 math has no tf32 finding: its fp32 GEMMs are not an op group
-    with shapes (the finding's input)."""
-    graphs = trace.launches.filter(pl.col("api_kind") == "graph").height > 0
+    with shapes (the finding's input); ``graphs``: the step replays CUDA graphs."""
     why = (
         "GEMMs replayed from a CUDA graph have no launching op, so no shapes or FLOPs"
         if graphs

@@ -113,9 +113,10 @@ def overlap_communication(
             "that is transfer would add to this estimate"
         )
     deriv = (
-        f"overlap: T' = max(T - (X - E), U, M) = max({_ms(t_us - hideable_us)}, {_ms(compute_us)}, "
-        f"{_ms(comm_alone_us)}), set by {bound} (T the job step, X - E the exposed transfer: the median "
-        "over ranks of each one's exposed communication less its waiting, U compute alone, M communication alone, all per step)"
+        f"overlap: T' = max(T - (X - E), U, M) = max({_ms(t_us - hideable_us)}, "
+        f"{_ms(compute_us)}, {_ms(comm_alone_us)}), set by {bound} (T the job step, X - E the "
+        "exposed transfer: the median over ranks of each one's exposed communication less its "
+        "waiting, U compute alone, M communication alone, all per step)"
     )
     return amdahl_finding(
         "overlap-communication",

@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 
 from tracedx.report.figures import all_figures, fmt_shapes, num
 from tracedx.report.json import diagnosis_dict
-from tracedx.report.text import estimate_label, short_name, speedup_label
+from tracedx.report.text import estimate_label, rate, short_name, speedup_label
 
 OP_TABLE_ROWS = 200
 """The op table lists at most this many op groups (the largest by device time)."""
@@ -203,9 +203,7 @@ def _cell(col: str, v: Any) -> tuple[str, str]:
     if v is None or not math.isfinite(v):
         return "–", ""
     x = float(v) * scale
-    if fmt == ".3g" and abs(x) >= 1000:  # 1,150, not 1.15e+03
-        fmt = ",.0f"
-    return format(x, fmt) + unit, repr(x)
+    return (rate(x) if fmt == ".3g" else format(x, fmt)) + unit, repr(x)
 
 
 def _op_table(diag) -> str:

@@ -129,7 +129,7 @@ def md_prose(s: Any, table: bool = False) -> str:
     s = _safe(s)
     out, pos = [], 0
     for m in _PROSE_CODE.finditer(s):
-        out += [_MD_PUNCT.sub(r"\\\1", s[pos : m.start()]), md_code(m[1], table=table)]
+        out += [md_text(s[pos : m.start()]), md_code(m[1], table=table)]
         pos = m.end()
-    out.append(_MD_PUNCT.sub(r"\\\1", s[pos:]))
+    out.append(md_text(s[pos:]))
     return "".join(out)

@@ -9,7 +9,7 @@ import re
 from tracedx.analysis import HOST_DEVICE_COPY, UNDERFILLED_FRACTION
 from tracedx.console import WIDTH, fit
 from tracedx.report.json import as_doc
-from tracedx.report.safe import HEADER_CHARS, safe_strings, term
+from tracedx.report.safe import HEADER_CHARS, _escape_char, safe_strings, term
 
 
 def _ms(v) -> str:
@@ -39,9 +39,16 @@ def _unplaced(o: dict) -> str:
 
 
 def _visible(name: str) -> str:
-    """``name`` with each unprintable character written as an escape (``\\n``, ``\\x1b``)."""
+    """``name`` with each unprintable character written as an escape (``\\n``, ``\\x1b``,
+    ``\\u202e``: :mod:`tracedx.report.safe`'s forms)."""
     name = name.replace("\n", "\\n").replace("\t", "\\t")
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    return "".join(c if c.isprintable() else _escape_char(c) for c in name)
+
+
+def rate(v: float) -> str:
+    """A rate or size for display: ``1,728`` from 1,000 up (not ``1.73e+03``), else three
+    significant digits (``512``, ``0.25``)."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def short_name(name: str, width: int = 48) -> str:
@@ -62,7 +69,7 @@ _BREAK = re.compile(r"[\W_]+")
 
 
 def distinct_names(names: list[str], width: int) -> list[str]:
-    """``names`` (distinct), each as :func:`short_name` cuts it to ``width``, except names that
+    """``names`` (a name given twice comes out numbered, as below), each as :func:`short_name` cuts it to ``width``, except names that
     it would cut to the same text: those keep their start (a third of the width; to where they
     differ from the other such names where that is later), ``…``, then the part where each
     differs from the names cut like it, from a word's start shortly before, to the end where
@@ -233,8 +240,7 @@ def _time_lines(d: dict, every: str) -> list[str]:
             + f" (share over {every})"
         )
     for m in d["memcpy"][:3]:
-        g = m["achieved_gbs"]
-        gbs = "" if g is None else f" at {g:,.0f} GB/s" if g >= 1000 else f" at {g:.3g} GB/s"
+        gbs = "" if m["achieved_gbs"] is None else f" at {rate(m['achieved_gbs'])} GB/s"
         out.append(
             f"  copies         {m['direction']} ({m['host_memory']}): {m['count']} x, "
             f"{int(m['bytes'] or 0):,} bytes, {m['device_time_us'] / 1e3:.3f} ms{gbs} "
